@@ -1,0 +1,28 @@
+"""guardfl: drop-in defenses for federated-learning clients against gradient inversion.
+
+>>> import torch, guardfl
+>>> model = torch.nn.Linear(4, 2)
+>>> opt = guardfl.wrap(torch.optim.SGD(model.parameters(), lr=0.1), guardfl.defenses.Outpost())
+"""
+
+from guardfl import defenses
+from guardfl._version import __version__
+from guardfl.defenses import from_config
+from guardfl.errors import ConfigError, GuardflError, NonFiniteGradientError, UnsupportedOptimizerError
+from guardfl.optimizer import GuardedOptimizer, wrap
+from guardfl.stats import LayerStats, StageStats, StepStats
+
+__all__ = [
+    "ConfigError",
+    "GuardedOptimizer",
+    "GuardflError",
+    "LayerStats",
+    "NonFiniteGradientError",
+    "StageStats",
+    "StepStats",
+    "UnsupportedOptimizerError",
+    "__version__",
+    "defenses",
+    "from_config",
+    "wrap",
+]

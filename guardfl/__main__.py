@@ -1,0 +1,1 @@
+from guardfl.cli import main; raise SystemExit(main())

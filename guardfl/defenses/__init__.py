@@ -1,0 +1,32 @@
+"""Gradient defenses. Each is one class with a pydantic config (``.config``) and a registry entry.
+
+>>> from guardfl.defenses import GradPrune, Outpost, Stack, from_config
+>>> d = from_config({"kind": "gradprune", "ratio": 0.9})
+"""
+
+from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.identity import Identity
+from guardfl.defenses.noise import GaussianNoise, LaplaceNoise
+from guardfl.defenses.outpost import Outpost
+from guardfl.defenses.prune import GradPrune
+from guardfl.defenses.registry import available, from_config, parse_config
+from guardfl.defenses.sign import SignCompression
+from guardfl.defenses.stack import Stack
+
+__all__ = [
+    "REGISTRY",
+    "Defense",
+    "DefenseConfig",
+    "GaussianNoise",
+    "GradPrune",
+    "Identity",
+    "LaplaceNoise",
+    "Outpost",
+    "SignCompression",
+    "Stack",
+    "StepContext",
+    "available",
+    "from_config",
+    "parse_config",
+    "register",
+]

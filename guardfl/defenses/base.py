@@ -1,0 +1,173 @@
+"""The small interface every gradient defense implements, its config base and its registry.
+
+A defense transforms the list of gradients of one optimizer step. The maths lives in pure functions
+(``guardfl.ops``); a defense class holds its validated config and a private random generator.
+
+Randomness: each defense owns ``torch.Generator`` objects (one per device) seeded from OS entropy
+unless ``seed`` is given. The global RNG is never read or reseeded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Sequence
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from guardfl.config import StrictModel, validate
+from guardfl.errors import ConfigError, NonFiniteGradientError
+from guardfl.ops.finite import nonfinite_counts
+from guardfl.stats import StageStats, StepStats
+
+NonFinitePolicy = Literal["raise", "zero"]
+
+
+class DefenseConfig(StrictModel):
+    """Fields every defense config has. Subclasses add their parameters and a ``kind`` literal."""
+
+    kind: str
+    seed: int | None = Field(
+        default=None, ge=0, json_schema_extra={"allowed": "null (OS entropy) or an integer >= 0"}
+    )
+    nonfinite: NonFinitePolicy = Field(default="raise", json_schema_extra={"allowed": "'raise' or 'zero'"})
+
+
+@dataclass
+class StepContext:
+    """What a defense may know about the step besides the gradients.
+
+    ``iteration``: 1-based local iteration within the current FL round. ``params``: the parameters the
+    gradients belong to (current weights, before the update), same order. ``names``: their names.
+    """
+
+    iteration: int = 1
+    params: Sequence[Tensor] | None = None
+    names: Sequence[str] | None = None
+
+    def name(self, i: int) -> str:
+        return self.names[i] if self.names is not None else f"param{i}"
+
+
+#: kind -> defense class; filled by ``@register``.
+REGISTRY: dict[str, type["Defense"]] = {}
+
+
+def register(cls: type["Defense"]) -> type["Defense"]:
+    """Class decorator: make a defense buildable by ``from_config`` under its config's ``kind``."""
+    kind = cls.Config.model_fields["kind"].default
+    if kind in REGISTRY and REGISTRY[kind] is not cls:
+        raise ValueError(f"defense kind {kind!r} registered twice")
+    cls.kind = kind
+    REGISTRY[kind] = cls
+    return cls
+
+
+def os_entropy_seed() -> int:
+    """A 63-bit seed from the operating system's entropy pool."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+class Defense:
+    """Base class. Subclasses set ``Config`` and implement ``_apply_``.
+
+    ``apply_(grads, ctx)`` edits the gradient tensors in place (that is what ``GuardedOptimizer`` does
+    to ``p.grad``) and returns a ``StageStats``; ``__call__(grads, ...)`` is the functional form: it
+    works on copies and never mutates the caller's tensors.
+    """
+
+    Config: ClassVar[type[DefenseConfig]]
+    kind: ClassVar[str]
+    #: Whether ``_apply_`` reads the current weights (``ctx.params``).
+    needs_params: ClassVar[bool] = False
+
+    def __init__(self, **params: Any) -> None:
+        kind = self.Config.model_fields["kind"].default
+        config = validate(self.Config, {"kind": kind, **params}, prefix=kind)
+        self._init_from_config(config)
+
+    def _init_from_config(self, config: DefenseConfig) -> None:
+        self.config = config
+        self._seed = config.seed if config.seed is not None else os_entropy_seed()
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self._check_config()
+
+    def _check_config(self) -> None:
+        """Cross-field checks a subclass needs (raise ConfigError)."""
+
+    @classmethod
+    def from_config(cls, config: DefenseConfig | dict) -> "Defense":
+        if isinstance(config, dict):
+            config = validate(cls.Config, {"kind": cls.Config.model_fields["kind"].default, **config}, cls.kind)
+        self = cls.__new__(cls)
+        self._init_from_config(config.model_copy(deep=True))
+        return self
+
+    # -- randomness -------------------------------------------------------------------------------
+    def generator(self, device: torch.device | str) -> torch.Generator:
+        """This defense's private generator for ``device`` (created on first use)."""
+        device = torch.device(device)
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            # Different devices get different, reproducible streams from the one seed.
+            offset = 0 if device.type == "cpu" else 1 + (device.index or 0)
+            gen.manual_seed((self._seed + 0x9E3779B97F4A7C15 * offset) % (1 << 63))
+            self._generators[device] = gen
+        return gen
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart the random streams from ``seed`` (None: fresh OS entropy)."""
+        self._seed = seed if seed is not None else os_entropy_seed()
+        self._generators.clear()
+
+    # -- application ------------------------------------------------------------------------------
+    def apply_(self, grads: Sequence[Tensor], ctx: StepContext | None = None) -> tuple[StageStats, ...]:
+        """Defend ``grads`` in place; return what each stage did (one stage, or several for a Stack).
+        Non-finite entries raise (or are zeroed, per ``nonfinite``)."""
+        ctx = ctx if ctx is not None else StepContext()
+        if self.needs_params:
+            if ctx.params is None:
+                raise ConfigError(f"{self.kind} needs the current weights: pass params= (or ctx.params)")
+            if len(ctx.params) != len(grads):
+                raise ValueError(f"{self.kind}: got {len(grads)} gradients but {len(ctx.params)} params")
+        self._handle_nonfinite(grads, ctx)
+        with torch.no_grad():
+            return (self._apply_(list(grads), ctx),)
+
+    def __call__(
+        self,
+        grads: Sequence[Tensor],
+        params: Sequence[Tensor] | None = None,
+        *,
+        iteration: int = 1,
+        names: Sequence[str] | None = None,
+    ) -> tuple[list[Tensor], StepStats]:
+        """Functional form: defended copies of ``grads`` and what was done. Inputs are not mutated."""
+        out = [g.detach().clone() for g in grads]
+        stages = self.apply_(out, StepContext(iteration=iteration, params=params, names=names))
+        return out, StepStats(iteration, stages)
+
+    def _handle_nonfinite(self, grads: Sequence[Tensor], ctx: StepContext) -> None:
+        counts = nonfinite_counts(list(grads))
+        bad = [(i, c) for i, c in enumerate(counts) if c]
+        if not bad:
+            return
+        if self.config.nonfinite == "raise":
+            where = ", ".join(f"{ctx.name(i)} ({c} of {grads[i].numel()})" for i, c in bad)
+            raise NonFiniteGradientError(
+                f"{self.kind}: non-finite gradient entries in {where}; "
+                "fix the training step or set nonfinite='zero' to zero them"
+            )
+        for i, _ in bad:
+            torch.nan_to_num_(grads[i], nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = self.config.model_dump(exclude={"kind"}, exclude_defaults=True)
+        inner = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        return f"{type(self).__name__}({inner})"

@@ -1,0 +1,28 @@
+"""The identity defense: sends the gradient as it is. The baseline for benchmarks and the red team."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor
+
+from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.stats import LayerStats, StageStats
+
+
+class IdentityConfig(DefenseConfig):
+    kind: Literal["identity"] = "identity"
+
+
+@register
+class Identity(Defense):
+    """No defense. ``wrap(opt, Identity())`` trains bit-for-bit like ``opt``."""
+
+    Config = IdentityConfig
+
+    def __init__(self, *, seed: int | None = None, nonfinite: str = "raise") -> None:
+        super().__init__(seed=seed, nonfinite=nonfinite)
+
+    def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
+        layers = tuple(LayerStats(ctx.name(i), g.numel()) for i, g in enumerate(grads))
+        return StageStats(self.kind, fired=False, layers=layers)

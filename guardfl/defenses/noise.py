@@ -1,0 +1,77 @@
+"""Additive gradient perturbation: Gaussian and Laplace noise of a fixed scale on every entry.
+
+These are the "DP" baselines of the Outpost paper (Wang et al. 2024, Sec. V) and of LTI (Wu et al. 2023):
+noise without clipping and without privacy accounting. They give NO differential-privacy guarantee;
+use ``DPSGD`` (Opacus) for that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+from torch import Tensor
+
+from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.ops.noise import gaussian_like, laplace_like
+from guardfl.stats import LayerStats, StageStats
+
+
+class GaussianNoiseConfig(DefenseConfig):
+    kind: Literal["gaussian"] = "gaussian"
+    sigma: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+
+
+class LaplaceNoiseConfig(DefenseConfig):
+    kind: Literal["laplace"] = "laplace"
+    scale: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+
+
+class _AdditiveNoise(Defense):
+    def _std(self) -> float:
+        raise NotImplementedError
+
+    def _sample(self, g: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
+        for g in grads:
+            g.add_(self._sample(g))
+        std = self._std()
+        layers = tuple(
+            LayerStats(ctx.name(i), g.numel(), fraction_noised=1.0, noise_std=std) for i, g in enumerate(grads)
+        )
+        return StageStats(self.kind, fired=True, layers=layers)
+
+
+@register
+class GaussianNoise(_AdditiveNoise):
+    """g + N(0, sigma^2) on every entry. No clipping, no accounting: not DP."""
+
+    Config = GaussianNoiseConfig
+
+    def __init__(self, sigma: float, *, seed: int | None = None, nonfinite: str = "raise") -> None:
+        super().__init__(sigma=sigma, seed=seed, nonfinite=nonfinite)
+
+    def _std(self) -> float:
+        return self.config.sigma
+
+    def _sample(self, g: Tensor) -> Tensor:
+        return gaussian_like(g, self.config.sigma, self.generator(g.device))
+
+
+@register
+class LaplaceNoise(_AdditiveNoise):
+    """g + Laplace(0, scale) on every entry (std = scale * sqrt(2)). No clipping, no accounting: not DP."""
+
+    Config = LaplaceNoiseConfig
+
+    def __init__(self, scale: float, *, seed: int | None = None, nonfinite: str = "raise") -> None:
+        super().__init__(scale=scale, seed=seed, nonfinite=nonfinite)
+
+    def _std(self) -> float:
+        return self.config.scale * math.sqrt(2.0)
+
+    def _sample(self, g: Tensor) -> Tensor:
+        return laplace_like(g, self.config.scale, self.generator(g.device))

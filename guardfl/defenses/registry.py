@@ -1,0 +1,57 @@
+"""Build any defense from a config: a dict, YAML text, a YAML file, or a config model.
+
+The ``kind`` key selects the defense (a discriminated union over the registry), so a new defense is one
+new file plus its ``@register`` line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guardfl.config import validate
+from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig
+from guardfl.errors import ConfigError
+
+
+def _load(data: Any) -> Any:
+    if isinstance(data, Path) or (isinstance(data, str) and "\n" not in data and data.endswith((".yaml", ".yml"))):
+        path = Path(data)
+        if not path.is_file():
+            raise ConfigError(f"defense config file not found: {path}")
+        data = path.read_text()
+    if isinstance(data, str):
+        try:
+            data = yaml.safe_load(data)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"defense config is not valid YAML: {err}") from None
+        if isinstance(data, dict) and set(data) == {"defense"}:
+            data = data["defense"]
+    return data
+
+
+def parse_config(data: Any) -> DefenseConfig:
+    """Validate ``data`` into the config model of the defense its ``kind`` names."""
+    if isinstance(data, DefenseConfig):
+        return data
+    data = _load(data)
+    allowed = ", ".join(sorted(REGISTRY))
+    if not isinstance(data, dict):
+        raise ConfigError(f"defense: expected a mapping with a 'kind' key (got {type(data).__name__}); kinds: {allowed}")
+    kind = data.get("kind")
+    if kind not in REGISTRY:
+        raise ConfigError(f"defense.kind: unknown kind {kind!r}; allowed: {allowed}")
+    return validate(REGISTRY[kind].Config, data, prefix=kind)
+
+
+def from_config(data: Any) -> Defense:
+    """Build a defense from a dict, YAML text, a ``.yaml`` path, or a config model."""
+    config = parse_config(data)
+    return REGISTRY[config.kind].from_config(config)
+
+
+def available() -> list[str]:
+    """The registered defense kinds."""
+    return sorted(REGISTRY)

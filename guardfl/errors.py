@@ -1,0 +1,23 @@
+"""Exceptions guardfl raises on bad input.
+
+Every message names the offending field (or parameter) and, where there is one, the allowed range,
+so that a user sees one clear line instead of a deep traceback.
+"""
+
+from __future__ import annotations
+
+
+class GuardflError(Exception):
+    """Base class of guardfl's own errors."""
+
+
+class ConfigError(GuardflError, ValueError):
+    """A configuration value is invalid (unknown kind, field out of range, unknown key)."""
+
+
+class NonFiniteGradientError(GuardflError, FloatingPointError):
+    """A gradient handed to a defense holds NaN or infinite entries."""
+
+
+class UnsupportedOptimizerError(GuardflError, TypeError):
+    """The optimizer cannot be guarded (for example it re-evaluates gradients inside step())."""

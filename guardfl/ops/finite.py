@@ -1,0 +1,22 @@
+"""Detection of non-finite gradients."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def nonfinite_counts(tensors: list[Tensor]) -> list[int]:
+    """Number of NaN/inf entries of each tensor.
+
+    Fast path: one sum per tensor (a NaN or inf entry makes the sum non-finite); only tensors whose sum
+    is not finite (a bad entry, or a finite overflow) are counted entry by entry, so the answer is exact.
+    """
+    if not tensors:
+        return []
+    sums = torch.stack([t.sum(dtype=torch.float64) if t.is_floating_point() else t.sum().double() for t in tensors])
+    suspect = (~torch.isfinite(sums)).nonzero().squeeze(1).tolist()
+    counts = [0] * len(tensors)
+    for i in suspect:
+        counts[i] = int(torch.count_nonzero(~torch.isfinite(tensors[i])))
+    return counts

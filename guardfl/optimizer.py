@@ -1,0 +1,162 @@
+"""``GuardedOptimizer``: an optimizer wrapper that defends every gradient before the inner step.
+
+Proxy pattern of Opacus ``DPOptimizer``: it stays a ``torch.optim.Optimizer`` (LR schedulers accept it),
+shares ``param_groups``, ``state`` and ``defaults`` with the wrapped optimizer, and keeps it as
+``original_optimizer``. On ``step()`` each ``p.grad`` is replaced, in place, by the defended gradient and
+then the inner optimizer steps, so the local model moves by the defended update: what leaves the client
+(the FedSGD gradient, or the FedAvg model delta) is defended.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from guardfl.defenses.base import Defense, StepContext
+from guardfl.defenses.registry import from_config
+from guardfl.errors import UnsupportedOptimizerError
+from guardfl.stats import StepStats
+
+_STATE_KEY = "guardfl"
+
+
+class GuardedOptimizer(Optimizer):
+    """Wraps ``optimizer`` so that ``step()`` applies ``defense`` to the gradients first.
+
+    Attributes:
+        original_optimizer: the wrapped optimizer.
+        defense: the defense (a single one or a ``Stack``).
+        iteration: local iteration within the current FL round (1-based after the first step).
+        last_stats: ``StepStats`` of the last step (None before the first step).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        defense: Defense | Mapping[str, Any] | str,
+        *,
+        param_names: Mapping[Tensor, str] | Iterable[tuple[str, Tensor]] | None = None,
+    ) -> None:
+        if isinstance(optimizer, GuardedOptimizer):
+            raise UnsupportedOptimizerError(
+                "optimizer is already guarded; combine defenses with guardfl.defenses.Stack instead"
+            )
+        if not isinstance(optimizer, Optimizer):
+            raise UnsupportedOptimizerError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise UnsupportedOptimizerError(
+                "optimizer: LBFGS re-evaluates gradients inside step(), where no defense can reach them; "
+                "use a first-order optimizer (SGD, Adam, AdamW, ...)"
+            )
+        self.original_optimizer = optimizer
+        self.defense = defense if isinstance(defense, Defense) else from_config(defense)
+        self.iteration = 0
+        self.last_stats: StepStats | None = None
+        if param_names is not None and not isinstance(param_names, Mapping):
+            param_names = {p: n for n, p in param_names}
+        self._param_names = dict(param_names) if param_names is not None else {}
+
+    # -- proxied optimizer surface ------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict]) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self.original_optimizer.state
+
+    @state.setter
+    def state(self, value) -> None:
+        self.original_optimizer.state = value
+
+    @property
+    def defaults(self) -> dict:  # type: ignore[override]
+        return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict) -> None:
+        self.original_optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.original_optimizer.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state dict plus this wrapper's round state under ``"guardfl"``."""
+        sd = dict(self.original_optimizer.state_dict())
+        sd[_STATE_KEY] = {"iteration": self.iteration, "defense": self.defense.config.model_dump(mode="json")}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Accepts a guarded or a plain optimizer state dict."""
+        state_dict = dict(state_dict)
+        guard = state_dict.pop(_STATE_KEY, None)
+        self.original_optimizer.load_state_dict(state_dict)
+        if guard is not None:
+            self.iteration = int(guard.get("iteration", 0))
+
+    def __getstate__(self) -> dict:
+        return self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"GuardedOptimizer({self.defense!r}, {self.original_optimizer!r})"
+
+    # -- federated-learning round ---------------------------------------------------------------------
+    def new_round(self) -> None:
+        """Mark an FL round boundary: the local iteration counter (Outpost's i) restarts."""
+        self.iteration = 0
+
+    # -- the step -------------------------------------------------------------------------------------
+    def defend_gradients(self) -> StepStats:
+        """Count one local iteration and replace every ``p.grad`` by its defended value, in place.
+
+        ``step()`` calls this; call it yourself only if you need the defended gradients without a step.
+        """
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        for p in params:
+            if p.grad.is_sparse:
+                raise UnsupportedOptimizerError(f"{self._name(p, 0)}: sparse gradients are not supported")
+        self.iteration += 1
+        names = [self._name(p, i) for i, p in enumerate(params)]
+        ctx = StepContext(iteration=self.iteration, params=[p.detach() for p in params], names=names)
+        stages = self.defense.apply_([p.grad for p in params], ctx)
+        self.last_stats = StepStats(self.iteration, stages)
+        return self.last_stats
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.defend_gradients()
+        self.original_optimizer.step()
+        return loss
+
+    def _name(self, p: Tensor, i: int) -> str:
+        return self._param_names.get(p, f"param{i}")
+
+
+def wrap(
+    optimizer: Optimizer,
+    defense: Defense | Mapping[str, Any] | str,
+    *,
+    model: torch.nn.Module | None = None,
+) -> GuardedOptimizer:
+    """Guard ``optimizer`` with ``defense`` (a Defense, or a config dict / YAML for ``from_config``).
+
+    Pass ``model`` to have ``last_stats`` name layers by their parameter names.
+    """
+    names = list(model.named_parameters()) if model is not None else None
+    return GuardedOptimizer(optimizer, defense, param_names=names)
