@@ -21,7 +21,9 @@ Interpretation and deviations (documented because the paper leaves them open):
 - ``Var`` is the population variance (ddof = 0), so a one-element layer has risk 0 rather than NaN.
   A layer whose weights are all equal (a fresh BatchNorm weight, a zero bias) has risk 0 and gets no
   noise; pruning still applies. ``last_stats`` shows the per-layer noise std.
-- Counts are exact: ``floor(prune * n)`` entries zeroed and ``floor(phi * n)`` entries noised per layer.
+- Counts are exact: ``floor(prune * n)`` entries zeroed and ``ceil(phi * n)`` entries noised per layer.
+  Rounding the noised count up is our choice: with ``floor``, a small layer (a 10-class bias, which
+  reveals the labels) could receive no noise at all; with ``ceil`` any ``phi > 0`` reaches every layer.
 
 Bugs of the public reference implementation that this one does not have (see ``../shared/NOTES.md``):
 the perturbation is written back to the gradient (the reference assigned it to a loop variable); the
@@ -41,7 +43,7 @@ from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.errors import ConfigError
-from guardfl.ops.selection import prune_count, smallest_k_mask
+from guardfl.ops.selection import cover_count, prune_count, smallest_k_mask
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -70,7 +72,7 @@ def outpost_layer_(grad: Tensor, std: float, prune: float, phi: float, generator
     n = grad.numel()
     magnitude = grad.abs()  # the diagonal empirical Fisher g^2 ranks entries as |g| does
     k_prune = prune_count(prune, n)
-    m_noise = prune_count(phi, n) if std > 0 else 0
+    m_noise = cover_count(phi, n) if std > 0 else 0
     top_fisher = ~smallest_k_mask(magnitude, n - m_noise) if m_noise else None
     if k_prune:
         grad.masked_fill_(smallest_k_mask(magnitude, k_prune), 0)

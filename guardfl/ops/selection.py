@@ -21,14 +21,25 @@ DIRECT_SELECTION_MAX = 1 << 15
 SAMPLE_SIZE = 4096
 
 
-def prune_count(ratio: float, numel: int) -> int:
-    """Number of entries a pruning ``ratio`` removes from ``numel`` entries: ``floor(ratio * numel)``.
-
-    Computed on the decimal value of ``ratio`` (``0.29 * 100`` is 29, not 28), so the count is exact.
-    """
+def _fraction_of(ratio: float, numel: int) -> Fraction:
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"ratio must be in [0, 1] (got {ratio!r})")
-    return math.floor(Fraction(repr(float(ratio))) * numel)
+    # the decimal value of ratio: 0.29 * 100 is 29, not 28.999999999999996
+    return Fraction(repr(float(ratio))) * numel
+
+
+def prune_count(ratio: float, numel: int) -> int:
+    """Number of entries a pruning ``ratio`` removes from ``numel`` entries: ``floor(ratio * numel)``."""
+    return math.floor(_fraction_of(ratio, numel))
+
+
+def cover_count(ratio: float, numel: int) -> int:
+    """Number of entries a ``ratio`` of ``numel`` covers, rounded up: ``ceil(ratio * numel)``.
+
+    Used for the entries that receive noise, so that any ratio > 0 reaches at least one entry of every
+    non-empty layer (a small layer, such as a 10-class bias that reveals labels, is never left out).
+    """
+    return math.ceil(_fraction_of(ratio, numel))
 
 
 def kth_smallest(values: Tensor, k: int) -> Tensor:

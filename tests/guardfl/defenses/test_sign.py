@@ -1,0 +1,14 @@
+import torch
+from hypothesis import given
+
+from guardfl.defenses import SignCompression
+from tests.strategies import gradient_lists
+
+
+@given(grads=gradient_lists())
+def test_sign_output_is_the_sign(grads):
+    out, stats = SignCompression()(grads)
+    for g, o in zip(grads, out):
+        assert torch.equal(o, torch.sign(g))
+        assert set(o.unique().tolist()) <= {-1.0, 0.0, 1.0}
+    assert stats.fired

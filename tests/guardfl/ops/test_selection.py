@@ -1,0 +1,65 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guardfl.ops.selection import DIRECT_SELECTION_MAX, cover_count, kth_smallest, prune_count, smallest_k_mask
+from tests.strategies import tensors
+
+
+@given(t=tensors(), data=st.data())
+def test_smallest_k_mask_marks_exactly_k_smallest(t, data):
+    flat = t.reshape(-1)
+    k = data.draw(st.integers(0, flat.numel()))
+    mask = smallest_k_mask(t, k).reshape(-1)
+    assert mask.shape == flat.shape and mask.dtype == torch.bool
+    assert int(mask.sum()) == k
+    if 0 < k < flat.numel():
+        assert flat[mask].max() <= flat[~mask].min()
+    # ties are broken by position: the chosen entries are the first k of a stable sort
+    order = torch.sort(flat, stable=True).indices[:k]
+    expected = torch.zeros_like(mask)
+    expected[order] = True
+    assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize("n", [DIRECT_SELECTION_MAX + 1, 200_003])
+@pytest.mark.parametrize("layout", ["normal", "sorted", "reversed", "ties", "zeros", "heavy"])
+def test_kth_smallest_is_exact_on_large_tensors(n, layout):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    if layout == "sorted":  # adversarial for a strided sample
+        x = x.sort().values
+    elif layout == "reversed":
+        x = x.sort(descending=True).values
+    elif layout == "ties":
+        x = torch.randint(0, 5, (n,), generator=g).float()
+    elif layout == "zeros":
+        x[: n // 2] = 0.0
+    elif layout == "heavy":
+        x = x.pow(9)
+    for q in (1 / n, 0.1, 0.5, 0.8, 0.99, 1.0):
+        k = max(1, math.floor(q * n))
+        assert torch.equal(kth_smallest(x, k), x.kthvalue(k).values), (layout, k)
+
+
+def test_kth_smallest_rejects_bad_k():
+    with pytest.raises(ValueError, match="k must be in"):
+        kth_smallest(torch.ones(3), 0)
+    with pytest.raises(ValueError, match="1-D"):
+        kth_smallest(torch.ones(3, 3), 1)
+
+
+@given(num=st.integers(0, 1000), n=st.integers(0, 10_000))
+def test_prune_count_is_exact_floor_of_the_decimal_ratio(num, n):
+    ratio = num / 1000
+    assert prune_count(ratio, n) == (num * n) // 1000
+    assert cover_count(ratio, n) == -((-num * n) // 1000)
+
+
+def test_prune_count_known_float_traps():
+    assert prune_count(0.29, 100) == 29  # 0.29 * 100 == 28.999999999999996 in floats
+    assert prune_count(0.7, 10) == 7
+    assert prune_count(0.99, 10) == 9
