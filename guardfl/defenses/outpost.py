@@ -43,7 +43,7 @@ from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.errors import ConfigError
-from guardfl.ops.selection import cover_count, prune_count, smallest_k_mask
+from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, zero_smallest_
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -73,9 +73,8 @@ def outpost_layer_(grad: Tensor, std: float, prune: float, phi: float, generator
     magnitude = grad.abs()  # the diagonal empirical Fisher g^2 ranks entries as |g| does
     k_prune = prune_count(prune, n)
     m_noise = cover_count(phi, n) if std > 0 else 0
-    top_fisher = ~smallest_k_mask(magnitude, n - m_noise) if m_noise else None
-    if k_prune:
-        grad.masked_fill_(smallest_k_mask(magnitude, k_prune), 0)
+    top_fisher = largest_k_mask(magnitude, m_noise) if m_noise else None
+    zero_smallest_(grad, k_prune, magnitude)
     if top_fisher is not None:
         values = torch.randn(m_noise, generator=generator, dtype=grad.dtype, device=grad.device).mul_(std)
         grad.add_(torch.zeros_like(grad).masked_scatter_(top_fisher, values))

@@ -15,7 +15,7 @@ from pydantic import Field
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
-from guardfl.ops.selection import prune_count, smallest_k_mask
+from guardfl.ops.selection import prune_count, smallest_k_mask, zero_smallest_
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -51,8 +51,7 @@ class GradPrune(Defense):
 
 def prune_layer_(grad: Tensor, k: int) -> int:
     """Zero, in place, the ``k`` entries of ``grad`` with the smallest magnitude. Returns ``k``."""
-    if k > 0:
-        grad.masked_fill_(smallest_k_mask(grad.abs(), k), 0)
+    zero_smallest_(grad, k)
     return k
 
 

@@ -14,7 +14,7 @@ def nonfinite_counts(tensors: list[Tensor]) -> list[int]:
     """
     if not tensors:
         return []
-    sums = torch.stack([t.sum(dtype=torch.float64) if t.is_floating_point() else t.sum().double() for t in tensors])
+    sums = torch.stack([t.sum() for t in tensors]).float()
     suspect = (~torch.isfinite(sums)).nonzero().squeeze(1).tolist()
     counts = [0] * len(tensors)
     for i in suspect:

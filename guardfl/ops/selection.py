@@ -1,7 +1,7 @@
 """Exact order statistics for gradient pruning.
 
 ``kth_smallest`` returns exactly what ``torch.kthvalue`` returns, but faster on large tensors: it sorts a
-small strided sample to find a bracket [lo, hi] that contains the k-th value with high probability,
+small scattered sample to find a bracket [lo, hi] that contains the k-th value with high probability,
 counts the entries below ``lo``, and runs ``kthvalue`` only on the few entries inside the bracket. When
 the bracket misses (an adversarially ordered tensor, say), it falls back to a full ``kthvalue``, so the
 answer is always exact; only the speed depends on the sample.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -42,35 +43,62 @@ def cover_count(ratio: float, numel: int) -> int:
     return math.ceil(_fraction_of(ratio, numel))
 
 
+@lru_cache(maxsize=256)
+def _sample_index(n: int, s: int, device: torch.device) -> Tensor:
+    """``s`` positions spread over ``range(n)`` by the golden-ratio sequence.
+
+    Not a stride: gradients of conv kernels are periodic (a 3x3 conv on a 1x1 feature map has gradient
+    only at the centre tap), and a fixed stride can land on the same tap every time.
+    """
+    golden = (math.sqrt(5.0) - 1.0) / 2.0
+    i = torch.arange(s, dtype=torch.float64)
+    return ((i * golden) % 1.0 * n).long().clamp_(max=n - 1).to(device)
+
+
 def kth_smallest(values: Tensor, k: int) -> Tensor:
     """The k-th smallest entry (1-based) of a 1-D tensor, exactly as ``values.kthvalue(k).values``."""
+    return _kth_smallest(values, k)[0]
+
+
+def _kth_smallest(values: Tensor, k: int) -> tuple[Tensor, bool]:
+    """``(value, unique)``: the k-th smallest entry, and True when no other entry equals it (then
+    exactly k entries are ``<= value``); False means "unknown"."""
     n = values.numel()
     if values.dim() != 1:
         raise ValueError("kth_smallest expects a 1-D tensor")
     if not 1 <= k <= n:
         raise ValueError(f"k must be in [1, {n}] (got {k})")
     if n <= DIRECT_SELECTION_MAX:
-        return values.kthvalue(k).values
-    stride = n // SAMPLE_SIZE
-    sample = values[stride // 2 :: stride].sort().values
-    s = sample.numel()
+        return values.kthvalue(k).values, False
+    s = SAMPLE_SIZE
+    sample = values[_sample_index(n, s, values.device)].sort().values
     q = k / n
     margin = 4.0 * math.sqrt(q * (1.0 - q) / s) + 2.0 / s
-    lo_i = math.floor((q - margin) * s)
-    hi_i = math.ceil((q + margin) * s)
-    inside = None
-    below = 0
-    if lo_i >= 0:
-        lo = sample[lo_i]
-        below = int(torch.count_nonzero(values < lo))
-        inside = values >= lo
-    if hi_i < s:
-        upper = values <= sample[hi_i]
-        inside = upper if inside is None else inside.logical_and_(upper)
-    candidates = values if inside is None else values[inside]
-    if below < k <= below + candidates.numel():
-        return candidates.kthvalue(k - below).values
-    return values.kthvalue(k).values  # the bracket missed: exact fallback
+    lo_i, hi_i = math.floor((q - margin) * s), math.ceil((q + margin) * s)
+    lo = sample[lo_i] if lo_i >= 0 else None
+    hi = sample[hi_i] if hi_i < s else None
+    # Walk up the bracket: [<= lo] [lo < .. < hi] [== hi]. Ties (say, a layer that is 90% exact
+    # zeros) are counted, not selected, so they cost one comparison pass.
+    rank = 0  # entries known to be below the candidates
+    if lo is not None:
+        inside = values > lo
+        rank = n - int(torch.count_nonzero(inside))  # entries <= lo
+        if k <= rank:
+            below = int(torch.count_nonzero(values < lo))
+            return (lo, False) if k > below else (values.kthvalue(k).values, False)  # lo's ties, or a miss
+        if hi is not None:
+            inside.logical_and_(values < hi)
+    else:
+        inside = values < hi
+    candidates = values[inside]
+    if k <= rank + candidates.numel():
+        value = candidates.kthvalue(k - rank).values
+        # every entry equal to value lies strictly inside (lo, hi), so counting candidates is enough
+        return value, int(torch.count_nonzero(candidates == value)) == 1
+    rank += candidates.numel()
+    if hi is not None and k <= rank + int(torch.count_nonzero(values == hi)):
+        return hi, False
+    return values.kthvalue(k).values, False  # the bracket missed: exact fallback
 
 
 def smallest_k_mask(values: Tensor, k: int) -> Tensor:
@@ -87,11 +115,49 @@ def smallest_k_mask(values: Tensor, k: int) -> Tensor:
         return torch.zeros_like(values, dtype=torch.bool)
     if k == n:
         return torch.ones_like(values, dtype=torch.bool)
-    threshold = kth_smallest(flat, k)
+    return mask_below(values, k, *_kth_smallest(flat, k))
+
+
+def mask_below(values: Tensor, k: int, threshold: Tensor, unique: bool = False) -> Tensor:
+    """The mask of ``smallest_k_mask(values, k)``, given its ``threshold = kth_smallest(values, k)``.
+    ``unique=True`` promises that no other entry equals the threshold (skips the count)."""
+    flat = values.reshape(-1)
     mask = flat <= threshold
-    if int(torch.count_nonzero(mask)) != k:  # ties at the threshold: keep only the first ones
+    if not unique and int(torch.count_nonzero(mask)) != k:  # ties at the threshold: keep the first ones
         mask = flat < threshold
         need = k - int(torch.count_nonzero(mask))
         ties = (flat == threshold).nonzero().squeeze(1)[:need]
         mask[ties] = True
     return mask.reshape(values.shape)
+
+
+def largest_k_mask(values: Tensor, m: int) -> Tensor:
+    """Boolean mask marking exactly ``m`` entries with the largest values: the complement of
+    ``smallest_k_mask(values, n - m)`` (ties broken by position, higher flat index first)."""
+    n = values.numel()
+    if not 0 <= m <= n:
+        raise ValueError(f"m must be in [0, {n}] (got {m})")
+    if m == 0 or m == n:
+        return smallest_k_mask(values, n - m).logical_not_()
+    threshold, unique = _kth_smallest(values.reshape(-1), n - m)
+    if unique:  # exactly n - m entries are <= threshold
+        return values > threshold
+    return mask_below(values, n - m, threshold).logical_not_()
+
+
+def zero_smallest_(x: Tensor, k: int, magnitude: Tensor | None = None) -> None:
+    """Zero, in place, the ``k`` entries of ``x`` with the smallest |x| (ties broken by position).
+
+    ``magnitude``: ``x.abs()`` if the caller already has it. When the k-th magnitude is unique the
+    zeroing is one fused ``hardshrink`` pass; when it is 0 the k smallest are already zero.
+    """
+    if k == 0:
+        return
+    magnitude = x.abs() if magnitude is None else magnitude
+    threshold, unique = _kth_smallest(magnitude.reshape(-1), k)
+    if threshold == 0:  # the k smallest are already zero: zeroing them changes nothing
+        return
+    if unique:  # exactly k entries have |x| <= threshold
+        torch.ops.aten.hardshrink.out(x, float(threshold), out=x)
+    else:
+        x.masked_fill_(mask_below(magnitude, k, threshold), 0)

@@ -5,7 +5,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guardfl.ops.selection import DIRECT_SELECTION_MAX, cover_count, kth_smallest, prune_count, smallest_k_mask
+from guardfl.ops.selection import (
+    DIRECT_SELECTION_MAX,
+    cover_count,
+    kth_smallest,
+    largest_k_mask,
+    prune_count,
+    smallest_k_mask,
+    zero_smallest_,
+)
 from tests.strategies import tensors
 
 
@@ -63,3 +71,35 @@ def test_prune_count_known_float_traps():
     assert prune_count(0.29, 100) == 29  # 0.29 * 100 == 28.999999999999996 in floats
     assert prune_count(0.7, 10) == 7
     assert prune_count(0.99, 10) == 9
+
+
+@given(t=tensors(), data=st.data())
+def test_largest_k_mask_is_the_complement(t, data):
+    m = data.draw(st.integers(0, t.numel()))
+    mask = largest_k_mask(t, m)
+    assert int(mask.sum()) == m
+    assert torch.equal(mask, ~smallest_k_mask(t, t.numel() - m))
+
+
+@given(t=tensors(), data=st.data())
+def test_zero_smallest_matches_the_exact_mask(t, data):
+    k = data.draw(st.integers(0, t.numel()))
+    out = t.clone()
+    zero_smallest_(out, k)
+    assert torch.equal(out, t.masked_fill(smallest_k_mask(t.abs(), k), 0))
+
+
+@pytest.mark.parametrize("layout", ["normal", "ties", "centre-tap"])
+def test_fast_paths_on_large_tensors(layout):
+    g = torch.Generator().manual_seed(3)
+    n = 9 * 40_000
+    x = torch.randn(n, generator=g)
+    if layout == "ties":
+        x = torch.randint(-3, 4, (n,), generator=g).float()
+    elif layout == "centre-tap":  # a 3x3 conv on a 1x1 map: only every 9th entry is non-zero
+        x = x * (torch.arange(n) % 9 == 4)
+    for k in (n // 10, n // 2, (9 * n) // 10, n - 1):
+        out = x.clone()
+        zero_smallest_(out, k)
+        assert torch.equal(out, x.masked_fill(smallest_k_mask(x.abs(), k), 0))
+        assert int(largest_k_mask(x, n - k).sum()) == n - k
