@@ -1,0 +1,25 @@
+"""Gradient-inversion attacks: one class each, ``reconstruct(observation, threat) -> Reconstruction``.
+
+>>> from guardfl.redteam import attacks
+>>> attack = attacks.get("inverting_gradients", iterations=500, restarts=4)
+"""
+
+from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, infer_labels
+from guardfl.redteam.attacks.dlg import DLG, IDLG
+from guardfl.redteam.attacks.gradinversion import GradInversion
+from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
+from guardfl.redteam.attacks.registry import ATTACKS, available, get
+
+__all__ = [
+    "ATTACKS",
+    "DLG",
+    "IDLG",
+    "Attack",
+    "AttackConfig",
+    "GradInversion",
+    "InvertingGradients",
+    "Reconstruction",
+    "available",
+    "get",
+    "infer_labels",
+]

@@ -1,0 +1,197 @@
+"""The gradient-matching engine shared by the attacks.
+
+``Replica`` is a functional copy of the client's computation built only from what the attacker knows
+(``Observation`` + ``Knowledge``): it maps a guess (inputs, labels) to the update the client would have
+sent (FedSGD: the batch gradient; FedAvg: the delta of the unrolled local steps, ``torch.func``), with a
+differentiable surrogate of the known defense inside each step. ``Replica.objective`` adds the distance
+to the observed update and the priors. ``optimise_batched`` runs all restarts at once: ``torch.func.vmap``
+over the restart axis and an elementwise optimiser (Adam, signed gradients), which is exactly equivalent to
+running the restarts one after another.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, grad_and_value, vmap
+
+from guardfl.redteam.attacks import objectives as obj
+from guardfl.redteam.client import FedAvg, Observation, bn_layers
+from guardfl.redteam.threat import Knowledge, defense_kinds
+
+
+@dataclass(frozen=True)
+class ObjectiveWeights:
+    distance: str = "cosine"  # "cosine" or "l2"
+    tv: float = 0.0
+    bn: float = 0.0
+    group: float = 0.0
+
+
+class Replica:
+    """The attacker's functional copy of the client (see module docstring)."""
+
+    def __init__(self, observation: Observation, knowledge: Knowledge, weights: ObjectiveWeights, device: torch.device):
+        self.obs = observation
+        self.knowledge = knowledge
+        self.weights = weights
+        self.device = device
+        model = copy.deepcopy(observation.model).to(device)
+        self._bn_records: list[tuple[Tensor, Tensor]] = []
+        self._configure_bn(model, knowledge)
+        self.model = model
+        self.names = observation.param_names
+        named = dict(model.named_parameters())
+        self.params = {n: named[n].detach() for n in self.names}
+        self.frozen = {n: p.detach() for n, p in model.named_parameters() if n not in self.params}
+        self.buffers = {n: b for n, b in model.named_buffers()}
+        self.observed = [observation.update[n].to(device) for n in self.names]
+
+        stages = defense_kinds(knowledge.defense_config)
+        kinds = {s["kind"] for s in stages}
+        self.signed = "sign" in kinds
+        self.pruned = "gradprune" in kinds or any(s["kind"] == "outpost" and s.get("prune", 0) > 0 for s in stages)
+        self.instahide = "instahide" in kinds
+        self.masks = [o != 0 for o in self.observed] if self.pruned else None
+        self.protocol = knowledge.protocol
+        self.batch_size = observation.batch_size
+        self.n = observation.num_samples
+        self.hinge = self.signed and not isinstance(self.protocol, FedAvg) and self.protocol is not None
+        self.bn_target = knowledge.bn_target if knowledge.bn_mode in ("exact", "infer") else None
+        if self.bn_target is not None:
+            self.bn_target = [(m.to(device), v.to(device)) for m, v in self.bn_target]
+
+    # -- BatchNorm --------------------------------------------------------------------------------------
+    def _configure_bn(self, model: nn.Module, knowledge: Knowledge) -> None:
+        layers = bn_layers(model)
+        if knowledge.bn_mode == "proxy":
+            # normalise with the released running statistics (Huang et al. 2021, BN_proxy)
+            for bn, (mean, var) in zip(layers, knowledge.bn_target or []):
+                bn.running_mean.copy_(mean)
+                bn.running_var.copy_(var)
+                bn.eval()
+        else:
+            # train-mode BatchNorm (batch statistics of the guess) without touching running buffers
+            for bn in layers:
+                bn.track_running_stats = False
+                bn.running_mean = None
+                bn.running_var = None
+                bn.num_batches_tracked = None
+        records = self._bn_records
+
+        def record(_module, inputs):
+            x = inputs[0]
+            dims = [0, *range(2, x.dim())]
+            records.append((x.mean(dims), x.var(dims, unbiased=False)))
+
+        for bn in layers:
+            bn.register_forward_pre_hook(record)
+
+    # -- the client's computation ----------------------------------------------------------------------
+    def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,))
+        return F.cross_entropy(logits, y)
+
+    def _step_gradient(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        g = grad(self._loss)(params, x, y)
+        if self.signed and not self.hinge:
+            g = {k: obj.soft_sign(v) for k, v in g.items()}
+        return g
+
+    def simulate(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        """The update the client would send for inputs ``x`` and labels ``y`` (indices or probabilities)."""
+        p = self.protocol
+        if not isinstance(p, FedAvg):
+            g = self._step_gradient(self.params, x, y)
+            out = [g[n] for n in self.names]
+            return out if p is not None else [-t for t in out]  # unknown FedAvg: delta ~ -gradient
+        params = dict(self.params)
+        momentum: dict[str, Tensor] | None = None
+        b = p.batch_size
+        for _ in range(p.epochs):
+            for i in range(0, self.n, b):
+                g = self._step_gradient(params, x[i : i + b], y[i : i + b])
+                if p.weight_decay:
+                    g = {k: g[k] + p.weight_decay * params[k] for k in g}
+                if p.momentum:
+                    momentum = g if momentum is None else {k: p.momentum * momentum[k] + g[k] for k in g}
+                    g = momentum
+                params = {k: params[k] - p.lr * g[k] for k in params}
+        return [params[n] - self.params[n] for n in self.names]
+
+    def distance(self, sim: list[Tensor]) -> Tensor:
+        if self.hinge:
+            return obj.sign_hinge_distance(sim, self.observed)
+        if self.weights.distance == "l2":
+            return obj.l2_distance(sim, self.observed, self.masks)
+        return obj.cosine_distance(sim, self.observed, self.masks)
+
+    def objective(self, x: Tensor, y: Tensor, anchor: Tensor | None = None) -> Tensor:
+        """Distance to the observed update plus the weighted priors, for one guess."""
+        self._bn_records.clear()
+        value = self.distance(self.simulate(x, y))
+        w = self.weights
+        if w.tv:
+            value = value + w.tv * obj.total_variation(x.abs() if self.instahide else x)
+        if w.bn and self.bn_target is not None:
+            first_pass = self._bn_records[: len(self.bn_target)]
+            value = value + w.bn * obj.bn_prior(first_pass, self.bn_target)
+        if w.group and anchor is not None:
+            value = value + w.group * (x - anchor).pow(2).mean()
+        self._bn_records.clear()
+        return value
+
+
+def lr_at(step: int, total: int, lr: float) -> float:
+    """Geiping et al. 2020 schedule: x0.1 at 3/8, 5/8 and 7/8 of the iterations."""
+    drops = sum(step >= math.floor(total * f) for f in (3 / 8, 5 / 8, 7 / 8))
+    return lr * (0.1**drops)
+
+
+def optimise_batched(
+    objective: Callable[[Tensor, Tensor | None], Tensor],
+    x0: Tensor,
+    *,
+    iterations: int,
+    lr: float,
+    bounds: tuple[float, float],
+    signed: bool = True,
+    group_every: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> Tensor:
+    """Adam over all restarts at once: ``x0`` is ``(R, n, ...)``; ``objective(x, anchor)`` is one
+    restart's objective. With ``group_every`` the anchor is the restarts' mean image (group consistency,
+    Yin et al. 2021), refreshed every ``group_every`` iterations. Returns the final ``(R, n, ...)``."""
+    x = x0.clone()
+    m = torch.zeros_like(x)
+    v = torch.zeros_like(x)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    anchor = x.mean(0).detach() if group_every else None
+    per_restart = vmap(grad(objective), in_dims=(0, None))
+    for step in range(iterations):
+        if group_every and step % group_every == 0:
+            anchor = x.mean(0).detach()
+        g = per_restart(x, anchor)
+        if signed:
+            g = g.sign()
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        t = step + 1
+        step_size = lr_at(step, iterations, lr) / (1 - b1**t)
+        x.addcdiv_(m, (v / (1 - b2**t)).sqrt_().add_(eps), value=-step_size)
+        x.clamp_(*bounds)
+        if progress is not None:
+            progress(1)
+    return x
+
+
+def evaluate_batched(objective: Callable[[Tensor, Tensor | None], Tensor], x: Tensor) -> Tensor:
+    """The objective (without the group term) of each restart: ``(R,)``."""
+    with torch.no_grad():
+        return vmap(lambda xi: objective(xi, None))(x)

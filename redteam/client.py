@@ -1,0 +1,204 @@
+"""Client simulation: what a guardfl-protected client actually transmits.
+
+``simulate_client`` runs the real guardfl code path (``guardfl.wrap`` around the client's SGD, the model in
+train mode) on a private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended
+gradient; FedAvg: the model delta after E local epochs) plus the public context the server has (the
+global model). Knowledge that does not leave the client (the true labels, the exact BatchNorm statistics
+of the private batch) is recorded separately in ``Observation.side`` and reaches an attack only when its
+``ThreatModel`` grants it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import guardfl
+from guardfl.defenses import Defense, Identity, from_config
+
+
+@dataclass(frozen=True)
+class FedSGD:
+    """One local step on the whole batch; the client sends the (defended) gradient."""
+
+    name: str = "fedsgd"
+
+
+@dataclass(frozen=True)
+class FedAvg:
+    """E local epochs over the client's n samples in mini-batches of B, plain SGD with momentum and weight
+    decay; the client sends the model delta ``w_end - w_start``. Batches are taken in order (an attacker
+    with known hyperparameters replays that order)."""
+
+    epochs: int = 1
+    batch_size: int = 1
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    name: str = "fedavg"
+
+    def __post_init__(self) -> None:
+        for key, low in (("epochs", 1), ("batch_size", 1)):
+            if int(getattr(self, key)) < low:
+                raise ValueError(f"FedAvg.{key} must be >= {low} (got {getattr(self, key)})")
+        if not self.lr > 0:
+            raise ValueError(f"FedAvg.lr must be > 0 (got {self.lr})")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"FedAvg.momentum must be in [0, 1) (got {self.momentum})")
+        if self.weight_decay < 0:
+            raise ValueError(f"FedAvg.weight_decay must be >= 0 (got {self.weight_decay})")
+
+
+Protocol = FedSGD | FedAvg
+
+
+@dataclass
+class SideKnowledge:
+    """What did NOT leave the client; an attack sees it only if its threat model grants it."""
+
+    labels: Tensor
+    #: per BatchNorm layer (in module order): (mean, biased var) of its input over the first local batch
+    bn_batch_stats: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    #: the defense's ``last_stats`` per local step (client logs, for reports)
+    defense_stats: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Observation:
+    """What leaves the client, with the public context of the round."""
+
+    protocol: Protocol
+    model: nn.Module  # the global model as the server sent it (architecture + weights + buffers)
+    update: dict[str, Tensor]  # param name -> transmitted gradient (FedSGD) or delta (FedAvg)
+    num_samples: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+    input_range: tuple[float, float]
+    defense_config: dict | None
+    #: BatchNorm running statistics the client releases with its model after local training
+    released_bn_stats: list[tuple[Tensor, Tensor]]
+    side: SideKnowledge
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_samples if isinstance(self.protocol, FedSGD) else min(self.protocol.batch_size, self.num_samples)
+
+    @property
+    def param_names(self) -> list[str]:
+        return list(self.update)
+
+    def to(self, device: torch.device | str) -> "Observation":
+        """A copy with every tensor on ``device``."""
+        mv = lambda pairs: [(a.to(device), b.to(device)) for a, b in pairs]  # noqa: E731
+        return Observation(
+            protocol=self.protocol,
+            model=copy.deepcopy(self.model).to(device),
+            update={k: v.to(device) for k, v in self.update.items()},
+            num_samples=self.num_samples,
+            input_shape=self.input_shape,
+            num_classes=self.num_classes,
+            input_range=self.input_range,
+            defense_config=self.defense_config,
+            released_bn_stats=mv(self.released_bn_stats),
+            side=SideKnowledge(self.side.labels.to(device), mv(self.side.bn_batch_stats), self.side.defense_stats),
+        )
+
+
+def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _record_first_bn_inputs(model: nn.Module) -> tuple[list[tuple[Tensor, Tensor]], list]:
+    """Hooks recording (mean, biased var) of each BatchNorm input during the first forward pass."""
+    layers = bn_layers(model)
+    records: list[tuple[Tensor, Tensor]] = []
+
+    def hook(_module, inputs, _output):
+        if len(records) < len(layers):
+            x = inputs[0].detach()
+            dims = [0, *range(2, x.dim())]
+            records.append((x.mean(dims), x.var(dims, unbiased=False)))
+
+    return records, [bn.register_forward_hook(hook) for bn in layers]
+
+
+def simulate_client(
+    model: nn.Module,
+    inputs: Tensor,
+    labels: Tensor,
+    defense: Defense | Mapping[str, Any] | str | None = None,
+    protocol: Protocol | None = None,
+    *,
+    input_range: tuple[float, float] = (0.0, 1.0),
+    train_mode: bool = True,
+) -> Observation:
+    """Run the client exactly as deployed and return what it transmits.
+
+    ``model`` is the global model the server sent (left untouched). ``defense``: a guardfl defense (or a
+    config); None means no defense (``Identity``, bit-identical to plain SGD). The client trains in train
+    mode (BatchNorm uses batch statistics) unless ``train_mode=False``.
+    """
+    protocol = protocol or FedSGD()
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model: it has no trainable parameters, so the client transmits nothing")
+    if inputs.shape[0] != labels.shape[0] or inputs.shape[0] < 1:
+        raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
+    defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
+
+    global_model = copy.deepcopy(model)
+    client = copy.deepcopy(model)
+    client.train(train_mode)
+    names = [n for n, p in client.named_parameters() if p.requires_grad]
+    params = [p for p in client.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params]
+    if isinstance(protocol, FedSGD):
+        opt = torch.optim.SGD(params, lr=1.0)
+    else:
+        opt = torch.optim.SGD(params, lr=protocol.lr, momentum=protocol.momentum, weight_decay=protocol.weight_decay)
+    guarded = guardfl.wrap(opt, defense_obj, model=client)
+    guarded.new_round()
+
+    records, handles = _record_first_bn_inputs(client)
+    stats: list[dict] = []
+    n = inputs.shape[0]
+    try:
+        if isinstance(protocol, FedSGD):
+            batches = [(inputs, labels)]
+        else:
+            b = protocol.batch_size
+            batches = [(inputs[i : i + b], labels[i : i + b]) for _ in range(protocol.epochs) for i in range(0, n, b)]
+        for x, y in batches:
+            guarded.zero_grad(set_to_none=True)
+            F.cross_entropy(client(x), y).backward()
+            guarded.step()
+            stats.append(guarded.last_stats.to_dict())
+    finally:
+        for h in handles:
+            h.remove()
+
+    if isinstance(protocol, FedSGD):
+        update = {name: p.grad.detach().clone() for name, p in zip(names, params)}
+    else:
+        update = {name: (p.detach() - s) for name, p, s in zip(names, params, start)}
+    released = [(bn.running_mean.detach().clone(), bn.running_var.detach().clone())
+                for bn in bn_layers(client) if bn.running_mean is not None]
+    with torch.no_grad():
+        num_classes = int(client(inputs[:1]).shape[-1])
+    return Observation(
+        protocol=protocol,
+        model=global_model,
+        update=update,
+        num_samples=n,
+        input_shape=tuple(inputs.shape[1:]),
+        num_classes=num_classes,
+        input_range=input_range,
+        defense_config=None if defense is None else defense_obj.config.model_dump(mode="json"),
+        released_bn_stats=released,
+        side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(records), defense_stats=stats),
+    )
+
