@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -77,7 +78,9 @@ def _lpips_model(weights: str | None, download: bool):
         return None, (
             f"AlexNet ImageNet weights not found ({where}); pass lpips_weights=PATH or download=True when online"
         )
-    model = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)  # trunk filled below, lin layers shipped
+    with warnings.catch_warnings():  # lpips passes torchvision's deprecated pretrained=False
+        warnings.simplefilter("ignore", UserWarning)
+        model = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)  # trunk filled below, lin layers shipped
     if path is None:
         import torchvision
 

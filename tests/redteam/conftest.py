@@ -1,0 +1,17 @@
+import pytest
+import skimage.data
+import torch
+
+from guardfl.redteam.models import LeNetZhu, wide_init_
+
+
+@pytest.fixture(scope="session")
+def faces():
+    """Real images that need no download: the LFW subset shipped with scikit-image (25x25 grey)."""
+    return torch.from_numpy(skimage.data.lfw_subset()[:100]).float().unsqueeze(1)
+
+
+@pytest.fixture
+def wide_lenet():
+    torch.manual_seed(0)
+    return wide_init_(LeNetZhu((1, 25, 25), 10))

@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from guardfl.defenses import GradPrune, Stack, SignCompression
+from guardfl.redteam import FedAvg, ThreatModel, simulate_client
+from guardfl.redteam.models import ConvNetSmall
+from guardfl.redteam.threat import defense_kinds
+
+
+def test_knowledge_follows_the_threat(wide_lenet, faces):
+    obs = simulate_client(wide_lenet, faces[:1], torch.tensor([3]), GradPrune(0.5), FedAvg())
+    k = ThreatModel(labels="known").knowledge(obs)
+    assert torch.equal(k.labels, torch.tensor([3])) and k.defense_config["kind"] == "gradprune"
+    k = ThreatModel(labels="inferred", defense="unknown", fedavg="unknown").knowledge(obs)
+    assert k.labels is None and k.defense_config is None and k.protocol is None
+
+
+def test_unavailable_knowledge_is_refused(wide_lenet, faces):
+    obs = simulate_client(wide_lenet, faces[:1], torch.tensor([3]))
+    with pytest.raises(ValueError, match="no BatchNorm layers"):
+        ThreatModel(bn="exact").knowledge(obs)
+    bn_obs = simulate_client(ConvNetSmall((1, 25, 25)), faces[:2], torch.tensor([0, 1]))
+    assert len(ThreatModel(bn="exact").knowledge(bn_obs).bn_target) == 2
+    with pytest.raises(ValueError):
+        ThreatModel(bn="psychic")
+
+
+def test_defense_kinds_flattens_stacks():
+    cfg = Stack(GradPrune(0.5), Stack(SignCompression())).config.model_dump()
+    assert [c["kind"] for c in defense_kinds(cfg)] == ["gradprune", "sign"]
+    assert defense_kinds(None) == []
