@@ -58,7 +58,9 @@ class Replica:
         self.signed = "sign" in kinds
         self.pruned = "gradprune" in kinds or any(s["kind"] == "outpost" and s.get("prune", 0) > 0 for s in stages)
         self.instahide = "instahide" in kinds
-        self.masks = [o != 0 for o in self.observed] if self.pruned else None
+        self.observed_flat = obj.flatten(self.observed)
+        self.observed_norm = self.observed_flat.norm()
+        self.mask = (self.observed_flat != 0) if self.pruned else None
         self.protocol = knowledge.protocol
         self.batch_size = observation.batch_size
         self.n = observation.num_samples
@@ -95,7 +97,7 @@ class Replica:
 
     # -- the client's computation ----------------------------------------------------------------------
     def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,))
+        logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,), tie_weights=False)
         return F.cross_entropy(logits, y)
 
     def _step_gradient(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> dict[str, Tensor]:
@@ -126,11 +128,12 @@ class Replica:
         return [params[n] - self.params[n] for n in self.names]
 
     def distance(self, sim: list[Tensor]) -> Tensor:
+        flat = obj.flatten(sim)
         if self.hinge:
-            return obj.sign_hinge_distance(sim, self.observed)
+            return obj.sign_hinge_distance(flat, self.observed_flat)
         if self.weights.distance == "l2":
-            return obj.l2_distance(sim, self.observed, self.masks)
-        return obj.cosine_distance(sim, self.observed, self.masks)
+            return obj.l2_distance(flat, self.observed_flat, self.mask)
+        return obj.cosine_distance(flat, self.observed_flat, self.mask, self.observed_norm)
 
     def objective(self, x: Tensor, y: Tensor, anchor: Tensor | None = None) -> Tensor:
         """Distance to the observed update plus the weighted priors, for one guess."""
@@ -173,11 +176,14 @@ def optimise_batched(
     v = torch.zeros_like(x)
     b1, b2, eps = 0.9, 0.999, 1e-8
     anchor = x.mean(0).detach() if group_every else None
-    per_restart = vmap(grad(objective), in_dims=(0, None))
+    # Restarts are independent, so d(sum_r f_r)/dx_r = df_r/dx_r: one vmapped forward of the R
+    # objectives and one ordinary backward give every restart's gradient.
+    per_restart = vmap(objective, in_dims=(0, None))
     for step in range(iterations):
         if group_every and step % group_every == 0:
             anchor = x.mean(0).detach()
-        g = per_restart(x, anchor)
+        xr = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(per_restart(xr, anchor).sum(), xr)
         if signed:
             g = g.sign()
         m.mul_(b1).add_(g, alpha=1 - b1)

@@ -14,33 +14,31 @@ import torch
 from torch import Tensor
 
 
-def l2_distance(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: Sequence[Tensor] | None = None) -> Tensor:
-    """sum ||sim - obs||^2 over all coordinates (only where ``masks`` is True, when given)."""
-    total = 0.0
-    for i, (a, b) in enumerate(zip(sim, obs)):
-        d = (a - b).pow(2)
-        total = total + (d * masks[i] if masks is not None else d).sum()
-    return total
+def flatten(tensors: Sequence[Tensor]) -> Tensor:
+    """All tensors as one vector (the update as the attack compares it)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def cosine_distance(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: Sequence[Tensor] | None = None) -> Tensor:
-    """1 - cos(sim, obs) of the whole concatenated update (only over ``masks`` when given)."""
-    dot, ns, no = 0.0, 0.0, 0.0
-    for i, (a, b) in enumerate(zip(sim, obs)):
-        if masks is not None:
-            a = a * masks[i]
-        dot = dot + (a * b).sum()
-        ns = ns + a.pow(2).sum()
-        no = no + b.pow(2).sum()
-    return 1.0 - dot / (ns.sqrt() * no.sqrt() + 1e-12)
+def l2_distance(sim: Tensor, obs: Tensor, mask: Tensor | None = None) -> Tensor:
+    """||sim - obs||^2 over the flattened update (only where ``mask`` is True, when given)."""
+    d = sim - obs
+    if mask is not None:
+        d = d * mask
+    return d.pow(2).sum()
 
 
-def sign_hinge_distance(sim: Sequence[Tensor], obs_sign: Sequence[Tensor]) -> Tensor:
+def cosine_distance(sim: Tensor, obs: Tensor, mask: Tensor | None = None, obs_norm: Tensor | None = None) -> Tensor:
+    """1 - cos(sim, obs) of the flattened update (only over ``mask`` when given: ``obs`` is already zero
+    off the mask for a pruned update, so masking ``sim`` suffices)."""
+    if mask is not None:
+        sim = sim * mask
+    obs_norm = obs.norm() if obs_norm is None else obs_norm
+    return 1.0 - (sim * obs).sum() / (sim.norm() * obs_norm + 1e-12)
+
+
+def sign_hinge_distance(sim: Tensor, obs_sign: Tensor) -> Tensor:
     """Wu et al. 2023, Eq. 4: sum_i max(-g_i * sign_i, 0)^2; zero when every sign agrees."""
-    total = 0.0
-    for a, s in zip(sim, obs_sign):
-        total = total + torch.relu(-a * s).pow(2).sum()
-    return total
+    return torch.relu(-sim * obs_sign).pow(2).sum()
 
 
 def soft_sign(g: Tensor) -> Tensor:

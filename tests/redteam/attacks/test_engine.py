@@ -16,14 +16,14 @@ def test_replica_reproduces_the_client_exactly_at_the_truth(wide_lenet, faces, p
     replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
     for a, b in zip(replica.simulate(x, y), replica.observed):
         assert torch.allclose(a, b, atol=1e-6)
-    assert float(replica.objective(x, y)) == pytest.approx(0.0, abs=1e-6)
+    assert float(replica.objective(x, y)) == pytest.approx(0.0, abs=1e-5)  # float32 rounding
 
 
 def test_pruned_update_is_matched_on_its_nonzero_coordinates(wide_lenet, faces):
     x, y = faces[:1], torch.tensor([3])
     obs = simulate_client(wide_lenet, x, y, GradPrune(0.9))
     replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
-    assert replica.masks is not None
+    assert replica.mask is not None
     # at the truth the kept coordinates agree exactly, so the masked cosine distance is ~0
     assert float(replica.objective(x, y)) == pytest.approx(0.0, abs=1e-5)
     unaware = Replica(obs, ThreatModel(labels="known", defense="unknown").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
@@ -31,9 +31,9 @@ def test_pruned_update_is_matched_on_its_nonzero_coordinates(wide_lenet, faces):
 
 
 def test_sign_hinge_is_zero_iff_signs_agree():
-    g = [torch.tensor([0.5, -2.0, 0.1])]
-    assert float(obj.sign_hinge_distance(g, [torch.tensor([1.0, -1.0, 1.0])])) == 0
-    assert float(obj.sign_hinge_distance(g, [torch.tensor([-1.0, -1.0, 1.0])])) == pytest.approx(0.25)
+    g = torch.tensor([0.5, -2.0, 0.1])
+    assert float(obj.sign_hinge_distance(g, torch.tensor([1.0, -1.0, 1.0]))) == 0
+    assert float(obj.sign_hinge_distance(g, torch.tensor([-1.0, -1.0, 1.0]))) == pytest.approx(0.25)
 
 
 def test_lr_schedule_drops_at_three_eighths_five_eighths_seven_eighths():
