@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Literal
 
 import torch
 from torch import nn
@@ -70,3 +71,42 @@ def wide_init_(model: nn.Module, bound: float = 0.5) -> nn.Module:
         for p in model.parameters():
             p.uniform_(-bound, bound)
     return model
+
+
+def set_model_state(
+    model: nn.Module, state: Literal["default", "wide-init"] | str | Path = "default", *, seed: int | None = None
+) -> nn.Module:
+    """Put ``model`` in an explicit state, in place: ``"default"`` (PyTorch's own initialisation, the
+    realistic start of training), ``"wide-init"`` (U(-0.5, 0.5): the DLG-era WORST CASE), or the path of
+    a checkpoint (a state dict, or a dict with ``"state_dict"`` / ``"model"``). ``seed`` makes the
+    initialisation reproducible without touching the global RNG."""
+    if state in ("default", "wide-init"):
+        fork = torch.random.fork_rng() if seed is not None else _nullcontext()
+        with fork:
+            if seed is not None:
+                torch.manual_seed(seed)
+            for module in model.modules():
+                if hasattr(module, "reset_parameters") and module is not model:
+                    module.reset_parameters()
+            if state == "wide-init":
+                wide_init_(model)
+        return model
+    path = Path(state)
+    if not path.is_file():
+        raise ValueError(f"model state: {state!r} is neither 'default', 'wide-init' nor an existing checkpoint file")
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(loaded, dict) and ("state_dict" in loaded or "model" in loaded):
+        loaded = loaded.get("state_dict", loaded.get("model"))
+    loaded = {k.removeprefix("_module."): v for k, v in loaded.items()}  # Opacus GradSampleModule keys
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+    return model
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -4,7 +4,9 @@ DLG: L2 distance between the simulated and the observed update, optimised with L
 when the labels are not granted, jointly over soft labels (softmax of free logits), as in the paper.
 iDLG: restore the label analytically from the output layer (one sample), then DLG with that label.
 
-Deviation: L-BFGS runs with a strong-Wolfe line search; the original used none and often diverges to
+Deviations: the L2 distance is divided by ||observed||^2 (same minimiser, but a tiny update, such as a
+FedAvg delta at lr 0.01, no longer falls under L-BFGS's tolerances and ends the attack at once); L-BFGS
+runs with a strong-Wolfe line search; the original used none and often diverges to
 NaN, which would make the attack look weaker than it is. Restarts run one after another (L-BFGS couples
 all coordinates, so batching restarts would change the maths); the winner is the lowest L2 distance.
 """

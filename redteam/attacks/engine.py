@@ -64,7 +64,8 @@ class Replica:
         self.protocol = knowledge.protocol
         self.batch_size = observation.batch_size
         self.n = observation.num_samples
-        self.hinge = self.signed and not isinstance(self.protocol, FedAvg) and self.protocol is not None
+        # Eq. 4 of Wu et al. for one sample; a tanh surrogate of sign inside each simulated step otherwise
+        self.hinge = self.signed and not isinstance(self.protocol, FedAvg) and self.protocol is not None and self.n == 1
         self.bn_target = knowledge.bn_target if knowledge.bn_mode in ("exact", "infer") else None
         if self.bn_target is not None:
             self.bn_target = [(m.to(device), v.to(device)) for m, v in self.bn_target]
@@ -132,7 +133,9 @@ class Replica:
         if self.hinge:
             return obj.sign_hinge_distance(flat, self.observed_flat)
         if self.weights.distance == "l2":
-            return obj.l2_distance(flat, self.observed_flat, self.mask)
+            # divided by ||observed||^2: same minimiser as DLG's L2, but scale-free, so that a tiny update
+            # (a FedAvg delta at lr 0.01) does not fall under the optimiser's tolerances
+            return obj.l2_distance(flat, self.observed_flat, self.mask) / (self.observed_norm.pow(2) + 1e-30)
         return obj.cosine_distance(flat, self.observed_flat, self.mask, self.observed_norm)
 
     def objective(self, x: Tensor, y: Tensor, anchor: Tensor | None = None) -> Tensor:

@@ -43,7 +43,11 @@ def sign_hinge_distance(sim: Tensor, obs_sign: Tensor) -> Tensor:
 
 def soft_sign(g: Tensor) -> Tensor:
     """Differentiable surrogate of sign(g): tanh(g / mean|g|), the scale detached (our choice of scale:
-    LTI does not give one; this puts a typical entry in tanh's transition region)."""
+    LTI does not give one; this puts a typical entry in tanh's transition region).
+
+    Deviation: LTI applies tanh to each sample's gradient and averages, because its batch is an aggregate
+    of clients; a guardfl client signs its batch-mean gradient, so the surrogate is applied to the
+    simulated batch gradient of each local step, which is what that client computes."""
     scale = g.detach().abs().mean() + 1e-12
     return torch.tanh(g / scale)
 

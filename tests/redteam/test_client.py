@@ -63,3 +63,19 @@ def test_bad_inputs():
         simulate_client(torch.nn.Linear(3, 2), torch.zeros(2, 3), torch.tensor([0]))
     with pytest.raises(ValueError, match="FedAvg.lr"):
         FedAvg(lr=0)
+
+
+def test_model_state_is_explicit(tmp_path):
+    from guardfl.redteam.models import LeNetZhu, set_model_state
+
+    a = set_model_state(LeNetZhu((1, 25, 25)), "default", seed=3)
+    b = set_model_state(LeNetZhu((1, 25, 25)), "default", seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    wide = set_model_state(LeNetZhu((1, 25, 25)), "wide-init", seed=3)
+    assert float(wide.fc.weight.detach().abs().max()) > 0.4 > float(a.fc.weight.detach().abs().max())
+    path = tmp_path / "ckpt.pt"
+    torch.save({"state_dict": {f"_module.{k}": v for k, v in wide.state_dict().items()}}, path)
+    c = set_model_state(LeNetZhu((1, 25, 25)), path)
+    assert torch.equal(c.fc.weight, wide.fc.weight)
+    with pytest.raises(ValueError, match="neither"):
+        set_model_state(LeNetZhu((1, 25, 25)), "nonexistent.pt")

@@ -38,3 +38,14 @@ def test_sign_hinge_is_zero_iff_signs_agree():
 
 def test_lr_schedule_drops_at_three_eighths_five_eighths_seven_eighths():
     assert [lr_at(s, 80, 0.1) for s in (0, 29, 30, 50, 70, 79)] == pytest.approx([0.1, 0.1, 0.01, 0.001, 1e-4, 1e-4])
+
+
+def test_sign_aware_objective_is_zero_at_the_truth_for_one_sample(wide_lenet, faces):
+    from guardfl.defenses import SignCompression
+
+    x, y = faces[:1], torch.tensor([3])
+    obs = simulate_client(wide_lenet, x, y, SignCompression())
+    replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
+    assert replica.hinge and float(replica.objective(x, y)) == 0.0
+    batch = simulate_client(wide_lenet, faces[:2], torch.tensor([3, 4]), SignCompression())
+    assert not Replica(batch, ThreatModel(labels="known").knowledge(batch), ObjectiveWeights(), torch.device("cpu")).hinge

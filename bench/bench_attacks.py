@@ -1,0 +1,169 @@
+"""Attack strength against the defenses, at paper settings (GPU) or a reduced budget (CPU).
+
+    python bench/bench_attacks.py outpost [--images 4] [--iterations 300]
+    python bench/bench_attacks.py huang   [--images 1] [--iterations 200] [--batches 1,16]
+
+``outpost``: the direction of Wang et al. 2024, Table III, scenario 1 (FedAvg, E=1, n=1, B=1): the LeNet of
+Zhu et al. on CIFAR-10 images, DLG and csDLG (Inverting Gradients) matching the model delta, no defense vs
+gradient compression (GradPrune 0.8), Gaussian perturbation and Outpost (defaults). Reported for PyTorch's
+default initialisation (the realistic case) and for the wide U(-0.5, 0.5) init (worst case).
+
+``huang``: the direction of Huang et al. 2021, Table 2: ResNet-18 (CIFAR stem) in train mode, FedSGD,
+the strongest attacker (labels known, BN_exact; GradInversion: IG + BN prior), no defense vs GradPrune 0.9
+and 0.99, batch 1 and 16. InstaHide rows need the data-side defenses (issue 3) and are marked n/a.
+
+Data: the CIFAR-10 sample in ``../shared/data`` (benchmarks only). Metrics after Hungarian matching;
+LPIPS when AlexNet weights are available. Writes JSON and PNG grids to ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from guardfl.defenses import GaussianNoise, GradPrune, Outpost
+from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, metrics, simulate_client
+from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.models import LeNetZhu, resnet18_cifar, wide_init_
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"
+OUT = ROOT / "bench" / "results"
+
+
+def cifar(n: int, offset: int = 0):
+    d = np.load(DATA)
+    x = torch.from_numpy(d["x"][offset : offset + n]).permute(0, 3, 1, 2).float() / 255.0
+    return x, torch.from_numpy(d["y"][offset : offset + n])
+
+
+def save_grid(rows: dict[str, torch.Tensor], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    n = max(len(v) for v in rows.values())
+    fig, axes = plt.subplots(len(names), n, figsize=(1.4 * n, 1.5 * len(names)), squeeze=False)
+    for i, name in enumerate(names):
+        for j in range(n):
+            ax = axes[i][j]
+            ax.axis("off")
+            if j < len(rows[name]):
+                img = rows[name][j].detach().cpu().clamp(0, 1).permute(1, 2, 0).numpy()
+                ax.imshow(img.squeeze(), cmap="gray" if img.shape[-1] == 1 else None)
+        axes[i][0].set_title(name, fontsize=7, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarize(m: dict) -> dict:
+    s = m["summary"]
+    pick = lambda k: None if s.get(k) is None else {"mean": s[k]["mean"], "best": s[k]["best"]}  # noqa: E731
+    return {"ssim": pick("ssim"), "psnr": pick("psnr"), "lpips": pick("lpips"), "label_acc": s.get("label_acc")}
+
+
+def run_outpost(args, device) -> dict:
+    x_all, y_all = cifar(args.images)
+    defenses = {
+        "none": None,
+        "GC (prune 0.8)": GradPrune(0.8),
+        "DP (gauss 1e-3)": GaussianNoise(1e-3),
+        "Outpost": Outpost(),
+    }
+    results, grids = [], {}
+    for init in ("pytorch-default", "wide-init (worst case)"):
+        for dname, defense in defenses.items():
+            for aname, budget in (("dlg", {"iterations": args.iterations}),
+                                  ("inverting_gradients", {"iterations": args.iterations, "restarts": 2})):
+                recs = []
+                t0 = time.time()
+                for i in range(args.images):
+                    torch.manual_seed(i)
+                    model = LeNetZhu((3, 32, 32), 10)
+                    if init.startswith("wide"):
+                        wide_init_(model)
+                    x, y = x_all[i : i + 1], y_all[i : i + 1]
+                    obs = simulate_client(model, x, y, defense, FedAvg(epochs=1, batch_size=1, lr=0.01))
+                    rec = attacks.get(aname, seed=i, device=str(device), **budget).reconstruct(obs, ThreatModel(labels="known"))
+                    recs.append(rec.inputs.cpu())
+                rec_all = torch.cat(recs)
+                m = metrics.evaluate(rec_all, x_all[: args.images], data_range=(0, 1))
+                row = {"init": init, "defense": dname, "attack": aname, "seconds": time.time() - t0, **summarize(m)}
+                results.append(row)
+                print(f"{init:24s} {dname:16s} {aname:20s} SSIM mean {row['ssim']['mean']:.3f} best {row['ssim']['best']:.3f}  "
+                      f"PSNR mean {row['psnr']['mean']:6.2f}  ({row['seconds']:.0f}s)", flush=True)
+                grids[f"{init[:4]} {dname} {aname}"] = rec_all
+    grids = {"original": x_all[: args.images], **grids}
+    save_grid(grids, OUT / "outpost_table3.png")
+    return {"scenario": "FedAvg E=1 n=1 B=1 lr=0.01, LeNet (Zhu), CIFAR-10 sample", "rows": results}
+
+
+def run_huang(args, device) -> dict:
+    defenses = {"none": None, "GradPrune 0.9": GradPrune(0.9), "GradPrune 0.99": GradPrune(0.99)}
+    results, grids = [], {}
+    for batch in [int(b) for b in args.batches.split(",")]:
+        x, y = cifar(batch * args.images, offset=100)
+        grids[f"B={batch} original"] = x[: min(batch, 8)]
+        for dname, defense in defenses.items():
+            t0 = time.time()
+            recs = []
+            for i in range(args.images):
+                torch.manual_seed(i)
+                model = resnet18_cifar((3, 32, 32), 10)
+                xb, yb = x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
+                obs = simulate_client(model, xb, yb, defense, FedSGD())
+                attack = attacks.get("gradinversion", iterations=args.iterations, restarts=2, group_every=max(1, args.iterations // 10),
+                                     seed=i, device=str(device), progress=False)
+                recs.append(attack.reconstruct(obs, ThreatModel(labels="known", bn="exact")).inputs.cpu())
+            rec_all = torch.cat(recs)
+            m = metrics.evaluate(rec_all, x, data_range=(0, 1))
+            row = {"batch": batch, "defense": dname, "attack": "gradinversion (labels known, BN exact)",
+                   "seconds": time.time() - t0, **summarize(m)}
+            results.append(row)
+            print(f"B={batch:<3d} {dname:16s} SSIM mean {row['ssim']['mean']:.3f} best {row['ssim']['best']:.3f}  "
+                  f"PSNR mean {row['psnr']['mean']:6.2f}  ({row['seconds']:.0f}s)", flush=True)
+            grids[f"B={batch} {dname}"] = rec_all[: min(batch, 8)]
+        for dname in ("InstaHide k=4", "InstaHide k=4 + GradPrune 0.9"):
+            results.append({"batch": batch, "defense": dname, "attack": "n/a: data-side defenses land with issue 3"})
+    save_grid(grids, OUT / "huang_table2.png")
+    return {"scenario": "FedSGD, ResNet-18 (CIFAR stem, train mode), CIFAR-10 sample", "rows": results}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("table", choices=["outpost", "huang"])
+    ap.add_argument("--images", type=int, default=None, help="images (outpost) or batches (huang) per setting")
+    ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    if args.table == "outpost":
+        args.images = args.images or (8 if gpu else 4)
+        args.iterations = args.iterations or (2000 if gpu else 300)
+    else:
+        args.images = args.images or (4 if gpu else 1)
+        args.iterations = args.iterations or (10_000 if gpu else 200)
+    if not DATA.is_file():
+        raise SystemExit(f"benchmark data not found: {DATA}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    print(f"device {device}, {args.images} image(s)/batch(es) per setting, {args.iterations} iterations", flush=True)
+    result = run_outpost(args, device) if args.table == "outpost" else run_huang(args, device)
+    result.update({"device": str(device), "iterations": args.iterations, "images": args.images,
+                   "lpips": metrics.lpips_status().__dict__})
+    path = OUT / f"{args.table}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path} and the PNG grid beside it")
+
+
+if __name__ == "__main__":
+    main()
