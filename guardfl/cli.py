@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("defenses", help="list the available defenses")
     p.add_argument("-v", "--verbose", action="store_true", help="also print each config's fields")
     p.set_defaults(func=_cmd_defenses)
+    from guardfl.redteam.cli import add_parser as add_redteam
+
+    add_redteam(sub)
     p = sub.add_parser("check", help="validate a defense config (YAML file)")
     p.add_argument("config", help="path to a YAML file with a defense config")
     p.set_defaults(func=_cmd_check)

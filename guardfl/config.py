@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -15,36 +15,56 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _allowed(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str | None:
-    """The human-readable allowed range declared on the field at ``loc`` (json_schema_extra["allowed"])."""
-    if model is None or not loc:
-        return None
-    field = model.model_fields.get(str(loc[-1])) if isinstance(loc[-1], str) else None
-    if field is None:
-        return None
-    extra = field.json_schema_extra
-    if isinstance(extra, dict) and "allowed" in extra:
-        return str(extra["allowed"])
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside an annotation such as ``Sub``, ``Sub | None`` or ``list[Sub]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
     return None
+
+
+def _owner(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, Any]:
+    """Walk ``loc`` through nested models: (the model owning the last key, that key's FieldInfo)."""
+    owner, field = model, None
+    for i, key in enumerate(loc):
+        if owner is None or not isinstance(key, str) or key not in owner.model_fields:
+            continue
+        field = owner.model_fields[key]
+        if i < len(loc) - 1:
+            nested = _submodel(field.annotation)
+            if nested is not None:
+                owner, field = nested, None
+    return owner, field
+
+
+def _clean(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's internal location segments (validator and union branch names)."""
+    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x.startswith("function-"))))
 
 
 def format_validation_error(err: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> str:
     """Turn a pydantic ValidationError into ``prefix.field: problem (got X); allowed: RANGE`` lines."""
     lines = []
     for e in err.errors(include_url=False):
-        loc = tuple(x for x in e.get("loc", ()) if not (isinstance(x, str) and x.startswith("function-")))
+        loc = _clean(tuple(e.get("loc", ())))
         name = ".".join(str(x) for x in (prefix, *loc) if x != "")
         msg = e.get("msg", "invalid value").removeprefix("Value error, ")
+        owner, field = _owner(model, loc)
+        allowed = None
         if e.get("type") == "extra_forbidden":
-            allowed = ", ".join(sorted(model.model_fields)) if model is not None else None
+            owner, _ = _owner(model, loc[:-1] + ("",))
+            allowed = ", ".join(sorted(owner.model_fields)) if owner is not None else None
             msg = "unknown key"
-        elif e.get("type") == "value_error":  # a nested config's own one-line message
-            allowed = None
-        else:
-            allowed = _allowed(model, loc) if len(loc) == 1 else None
+        elif e.get("type") != "value_error" and field is not None:  # value_error: a nested one-line message
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and "allowed" in extra:
+                allowed = str(extra["allowed"])
         got = e.get("input")
         text = f"{name}: {msg}"
-        if e.get("type") not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
+        if e.get("type") not in ("missing", "extra_forbidden", "value_error") and not isinstance(got, (dict, list)):
             text += f" (got {got!r})"
         if allowed:
             text += f"; allowed: {allowed}"

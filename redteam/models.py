@@ -110,3 +110,79 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+
+
+class FC2(nn.Module):
+    """FC-2 of the Cocktail Party Attack paper (Kariyappa et al. 2023): flatten, a 256-wide ReLU hidden
+    layer, a linear output."""
+
+    def __init__(self, in_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, hidden: int = 256) -> None:
+        super().__init__()
+        size = 1
+        for d in in_shape:
+            size *= d
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.short(x))
+
+
+class ResNet20(nn.Module):
+    """ResNet-20 for 32x32 images (He et al. 2016, Sec. 4.2): 3 stages of 3 basic blocks, 16/32/64 channels."""
+
+    def __init__(self, in_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_shape[0], 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        blocks, cin = [], 16
+        for cout, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(3):
+                blocks.append(_BasicBlock(cin, cout, stride if i == 0 else 1))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1), 1))
+
+
+MODELS.update({"fc2": FC2, "resnet20": ResNet20})
+
+
+def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """A built-in model by name, or ``module:callable`` (the user's factory, called as
+    ``factory(in_shape=..., num_classes=...)`` when it accepts those, else with no arguments)."""
+    if name in MODELS:
+        return MODELS[name](in_shape, num_classes)
+    if ":" not in name:
+        raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))} or 'module:callable'")
+    import importlib
+    import inspect
+
+    module_name, attr = name.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"model.name: cannot load {name!r}: {err}") from None
+    params = inspect.signature(factory).parameters
+    kwargs = {k: v for k, v in (("in_shape", in_shape), ("num_classes", num_classes)) if k in params}
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model.name: {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model

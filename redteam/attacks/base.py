@@ -122,3 +122,12 @@ def labels_for(observation: Observation, knowledge: Knowledge) -> tuple[Tensor, 
     if knowledge.labels is not None:
         return knowledge.labels, "known"
     return infer_labels(observation).to(observation.update[next(iter(observation.update))].device), "inferred"
+
+
+def progress_bar(enabled: bool, total: int, name: str):
+    """A tqdm bar for an attack's inner loop, or None when progress is off."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=name, leave=False)

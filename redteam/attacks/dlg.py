@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, labels_for, random_inputs
+from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, labels_for, progress_bar, random_inputs
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
 
@@ -45,6 +45,7 @@ class DLG(Attack):
         else:
             labels, source, joint = None, "joint", True
         results = []
+        bar = progress_bar(c.progress, c.iterations * c.restarts, self.name)
         for _ in range(c.restarts):
             x = random_inputs((n, *observation.input_shape), observation.input_range, gen, device).requires_grad_(True)
             logits = torch.randn(n, k, generator=gen).to(device).requires_grad_(True)
@@ -58,6 +59,8 @@ class DLG(Attack):
                 opt.zero_grad()
                 loss = replica.objective(x, logits.softmax(-1) if joint else labels)
                 loss.backward()
+                if bar is not None:
+                    bar.update(1)
                 return loss
 
             opt.step(closure)
@@ -66,6 +69,8 @@ class DLG(Attack):
                 value = replica.objective(x.detach(), y)
             value = float(value) if torch.isfinite(value) else float("inf")
             results.append((value, x.detach().clamp(*observation.input_range), logits.detach().argmax(-1) if joint else labels))
+        if bar is not None:
+            bar.close()
         best = min(range(len(results)), key=lambda i: results[i][0])
         value, inputs, out_labels = results[best]
         return Reconstruction(inputs, out_labels, value, [r[0] for r in results], {"labels": source, "winner": best})

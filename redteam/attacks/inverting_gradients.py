@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, labels_for, random_inputs
+from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, labels_for, progress_bar, random_inputs
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched
 from guardfl.redteam.attacks.registry import register
 
@@ -54,7 +54,7 @@ class InvertingGradients(Attack):
 
         shape = (c.restarts, observation.num_samples, *observation.input_shape)
         x0 = random_inputs(shape, observation.input_range, gen, device)
-        bar = _progress(c.progress, c.iterations, self.name)
+        bar = progress_bar(c.progress, c.iterations, self.name)
         x = optimise_batched(
             objective, x0, iterations=c.iterations, lr=c.lr, bounds=observation.input_range,
             group_every=c.group_every, progress=bar.update if bar else None,
@@ -67,11 +67,3 @@ class InvertingGradients(Attack):
         scores = evaluate_batched(objective, x).cpu()
         best = int(scores.argmin())
         return Reconstruction(x[best], labels, float(scores[best]), scores.tolist(), {"labels": source, "winner": best})
-
-
-def _progress(enabled: bool, total: int, name: str):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=name, leave=False)

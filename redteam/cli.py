@@ -1,0 +1,45 @@
+"""``guardfl redteam --config PATH``: exit 0 certified, 1 not certified, 2 invalid config or failure."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from guardfl.errors import GuardflError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("redteam", help="attack a defended client and certify its settings")
+    p.add_argument("--config", required=True, help="red-team YAML (see configs/)")
+    p.add_argument("--out", default="redteam-out", help="output folder (certificate.json, report.html, PNGs)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="overrides the config's device")
+    p.add_argument("--resume", action="store_true", help="continue a killed run: finished attacks are kept")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from guardfl.redteam.certify import certify
+    from guardfl.redteam.data import DataError
+
+    try:
+        cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet)
+    except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # pragma: no cover - unexpected failures still exit 2
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {type(err).__name__}: {err} (run with --debug for the traceback)", file=sys.stderr)
+        return 2
+    for c in cert.checks:
+        status = "pass" if c["passed"] else "FAIL"
+        worst = c.get("worst")
+        worst = f"{worst:.3f}" if isinstance(worst, float) else worst
+        print(f"  [{status}] {c['metric']} {c.get('rule', '')}: worst {worst} {c.get('note', '')}".rstrip())
+    print(f"{cert.verdict}  ({cert.wall_time_s:.0f}s)  report: {args.out}/report.html")
+    return 0 if cert.certified else 1

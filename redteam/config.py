@@ -1,0 +1,150 @@
+"""The red-team configuration (YAML, validated by pydantic; unknown keys are errors)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from guardfl.config import StrictModel, validate
+from guardfl.defenses.registry import parse_config
+from guardfl.errors import ConfigError
+
+
+class ModelSection(StrictModel):
+    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20 or module:callable"})
+    num_classes: int = Field(default=10, ge=2, json_schema_extra={"allowed": "an integer >= 2"})
+    state: str = Field(
+        default="default",
+        json_schema_extra={"allowed": "'default' (PyTorch init), 'wide-init' (worst case) or a checkpoint path"},
+    )
+
+
+class DataSection(StrictModel):
+    source: Literal["lfw-faces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz"] = Field(
+        default="lfw-faces",
+        json_schema_extra={"allowed": "lfw-faces, cifar10, cifar100, mnist, fashion-mnist, imagefolder, npz"},
+    )
+    root: str | None = None
+    path: str | None = None
+    download: bool = False
+    image_size: int | None = Field(default=None, ge=4, json_schema_extra={"allowed": "null or an integer >= 4"})
+    offset: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
+
+
+class ClientSection(StrictModel):
+    protocol: Literal["fedsgd", "fedavg"] = Field(default="fedsgd", json_schema_extra={"allowed": "'fedsgd' or 'fedavg'"})
+    batch_size: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    samples: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (= batch_size) or >= 1"})
+    epochs: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
+    momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
+    weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
+    train_mode: bool = True
+
+    @property
+    def n(self) -> int:
+        """Samples per client (one FedSGD batch, or the FedAvg local dataset)."""
+        return self.batch_size if self.protocol == "fedsgd" else (self.samples or self.batch_size)
+
+
+class ThreatSection(StrictModel):
+    labels: Literal["known", "inferred"] = Field(default="inferred", json_schema_extra={"allowed": "'known' or 'inferred'"})
+    bn: Literal["exact", "proxy", "infer", "none"] = Field(default="none", json_schema_extra={"allowed": "'exact', 'proxy', 'infer' or 'none'"})
+    defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
+    fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
+
+
+class AttackSection(StrictModel):
+    name: str
+    budget: dict[str, Any] = Field(default_factory=dict)
+    threat: ThreatSection = Field(default_factory=ThreatSection)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from guardfl.redteam.attacks import available
+
+        if name not in available():
+            raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(available())}")
+        return name
+
+    @model_validator(mode="after")
+    def _budget(self) -> "AttackSection":
+        from guardfl.redteam.attacks import get
+
+        get(self.name, **self.budget)  # raises ConfigError naming the field
+        return self
+
+
+class CertifySection(StrictModel):
+    max_ssim: float | None = Field(default=0.4, ge=-1, le=1, json_schema_extra={"allowed": "null or [-1, 1]"})
+    max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or > 0 (dB)"})
+    min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or >= 0"})
+    max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
+    batches: int = Field(default=2, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    lpips_weights: str | None = None
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> "CertifySection":
+        if all(v is None for v in (self.max_ssim, self.max_psnr, self.min_lpips, self.max_label_acc)):
+            raise ValueError("set at least one threshold (max_ssim, max_psnr, min_lpips, max_label_acc)")
+        return self
+
+
+class RedTeamConfig(StrictModel):
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    client: ClientSection = Field(default_factory=ClientSection)
+    defense: dict[str, Any] | None = None
+    #: the attacks to run; null (or "all" in YAML) = every attack applicable to the setting
+    attacks: list[AttackSection] | None = None
+    certify: CertifySection = Field(default_factory=CertifySection)
+    seed: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
+    device: str = Field(default="auto", json_schema_extra={"allowed": "'auto', 'cpu' or 'cuda'"})
+
+    @field_validator("defense", mode="before")
+    @classmethod
+    def _defense(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_config(value).model_dump(mode="json")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+
+    @field_validator("attacks", mode="before")
+    @classmethod
+    def _attack_shorthand(cls, value: Any) -> Any:
+        if value == "all":
+            return None
+        if isinstance(value, list):  # "- dlg" is shorthand for "- {name: dlg}"
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    def digest(self) -> str:
+        """A hash of the settings that determine the results (resume refuses a different config)."""
+        payload = self.model_dump(mode="json", exclude={"device"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_config(source: str | Path | dict) -> RedTeamConfig:
+    """Read and validate a red-team config (a YAML path or a dict); ConfigError with one line otherwise."""
+    if isinstance(source, dict):
+        data = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+        data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a mapping at the top level, got {type(data).__name__}")
+    return validate(RedTeamConfig, data, prefix="config")

@@ -1,0 +1,91 @@
+"""Private data for the red team: the built-in LFW faces (no download) and common datasets.
+
+Every source yields float images in [0, 1], shape ``(N, C, H, W)``, and integer labels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+TORCHVISION = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+
+
+class DataError(ValueError):
+    """Data that cannot be loaded (missing files, offline without a copy)."""
+
+
+def lfw_faces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
+    """The 100 face images of ``skimage.data.lfw_subset()`` (25x25 grey, shipped with scikit-image).
+    The subset carries no identities, so labels are synthetic class ids ``i % num_classes``: the
+    attacker still has to recover (or is granted) them like any label."""
+    import skimage.data
+
+    faces = skimage.data.lfw_subset()[:100]
+    x = torch.from_numpy(np.ascontiguousarray(faces)).float().unsqueeze(1)
+    return x, torch.arange(len(x)) % num_classes
+
+
+def from_array(x: np.ndarray, y: np.ndarray) -> tuple[Tensor, Tensor]:
+    x = np.asarray(x)
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.ndim != 4:
+        raise DataError(f"data: expected images of shape (N, H, W[, C]), got {x.shape}")
+    if x.shape[-1] not in (1, 3) and x.shape[1] in (1, 3):  # already NCHW
+        t = torch.from_numpy(x)
+    else:
+        t = torch.from_numpy(x).permute(0, 3, 1, 2)
+    t = t.float()
+    if np.issubdtype(x.dtype, np.integer) or float(t.max()) > 1.0:
+        t = t / 255.0
+    return t.contiguous(), torch.from_numpy(np.asarray(y)).long()
+
+
+def load(source: str, *, root: str | None = None, path: str | None = None, download: bool = False,
+         image_size: int | None = None, num_classes: int = 10, limit: int | None = None) -> tuple[Tensor, Tensor]:
+    """Load ``source``: lfw-faces, cifar10, cifar100, mnist, fashion-mnist, imagefolder or npz."""
+    if source == "lfw-faces":
+        x, y = lfw_faces(num_classes)
+    elif source in TORCHVISION:
+        import torchvision
+
+        cls = getattr(torchvision.datasets, TORCHVISION[source])
+        root = str(Path(root).expanduser()) if root else str(Path.home() / ".cache" / "guardfl" / "data")
+        try:
+            ds = cls(root=root, train=True, download=download)
+        except RuntimeError as err:
+            hint = "set download: true (needs internet)" if not download else "check the network or point root at a copy"
+            raise DataError(f"data: {source} not available at {root} ({err}); {hint}") from None
+        except Exception as err:  # offline download
+            raise DataError(f"data: could not download {source} to {root}: {err}") from None
+        x, y = from_array(np.asarray(ds.data), np.asarray(ds.targets))
+    elif source == "npz":
+        if not path or not Path(path).is_file():
+            raise DataError(f"data.path: npz file not found: {path!r}")
+        with np.load(path) as d:
+            if "x" not in d or "y" not in d:
+                raise DataError(f"data.path: {path} must hold arrays 'x' (images) and 'y' (labels); has {list(d.keys())}")
+            x, y = from_array(d["x"][:limit] if limit else d["x"], d["y"][:limit] if limit else d["y"])
+    elif source == "imagefolder":
+        import torchvision
+
+        if not path or not Path(path).is_dir():
+            raise DataError(f"data.path: image folder not found: {path!r}")
+        tf = [torchvision.transforms.ToTensor()]
+        if image_size:
+            tf.insert(0, torchvision.transforms.Resize((image_size, image_size)))
+        ds = torchvision.datasets.ImageFolder(path, transform=torchvision.transforms.Compose(tf))
+        n = min(len(ds), limit or len(ds))
+        items = [ds[i] for i in range(n)]
+        x, y = torch.stack([a for a, _ in items]), torch.tensor([b for _, b in items])
+    else:
+        raise DataError(f"data.source: unknown source {source!r}")
+    if limit:
+        x, y = x[:limit], y[:limit]
+    if image_size and x.shape[-1] != image_size:
+        x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    return x, y

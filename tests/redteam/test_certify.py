@@ -1,0 +1,149 @@
+"""The certification run end to end: CLI, exit codes, config errors, resume, report contents."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guardfl.cli import main
+from guardfl.redteam import certify as certify_mod
+from guardfl.redteam.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = {
+    "model": {"name": "lenet", "state": "wide-init"},
+    "client": {"batch_size": 1},
+    "attacks": [{"name": "dlg", "budget": {"iterations": 40}}],
+    "certify": {"max_ssim": 0.5, "batches": 1},
+}
+
+
+def _write(tmp_path, cfg, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def test_no_defense_is_not_certified_and_a_strong_prune_is(tmp_path, capsys):
+    assert main(["redteam", "--config", str(_write(tmp_path, TINY)), "--out", str(tmp_path / "a"), "--quiet"]) == 1
+    assert "NOT CERTIFIED" in capsys.readouterr().out
+    defended = {**TINY, "defense": {"kind": "gradprune", "ratio": 0.99}}
+    assert main(["redteam", "--config", str(_write(tmp_path, defended)), "--out", str(tmp_path / "b"), "--quiet"]) == 0
+
+
+def test_outputs_hold_what_a_reviewer_needs(tmp_path):
+    main(["redteam", "--config", str(_write(tmp_path, TINY)), "--out", str(tmp_path / "o"), "--quiet"])
+    cert = json.loads((tmp_path / "o" / "certificate.json").read_text())
+    assert cert["verdict"] == "NOT CERTIFIED" and cert["certified"] is False
+    (check,) = cert["checks"]
+    assert check["metric"] == "ssim" and check["worst"] > 0.5 and check["where"]["attack"] == "dlg"
+    (result,) = cert["results"]
+    assert result["metrics"]["per_image"][0]["ssim"] == check["worst"]
+    assert result["budget"]["iterations"] == 40 and result["threat"]["labels"] == "inferred"
+    assert cert["config_hash"] and cert["environment"]["torch"] and cert["wall_time_s"] > 0
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert "NOT CERTIFIED" in page and "data:image/png;base64," in page and "dlg" in page
+    assert (tmp_path / "o" / "grid-batch0.png").stat().st_size > 100
+
+
+def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, monkeypatch):
+    cfg = {**TINY, "attacks": [{"name": "dlg", "budget": {"iterations": 20}}, {"name": "idlg", "budget": {"iterations": 20}}]}
+    path = _write(tmp_path, cfg)
+    calls = []
+    real_get = certify_mod.attack_registry.get
+
+    def killed_after_first(name, **budget):
+        if "device" not in budget:  # config validation checking a budget, not an attack run
+            return real_get(name, **budget)
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is killed while the second attack starts
+        return real_get(name, **budget)
+
+    monkeypatch.setattr(certify_mod.attack_registry, "get", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        certify_mod.certify(path, out=tmp_path / "r")
+    first = tmp_path / "r" / "state" / "b0-0-dlg.json"
+    stamp = first.stat().st_mtime_ns
+    calls.clear()
+    def counting(name, **budget):
+        if "device" in budget:
+            calls.append(name)
+        return real_get(name, **budget)
+
+    monkeypatch.setattr(certify_mod.attack_registry, "get", counting)
+    cert = certify_mod.certify(path, out=tmp_path / "r", resume=True)
+    assert calls == ["idlg"]  # only the unfinished attack ran
+    assert first.stat().st_mtime_ns == stamp
+    assert [r["attack"] for r in cert.results] == ["dlg", "idlg"]
+
+
+def test_resume_refuses_another_config(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert main(["redteam", "--config", str(_write(tmp_path, TINY)), "--out", out, "--quiet"]) == 1
+    other = _write(tmp_path, {**TINY, "seed": 5}, "other.yaml")
+    assert main(["redteam", "--config", str(other), "--out", out, "--resume", "--quiet"]) == 2
+    assert "another config" in capsys.readouterr().err
+
+
+bad_values = st.sampled_from([
+    {"modle": {}},
+    {"model": {"name": "alexnet-9000"}},
+    {"model": {"num_classes": 1}},
+    {"client": {"protocol": "fedprox"}},
+    {"client": {"batch_size": 0}},
+    {"client": {"lr": -0.1}},
+    {"client": {"momentum": 1.5}},
+    {"data": {"source": "imagenet"}},
+    {"data": {"source": "npz", "path": "/nonexistent.npz"}},
+    {"defense": {"kind": "gradprune", "ratio": 3}},
+    {"defense": {"kind": "magic"}},
+    {"attacks": ["telepathy"]},
+    {"attacks": [{"name": "dlg", "budget": {"iterations": -1}}]},
+    {"attacks": [{"name": "dlg", "threat": {"bn": "psychic"}}]},
+    {"certify": {"max_ssim": 2}},
+    {"certify": {"max_ssim": None}},
+    {"seed": -1},
+    {"data": {"source": "cifar10", "root": "/nonexistent", "download": False}},
+])
+
+
+@settings(max_examples=18, deadline=None)
+@given(bad=bad_values)
+def test_bad_configs_exit_2_with_one_line(tmp_path_factory, bad):
+    tmp = tmp_path_factory.mktemp("bad")
+    cfg = {**TINY, **bad}
+    import io
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["redteam", "--config", str(_write(tmp, cfg)), "--out", str(tmp / "o"), "--quiet"])
+    text = err.getvalue().strip()
+    assert code == 2
+    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text
+
+
+def test_missing_and_malformed_files_exit_2(tmp_path, capsys):
+    assert main(["redteam", "--config", str(tmp_path / "nope.yaml"), "--quiet"]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    assert main(["redteam", "--config", str(bad), "--quiet"]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_every_shipped_config_is_valid():
+    files = sorted((ROOT / "configs").glob("*.yaml"))
+    assert {"default.yaml", "no-defense.yaml"} <= {f.name for f in files}
+    for f in files:
+        load_config(f)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name, code", [("default.yaml", 0), ("no-defense.yaml", 1)])
+def test_shipped_default_certifies_and_no_defense_does_not(tmp_path, name, code):
+    assert main(["redteam", "--config", str(ROOT / "configs" / name), "--out", str(tmp_path), "--quiet"]) == code
