@@ -10,6 +10,7 @@ from guardfl._version import __version__
 from guardfl.defenses import from_config
 from guardfl.errors import ConfigError, GuardflError, NonFiniteGradientError, UnsupportedOptimizerError
 from guardfl.optimizer import GuardedOptimizer, wrap
+from guardfl.protect import PrivateOptimizer, dp_compatible, load_plain_state_dict, plain_state_dict, protect, soft_cross_entropy
 from guardfl.stats import LayerStats, StageStats, StepStats
 
 __all__ = [
@@ -18,11 +19,17 @@ __all__ = [
     "GuardflError",
     "LayerStats",
     "NonFiniteGradientError",
+    "PrivateOptimizer",
     "StageStats",
     "StepStats",
     "UnsupportedOptimizerError",
     "__version__",
     "defenses",
+    "dp_compatible",
+    "load_plain_state_dict",
+    "plain_state_dict",
+    "protect",
+    "soft_cross_entropy",
     "from_config",
     "wrap",
 ]

@@ -9,6 +9,7 @@ then the inner optimizer steps, so the local model moves by the defended update:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -23,43 +24,13 @@ from guardfl.stats import StepStats
 _STATE_KEY = "guardfl"
 
 
-class GuardedOptimizer(Optimizer):
-    """Wraps ``optimizer`` so that ``step()`` applies ``defense`` to the gradients first.
+class ProxyOptimizer(Optimizer):
+    """An ``Optimizer`` that shares ``param_groups``, ``state`` and ``defaults`` with the optimizer it
+    wraps (``original_optimizer``), as Opacus ``DPOptimizer`` does, so LR schedulers keep working."""
 
-    Attributes:
-        original_optimizer: the wrapped optimizer.
-        defense: the defense (a single one or a ``Stack``).
-        iteration: local iteration within the current FL round (1-based after the first step).
-        last_stats: ``StepStats`` of the last step (None before the first step).
-    """
-
-    def __init__(
-        self,
-        optimizer: Optimizer,
-        defense: Defense | Mapping[str, Any] | str,
-        *,
-        param_names: Mapping[Tensor, str] | Iterable[tuple[str, Tensor]] | None = None,
-    ) -> None:
-        if isinstance(optimizer, GuardedOptimizer):
-            raise UnsupportedOptimizerError(
-                "optimizer is already guarded; combine defenses with guardfl.defenses.Stack instead"
-            )
-        if not isinstance(optimizer, Optimizer):
-            raise UnsupportedOptimizerError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if isinstance(optimizer, torch.optim.LBFGS):
-            raise UnsupportedOptimizerError(
-                "optimizer: LBFGS re-evaluates gradients inside step(), where no defense can reach them; "
-                "use a first-order optimizer (SGD, Adam, AdamW, ...)"
-            )
+    def __init__(self, optimizer: Optimizer) -> None:
         self.original_optimizer = optimizer
-        self.defense = defense if isinstance(defense, Defense) else from_config(defense)
-        self.iteration = 0
-        self.last_stats: StepStats | None = None
-        if param_names is not None and not isinstance(param_names, Mapping):
-            param_names = {p: n for n, p in param_names}
-        self._param_names = dict(param_names) if param_names is not None else {}
 
-    # -- proxied optimizer surface ------------------------------------------------------------------
     @property
     def param_groups(self) -> list[dict]:  # type: ignore[override]
         return self.original_optimizer.param_groups
@@ -90,6 +61,54 @@ class GuardedOptimizer(Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
 
+    def __getstate__(self) -> dict:
+        return self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+class GuardedOptimizer(ProxyOptimizer):
+    """Wraps ``optimizer`` so that ``step()`` applies ``defense`` to the gradients first.
+
+    Attributes:
+        original_optimizer: the wrapped optimizer.
+        defense: the defense (a single one or a ``Stack``).
+        iteration: local iteration within the current FL round (1-based after the first step).
+        last_stats: ``StepStats`` of the last step (None before the first step).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        defense: Defense | Mapping[str, Any] | str,
+        *,
+        param_names: Mapping[Tensor, str] | Iterable[tuple[str, Tensor]] | None = None,
+    ) -> None:
+        if isinstance(optimizer, GuardedOptimizer):
+            raise UnsupportedOptimizerError(
+                "optimizer is already guarded; combine defenses with guardfl.defenses.Stack instead"
+            )
+        if not isinstance(optimizer, Optimizer):
+            raise UnsupportedOptimizerError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise UnsupportedOptimizerError(
+                "optimizer: LBFGS re-evaluates gradients inside step(), where no defense can reach them; "
+                "use a first-order optimizer (SGD, Adam, AdamW, ...)"
+            )
+        super().__init__(optimizer)
+        self.defense = defense if isinstance(defense, Defense) else from_config(defense)
+        if self.defense.stage != "gradient" or any(m.stage != "gradient" for m in getattr(self.defense, "members", [])):
+            raise UnsupportedOptimizerError(
+                f"defense: {self.defense.kind} includes DP-SGD or an input encoding, which act outside the optimizer "
+                "step; use guardfl.protect(model, optimizer, loader, defense)"
+            )
+        self.iteration = 0
+        self.last_stats: StepStats | None = None
+        if param_names is not None and not isinstance(param_names, Mapping):
+            param_names = {p: n for n, p in param_names}
+        self._param_names = dict(param_names) if param_names is not None else {}
+
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus this wrapper's round state under ``"guardfl"``."""
         sd = dict(self.original_optimizer.state_dict())
@@ -104,14 +123,12 @@ class GuardedOptimizer(Optimizer):
         if guard is not None:
             self.iteration = int(guard.get("iteration", 0))
 
-    def __getstate__(self) -> dict:
-        return self.__dict__
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def __repr__(self) -> str:
         return f"GuardedOptimizer({self.defense!r}, {self.original_optimizer!r})"
+
+    def epsilon(self, delta: float) -> float:
+        """No DP accounting without DP-SGD: infinite epsilon (use ``guardfl.protect`` with ``DPSGD``)."""
+        return math.inf
 
     # -- federated-learning round ---------------------------------------------------------------------
     def new_round(self) -> None:

@@ -11,11 +11,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from guardfl.data import DataError, from_array  # noqa: F401  (re-exported)
+
 TORCHVISION = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
-
-
-class DataError(ValueError):
-    """Data that cannot be loaded (missing files, offline without a copy)."""
 
 
 def lfw_faces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
@@ -27,22 +25,6 @@ def lfw_faces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
     faces = skimage.data.lfw_subset()[:100]
     x = torch.from_numpy(np.ascontiguousarray(faces)).float().unsqueeze(1)
     return x, torch.arange(len(x)) % num_classes
-
-
-def from_array(x: np.ndarray, y: np.ndarray) -> tuple[Tensor, Tensor]:
-    x = np.asarray(x)
-    if x.ndim == 3:
-        x = x[..., None]
-    if x.ndim != 4:
-        raise DataError(f"data: expected images of shape (N, H, W[, C]), got {x.shape}")
-    if x.shape[-1] not in (1, 3) and x.shape[1] in (1, 3):  # already NCHW
-        t = torch.from_numpy(x)
-    else:
-        t = torch.from_numpy(x).permute(0, 3, 1, 2)
-    t = t.float()
-    if np.issubdtype(x.dtype, np.integer) or float(t.max()) > 1.0:
-        t = t / 255.0
-    return t.contiguous(), torch.from_numpy(np.asarray(y)).long()
 
 
 def load(source: str, *, root: str | None = None, path: str | None = None, download: bool = False,

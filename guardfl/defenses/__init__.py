@@ -5,6 +5,8 @@
 """
 
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.dpsgd import DPSGD
+from guardfl.defenses.encoding import InstaHide, MixUp
 from guardfl.defenses.identity import Identity
 from guardfl.defenses.noise import GaussianNoise, LaplaceNoise
 from guardfl.defenses.outpost import Outpost
@@ -15,12 +17,15 @@ from guardfl.defenses.stack import Stack
 
 __all__ = [
     "REGISTRY",
+    "DPSGD",
     "Defense",
     "DefenseConfig",
     "GaussianNoise",
     "GradPrune",
     "Identity",
+    "InstaHide",
     "LaplaceNoise",
+    "MixUp",
     "Outpost",
     "SignCompression",
     "Stack",

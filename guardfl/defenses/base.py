@@ -82,6 +82,9 @@ class Defense:
     kind: ClassVar[str]
     #: Whether ``_apply_`` reads the current weights (``ctx.params``).
     needs_params: ClassVar[bool] = False
+    #: Where the defense acts: "gradient" (the optimizer step, ``guardfl.wrap``), "dp" (DP-SGD through
+    #: Opacus) or "input" (an input encoding of the data loader); the last two need ``guardfl.protect``.
+    stage: ClassVar[str] = "gradient"
 
     def __init__(self, **params: Any) -> None:
         kind = self.Config.model_fields["kind"].default

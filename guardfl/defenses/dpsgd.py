@@ -1,0 +1,58 @@
+"""DP-SGD (Abadi et al. 2016) through Opacus, with real (epsilon, delta) accounting.
+
+Per-sample gradients are clipped to ``max_grad_norm`` and Gaussian noise of std
+``noise_multiplier * max_grad_norm`` is added to their sum; Poisson sampling of the batches; the
+accountant (``rdp`` or ``prv``) tracks epsilon. Give ``noise_multiplier``, or ``target_epsilon`` with
+``epochs`` (Opacus ``make_private_with_epsilon`` then picks the noise). It needs per-sample gradients, so
+it is applied by ``guardfl.protect(model, optimizer, loader, defense)``, not by ``guardfl.wrap``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.errors import ConfigError
+from guardfl.stats import StageStats
+
+
+class DPSGDConfig(DefenseConfig):
+    kind: Literal["dpsgd"] = "dpsgd"
+    noise_multiplier: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or >= 0"})
+    max_grad_norm: float = Field(default=1.0, gt=0, json_schema_extra={"allowed": "> 0"})
+    target_epsilon: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or > 0"})
+    delta: float = Field(default=1e-5, gt=0, lt=1, json_schema_extra={"allowed": "(0, 1)"})
+    epochs: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
+    accountant: Literal["rdp", "prv"] = Field(default="rdp", json_schema_extra={"allowed": "'rdp' or 'prv'"})
+    poisson_sampling: bool = True
+
+    @model_validator(mode="after")
+    def _one_way(self):
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier or target_epsilon (with epochs)")
+        if self.target_epsilon is not None and self.epochs is None:
+            raise ValueError("target_epsilon needs epochs (the number of passes the privacy budget covers)")
+        return self
+
+
+@register
+class DPSGD(Defense):
+    """DP-SGD through Opacus (clipping, Gaussian noise, Poisson sampling, epsilon accounting)."""
+
+    Config = DPSGDConfig
+    stage = "dp"
+
+    def __init__(
+        self, noise_multiplier: float | None = None, max_grad_norm: float = 1.0, target_epsilon: float | None = None,
+        delta: float = 1e-5, epochs: int | None = None, accountant: str = "rdp", *, poisson_sampling: bool = True,
+        seed: int | None = None, nonfinite: str = "raise",
+    ) -> None:
+        super().__init__(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, target_epsilon=target_epsilon,
+                         delta=delta, epochs=epochs, accountant=accountant, poisson_sampling=poisson_sampling,
+                         seed=seed, nonfinite=nonfinite)
+
+    def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
+        raise ConfigError("dpsgd needs per-sample gradients: use guardfl.protect(model, optimizer, loader, defense)")

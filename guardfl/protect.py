@@ -1,0 +1,233 @@
+"""``guardfl.protect``: one entry point for every defense, shaped like Opacus ``make_private``.
+
+    model, optimizer, loader = guardfl.protect(model, optimizer, loader, defense)
+
+- gradient defenses (GradPrune, SignCompression, noise, Outpost): the optimizer is wrapped
+  (``GuardedOptimizer``); model and loader are returned as they are;
+- DP-SGD: Opacus ``PrivacyEngine.make_private`` (or ``make_private_with_epsilon``) with Poisson sampling;
+  BatchNorm is replaced by GroupNorm first (``ModuleValidator.fix``). Gradient defenses stacked with it
+  act INSIDE Opacus's ``DPOptimizer`` (on its ``original_optimizer``), after clipping and noise, so Opacus
+  neither discards their edits nor loses its accounting. The returned optimizer reports ``epsilon(delta)``,
+  cumulative over rounds when the caller passes back ``privacy_state()`` (``privacy_state=`` argument);
+- input encodings (MixUp, InstaHide): the loader yields encoded images with soft labels; train with
+  ``guardfl.soft_cross_entropy`` (or ``F.cross_entropy``, which accepts class probabilities).
+
+Randomness: Opacus's DP noise comes from a generator seeded by the DP-SGD defense (OS entropy unless
+``seed`` is given); Poisson sampling is Opacus's own, from the global RNG, like any shuffled DataLoader.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from guardfl.defenses import Defense, Identity, Stack, from_config
+from guardfl.defenses.dpsgd import DPSGD
+from guardfl.errors import ConfigError
+from guardfl.optimizer import GuardedOptimizer, ProxyOptimizer
+
+
+def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy with soft labels (rows of ``targets``; they need not sum to 1), batch mean."""
+    if targets.dim() == 1:
+        return F.cross_entropy(logits, targets)
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def split_stages(defense: Defense) -> tuple[list[Defense], list[Defense], list[Defense]]:
+    """(dp, input encodings, gradient defenses) of a defense or a (nested) stack, order kept."""
+    members: list[Defense] = []
+
+    def walk(d: Defense) -> None:
+        if isinstance(d, Stack):
+            for m in d.members:
+                walk(m)
+        else:
+            members.append(d)
+
+    walk(defense)
+    by = lambda stage: [m for m in members if m.stage == stage]  # noqa: E731
+    return by("dp"), by("input"), by("gradient")
+
+
+class EncodedLoader:
+    """A data loader whose batches are encoded by an input defense (MixUp / InstaHide)."""
+
+    def __init__(self, loader, encoding: Defense, num_classes: int) -> None:
+        self.loader = loader
+        self.encoding = encoding
+        self.num_classes = num_classes
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for x, y in self.loader:
+            yield self.encoding.encode(x, y, self.num_classes)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:  # dataset, batch_size, sampler... of the wrapped loader
+        return getattr(self.loader, name)
+
+
+class PrivateOptimizer(ProxyOptimizer):
+    """What ``protect`` returns with DP-SGD: proxies Opacus's ``DPOptimizer`` (its ``original_optimizer``),
+    whose own inner optimizer is the ``GuardedOptimizer`` of the stacked gradient defenses, and reports
+    cumulative epsilon."""
+
+    def __init__(self, dp_optimizer: Optimizer, engine, delta: float, guarded: GuardedOptimizer | None) -> None:
+        super().__init__(dp_optimizer)
+        self.privacy_engine = engine
+        self.delta = delta
+        self.guarded = guarded
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        return self.original_optimizer.step(closure)
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """Epsilon spent so far (all rounds whose ``privacy_state`` was passed back) at ``delta``."""
+        return float(self.privacy_engine.accountant.get_epsilon(delta=self.delta if delta is None else delta))
+
+    def privacy_state(self) -> dict:
+        """The accountant's state: save it and pass it to the next round's ``protect(privacy_state=...)``."""
+        return self.privacy_engine.accountant.state_dict()
+
+    def new_round(self) -> None:
+        if self.guarded is not None:
+            self.guarded.new_round()
+
+    @property
+    def last_stats(self):
+        return self.guarded.last_stats if self.guarded is not None else None
+
+    def state_dict(self) -> dict:
+        sd = dict(self.original_optimizer.state_dict())
+        sd["guardfl_privacy"] = self.privacy_state()
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        privacy = state_dict.pop("guardfl_privacy", None)
+        self.original_optimizer.load_state_dict(state_dict)
+        if privacy is not None:
+            self.privacy_engine.accountant.load_state_dict(privacy)
+
+
+def dp_compatible(model: nn.Module) -> nn.Module:
+    """``model`` made trainable by Opacus: BatchNorm -> GroupNorm (``ModuleValidator.fix``). Raises
+    ConfigError naming the offending layers when something cannot be fixed."""
+    from opacus.validators import ModuleValidator
+
+    if not ModuleValidator.validate(model, strict=False):
+        return model
+    fixed = ModuleValidator.fix(model)
+    errors = ModuleValidator.validate(fixed, strict=False)
+    if errors:
+        raise ConfigError("dpsgd: Opacus cannot train this model: " + "; ".join(str(e) for e in errors))
+    return fixed
+
+
+def plain_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict without Opacus's ``_module.`` prefix (keys an FL framework expects)."""
+    return {k.removeprefix("_module."): v for k, v in model.state_dict().items()}
+
+
+def load_plain_state_dict(model: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Load unprefixed keys into a model that Opacus may have wrapped (``GradSampleModule``)."""
+    target = getattr(model, "_module", model)
+    target.load_state_dict(dict(state))
+
+
+def _rebuild_optimizer(optimizer: Optimizer, model: nn.Module) -> Optimizer:
+    if len(optimizer.param_groups) != 1:
+        raise ConfigError("dpsgd: the model had to be fixed for Opacus (BatchNorm -> GroupNorm) and the optimizer has "
+                          "several param groups; fix the model first with guardfl.dp_compatible(model)")
+    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    return type(optimizer)(model.parameters(), **group)
+
+
+def _num_classes(model: nn.Module) -> int:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ConfigError("input encodings need num_classes= (no final nn.Linear to read it from)")
+    return linears[-1].out_features
+
+
+def protect(
+    model: nn.Module,
+    optimizer: Optimizer,
+    data_loader,
+    defense: Defense | Mapping[str, Any] | str,
+    *,
+    num_classes: int | None = None,
+    privacy_state: dict | None = None,
+) -> tuple[nn.Module, Optimizer, Any]:
+    """Apply ``defense`` (any guardfl defense or stack) to a client's training; see the module docstring."""
+    defense = defense if isinstance(defense, Defense) else from_config(defense)
+    dp, encodings, gradient = split_stages(defense)
+    if len(dp) > 1:
+        raise ConfigError("defense: at most one dpsgd stage in a stack")
+    if len(encodings) > 1:
+        raise ConfigError("defense: at most one input encoding (mixup / instahide) in a stack")
+    grad_defense: Defense | None
+    if not gradient:
+        grad_defense = None
+    elif len(gradient) == 1:
+        grad_defense = gradient[0]
+    else:
+        grad_defense = Stack(*gradient)
+        for member, original in zip(grad_defense.members, gradient):  # keep the members' own streams
+            member._seed = original._seed
+
+    if dp:
+        model, dp_opt, engine, data_loader, guarded = _make_private(model, optimizer, data_loader, dp[0], grad_defense, privacy_state)
+        optimizer = PrivateOptimizer(dp_opt, engine, dp[0].config.delta, guarded)
+    else:
+        if privacy_state is not None:
+            raise ConfigError("privacy_state: given, but the defense has no dpsgd stage")
+        optimizer = GuardedOptimizer(optimizer, grad_defense or Identity())
+    if encodings:
+        data_loader = EncodedLoader(data_loader, encodings[0], num_classes or _num_classes(model))
+    return model, optimizer, data_loader
+
+
+def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privacy_state):
+    from opacus import PrivacyEngine
+
+    c = dp.config
+    fixed = dp_compatible(model)
+    if fixed is not model:
+        warnings.warn("dpsgd: BatchNorm replaced by GroupNorm for Opacus; the optimizer was rebuilt for the new parameters")
+        optimizer = _rebuild_optimizer(optimizer, fixed)
+        model = fixed
+    model.train()
+    engine = PrivacyEngine(accountant=c.accountant)
+    if privacy_state is not None:
+        engine.accountant.load_state_dict(privacy_state)
+    device = next(model.parameters()).device
+    noise = torch.Generator(device=device).manual_seed(dp._seed % (1 << 63))
+    common = dict(module=model, optimizer=optimizer, data_loader=data_loader, max_grad_norm=c.max_grad_norm,
+                  poisson_sampling=c.poisson_sampling, noise_generator=noise)
+    try:
+        if c.target_epsilon is not None:
+            model, dp_opt, data_loader = engine.make_private_with_epsilon(
+                target_epsilon=c.target_epsilon, target_delta=c.delta, epochs=c.epochs, **common)
+        else:
+            model, dp_opt, data_loader = engine.make_private(noise_multiplier=c.noise_multiplier, **common)
+    except (NotImplementedError, ValueError) as err:
+        raise ConfigError(f"dpsgd: Opacus cannot make this model private: {err}") from None
+    guarded = None
+    if grad_defense is not None:
+        guarded = GuardedOptimizer(dp_opt.original_optimizer, grad_defense, param_names=list(model.named_parameters()))
+        dp_opt.original_optimizer = guarded  # defend after Opacus has clipped and noised
+    return model, dp_opt, engine, data_loader, guarded
+
+
+def epsilon_of(optimizer: Optimizer, delta: float) -> float:
+    """Epsilon reported by a protected optimizer (``inf`` without DP-SGD)."""
+    return optimizer.epsilon(delta) if hasattr(optimizer, "epsilon") else math.inf
