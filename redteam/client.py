@@ -149,6 +149,12 @@ def simulate_client(
     if inputs.shape[0] != labels.shape[0] or inputs.shape[0] < 1:
         raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
     defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
+    stages = {m.stage for m in getattr(defense_obj, "members", [defense_obj])} | {defense_obj.stage}
+    if stages - {"gradient"}:
+        raise ValueError(
+            f"defense: {defense_obj.kind} includes DP-SGD or an input encoding; the red team simulates gradient "
+            "defenses (gradprune, sign, gaussian, laplace, outpost and their stacks) so far"
+        )
 
     global_model = copy.deepcopy(model)
     client = copy.deepcopy(model)

@@ -63,6 +63,11 @@ def test_bad_inputs():
         simulate_client(torch.nn.Linear(3, 2), torch.zeros(2, 3), torch.tensor([0]))
     with pytest.raises(ValueError, match="FedAvg.lr"):
         FedAvg(lr=0)
+    from guardfl.defenses import DPSGD, InstaHide, Stack
+
+    for d in (InstaHide(), Stack(GradPrune(0.5), DPSGD(noise_multiplier=1.0))):
+        with pytest.raises(ValueError, match="simulates gradient defenses"):
+            simulate_client(torch.nn.Linear(3, 2), torch.zeros(1, 3), torch.tensor([0]), d)
 
 
 def test_model_state_is_explicit(tmp_path):

@@ -1,0 +1,120 @@
+"""Utility of each defense: test accuracy and wall time of a small CNN trained with it, relative to no
+defense (the utility half of Huang et al. 2021, Table 2), all trained side by side in one run.
+
+    python bench/bench_utility.py [--epochs 5] [--train 4000] [--test 1000]
+
+Data: the 5,000-image CIFAR-10 sample in ``../shared/data`` (benchmarks only), shuffled with a fixed
+seed: the first ``--train`` for training, the last ``--test`` for testing. Every defense goes through ``guardfl.protect``; input
+encodings train on encoded images with soft labels and are tested on clean images (as InstaHide does).
+Writes ``bench/results/utility.json`` and ``utility.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import guardfl
+from guardfl.defenses import DPSGD, GradPrune, Identity, InstaHide, MixUp, Outpost, SignCompression, Stack
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"
+OUT = ROOT / "bench" / "results"
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(), nn.Linear(64 * 16, 10),
+    )
+
+
+DEFENSES = {
+    "none": lambda: Identity(),
+    "GradPrune 0.9": lambda: GradPrune(0.9),
+    "GradPrune 0.99": lambda: GradPrune(0.99),
+    "SignCompression": lambda: SignCompression(),
+    "Outpost (defaults)": lambda: Outpost(),
+    "DP-SGD (sigma 1.0, C 1.0)": lambda: DPSGD(noise_multiplier=1.0, max_grad_norm=1.0),
+    "MixUp k=4": lambda: MixUp(k=4),
+    "InstaHide k=4": lambda: InstaHide(k=4),
+    "InstaHide k=4 + GradPrune 0.9": lambda: Stack(InstaHide(k=4), GradPrune(0.9)),
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--train", type=int, default=4000)
+    ap.add_argument("--test", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.05)
+    args = ap.parse_args(argv)
+    d = np.load(DATA)
+    order = torch.randperm(len(d["y"]), generator=torch.Generator().manual_seed(0))  # the file is sorted by class
+    x = (torch.from_numpy(d["x"]).permute(0, 3, 1, 2).float() / 255.0)[order]
+    y = torch.from_numpy(d["y"]).long()[order]
+    mean, std = x[: args.train].mean((0, 2, 3), keepdim=True), x[: args.train].std((0, 2, 3), keepdim=True)
+    x = (x - mean) / std
+    train = TensorDataset(x[: args.train], y[: args.train])
+    xt, yt = x[-args.test :], y[-args.test :]
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, make in DEFENSES.items():
+        torch.manual_seed(0)
+        model = small_cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        loader = DataLoader(train, batch_size=args.batch, shuffle=True)
+        model, opt, loader = guardfl.protect(model, opt, loader, make())
+        t0 = time.perf_counter()
+        for _ in range(args.epochs):
+            model.train()
+            if hasattr(opt, "new_round"):
+                opt.new_round()  # one FL round per epoch (Outpost's counter restarts)
+            for xb, yb in loader:
+                if len(xb) == 0:
+                    continue
+                opt.zero_grad()
+                guardfl.soft_cross_entropy(model(xb), yb).backward()
+                opt.step()
+        seconds = time.perf_counter() - t0
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(xt).argmax(1) == yt).float().mean())
+        eps = opt.epsilon(1e-5)
+        rows.append({"defense": name, "test_acc": acc, "train_s": seconds, "epsilon@1e-5": eps})
+        print(f"{name:32s} acc {acc:6.3f}  time {seconds:6.1f}s  eps {eps:.2f}", flush=True)
+    base = rows[0]
+    print(f"\n{'defense':32s} {'acc':>6s} {'d-acc':>7s} {'time x':>7s}")
+    for r in rows:
+        r["acc_delta"] = r["test_acc"] - base["test_acc"]
+        r["time_ratio"] = r["train_s"] / base["train_s"]
+        print(f"{r['defense']:32s} {r['test_acc']:6.3f} {r['acc_delta']:+7.3f} {r['time_ratio']:7.2f}")
+    (OUT / "utility.json").write_text(json.dumps({"epochs": args.epochs, "train": args.train, "test": args.test, "rows": rows}, indent=2))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.barh([r["defense"] for r in rows][::-1], [r["test_acc"] for r in rows][::-1], color="#4a7ab8")
+    ax.set_xlabel(f"test accuracy (small CNN, {args.epochs} epochs, CIFAR-10 sample)")
+    for i, r in enumerate(rows[::-1]):
+        ax.text(r["test_acc"] + 0.005, i, f"{r['time_ratio']:.1f}x time", va="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "utility.png", dpi=110)
+    print(f"wrote {OUT / 'utility.json'} and utility.png")
+
+
+if __name__ == "__main__":
+    main()
