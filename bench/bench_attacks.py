@@ -100,7 +100,7 @@ def run_outpost(args, device) -> dict:
                 results.append(row)
                 print(f"{init:24s} {dname:16s} {aname:20s} SSIM mean {row['ssim']['mean']:.3f} best {row['ssim']['best']:.3f}  "
                       f"PSNR mean {row['psnr']['mean']:6.2f}  ({row['seconds']:.0f}s)", flush=True)
-                grids[f"{init[:4]} {dname} {aname}"] = rec_all
+                grids[f"{'default' if init.startswith('pytorch') else 'wide'} {dname} {aname}"] = rec_all
     grids = {"original": x_all[: args.images], **grids}
     save_grid(grids, OUT / "outpost_table3.png")
     return {"scenario": "FedAvg E=1 n=1 B=1 lr=0.01, LeNet (Zhu), CIFAR-10 sample", "rows": results}
