@@ -18,7 +18,6 @@ Randomness: Opacus's DP noise comes from a generator seeded by the DP-SGD defens
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
@@ -227,7 +226,3 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
         dp_opt.original_optimizer = guarded  # defend after Opacus has clipped and noised
     return model, dp_opt, engine, data_loader, guarded
 
-
-def epsilon_of(optimizer: Optimizer, delta: float) -> float:
-    """Epsilon reported by a protected optimizer (``inf`` without DP-SGD)."""
-    return optimizer.epsilon(delta) if hasattr(optimizer, "epsilon") else math.inf

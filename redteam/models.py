@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -81,7 +82,7 @@ def set_model_state(
     a checkpoint (a state dict, or a dict with ``"state_dict"`` / ``"model"``). ``seed`` makes the
     initialisation reproducible without touching the global RNG."""
     if state in ("default", "wide-init"):
-        fork = torch.random.fork_rng() if seed is not None else _nullcontext()
+        fork = torch.random.fork_rng() if seed is not None else contextlib.nullcontext()
         with fork:
             if seed is not None:
                 torch.manual_seed(seed)
@@ -102,14 +103,6 @@ def set_model_state(
     if missing or unexpected:
         raise ValueError(f"checkpoint {path}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
     return model
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class FC2(nn.Module):

@@ -111,11 +111,7 @@ def infer_labels(observation: Observation) -> Tensor:
         score = flip * observation.update[b_name] if b_name is not None else gw.sum(1)
         return score.argmin().reshape(1)
     order = gw.min(1).values.argsort()
-    return order.repeat(math_ceil(n, order.numel()))[:n]
-
-
-def math_ceil(a: int, b: int) -> int:
-    return -(-a // b)
+    return order.repeat(-(-n // order.numel()))[:n]  # cycle the order to n labels
 
 
 def labels_for(observation: Observation, knowledge: Knowledge) -> tuple[Tensor, str]:
