@@ -1,5 +1,8 @@
-"""Framework adapters, installed as ``guardfl.integrations`` (plain PyTorch loops, Flower).
+"""Framework adapters, installed as ``guardfl.integrations``; no defense logic lives here.
 
-Each adapter translates a framework's way of training into calls of ``guardfl.wrap``; no defense logic
-lives here. The adapters themselves arrive with the integrations issue.
+- ``guardfl.integrations.torch``: ``local_update`` (one defended FL round of a plain PyTorch loop, the
+  model delta back) and ``ClientState`` (what a client keeps between rounds: round counter, DP accountant).
+- ``guardfl.integrations.update``: ``UpdateDefense``, defenses on the model delta after training.
+- ``guardfl.integrations.flower``: Flower's Message API (``train`` helper for ``@app.train()``,
+  ``GuardUpdateMod``) and a legacy ``GuardedNumPyClient``; needs ``pip install 'guardfl[flower]'``.
 """

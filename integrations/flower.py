@@ -1,0 +1,247 @@
+"""Flower (flwr >= 1.41, Message API) adapters: a guarded ``@app.train()`` helper, an update-defense mod
+and a legacy ``NumPyClient`` wrapper. Needs ``pip install 'guardfl[flower]'``.
+
+Optimizer-level defenses (everything guardfl has, DP-SGD and encodings included)::
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        model, loader = Net(), load_partition(context.node_config["partition-id"])
+        return guardfl_flower.train(msg, context, model, loader,
+                                    lambda p: torch.optim.SGD(p, lr=0.01), defense=Outpost(), epochs=1)
+
+``train`` loads the received ``ArrayRecord`` into ``model``, runs ``guardfl.integrations.torch.local_update``
+and replies with the trained weights under the same key (key order kept), plus a ``MetricRecord`` with
+``num-examples``, ``train_loss`` and, with DP-SGD, ``guardfl-epsilon``. Flower rebuilds a ``ClientApp``
+every round, so the per-client defense state (round counter, DP accountant) is kept in
+``context.state`` under ``"guardfl"``: epsilon is cumulative over rounds, Outpost's schedule restarts
+every round, and an explicitly seeded defense never reuses a round's noise stream.
+
+Update-level defenses (prune / noise / clip on the delta, when the optimizer is out of reach)::
+
+    app = ClientApp(mods=[LocalDpMod(...), GuardUpdateMod(GradPrune(0.9))])
+
+``GuardUpdateMod`` follows the built-in mods' contract: it needs exactly one ``ArrayRecord`` in the message
+and in the reply, the reply must keep the received keys (order included) and shapes, and every failure
+comes back as an error ``Message`` (code ``MOD_FAILED_PRECONDITION``), never as an exception. Mods wrap
+the app in list order, so replies pass them in reverse: with ``[LocalDpMod(...), GuardUpdateMod(...)]``
+the update is pruned first and ``LocalDpMod`` clips and noises it last, which keeps its sensitivity
+and (epsilon, delta) meaning intact (Flower: clipping mods should be the last to act on the parameters).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+from torch import Tensor, nn
+
+try:
+    from flwr.app import DEFAULT_TTL, Array, ArrayRecord, ConfigRecord, Context, Error, Message, Metadata, MessageType, MetricRecord, RecordDict
+    from flwr.common.constant import ErrorCode
+    from flwr.compat.client.numpy_client import NumPyClient
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError("guardfl.integrations.flower needs Flower: pip install 'guardfl[flower]'") from err
+
+from guardfl.defenses import Defense
+from guardfl.errors import GuardflError
+from guardfl.integrations.torch import ClientState, MakeOptimizer, local_update
+from guardfl.integrations.update import BN_BUFFERS, UpdateDefense
+from guardfl.protect import load_plain_state_dict, soft_cross_entropy
+
+#: ``context.state`` keys
+STATE_KEY = "guardfl"
+UPDATE_STATE_KEY = "guardfl-update"
+
+
+# -- client state in context.state ------------------------------------------------------------------
+def client_state(context: Context, key: str = STATE_KEY) -> ClientState:
+    """The client's guardfl state kept in ``context.state`` (a fresh one on the first round)."""
+    record = context.state.config_records.get(key)
+    if record is None or "json" not in record:
+        return ClientState()
+    return ClientState.from_json(str(record["json"]))
+
+
+def save_client_state(context: Context, state: ClientState, key: str = STATE_KEY) -> None:
+    context.state[key] = ConfigRecord({"json": state.to_json()})
+
+
+def received_arrays(msg: Message) -> tuple[str, ArrayRecord]:
+    """The one ``ArrayRecord`` of a message, with its key; ValueError naming what was found otherwise."""
+    records = msg.content.array_records
+    if len(records) != 1:
+        raise ValueError(f"message: expected exactly one ArrayRecord (the global model), found {len(records)}: {list(records)}")
+    key, record = next(iter(records.items()))
+    return key, record
+
+
+def train_message(
+    arrays: ArrayRecord | Mapping[str, Tensor],
+    config: Mapping[str, Any] | None = None,
+    *,
+    node_id: int = 1,
+    server_round: int = 1,
+    arrays_key: str = "arrays",
+    config_key: str = "config",
+) -> Message:
+    """A ``train`` Message as a ServerApp's FedAvg sends it (``arrays`` + ``config`` records), for
+    driving a ``ClientApp`` directly: in tests, and by the red team (``guardfl redteam`` with a
+    ``target.clientapp``)."""
+    record = arrays if isinstance(arrays, ArrayRecord) else ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in arrays.items()})
+    content = RecordDict({arrays_key: record, config_key: ConfigRecord({"server-round": server_round, **dict(config or {})})})
+    metadata = Metadata(run_id=0, message_id=uuid.uuid4().hex, src_node_id=0, dst_node_id=node_id,
+                        reply_to_message_id="", group_id=str(server_round), created_at=time.time(), ttl=DEFAULT_TTL,
+                        message_type=MessageType.TRAIN)
+    return Message(content, metadata=metadata)
+
+
+# -- the guarded train helper -----------------------------------------------------------------------
+def train(
+    msg: Message,
+    context: Context,
+    model: nn.Module,
+    loader: Iterable,
+    make_optimizer: MakeOptimizer,
+    defense: Defense | Mapping[str, Any] | str | None = None,
+    *,
+    epochs: int = 1,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
+    num_classes: int | None = None,
+    max_steps: int | None = None,
+    state_key: str = STATE_KEY,
+) -> Message:
+    """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply."""
+    key, record = received_arrays(msg)
+    load_plain_state_dict(model, record.to_torch_state_dict())
+    state = client_state(context, state_key)
+    result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
+                          num_classes=num_classes, max_steps=max_steps)
+    save_client_state(context, result.state, state_key)
+    trained = model.state_dict()
+    arrays = ArrayRecord({k: Array(trained[k].detach().cpu().numpy()) for k in record.keys()})
+    metrics: dict[str, int | float] = {
+        "num-examples": int(result.num_examples),
+        "train_loss": float(result.mean_loss),
+        "guardfl-round": int(result.state.rounds),
+    }
+    if math.isfinite(result.epsilon):
+        metrics["guardfl-epsilon"] = float(result.epsilon)
+        metrics["guardfl-delta"] = float(result.dp_delta)
+    return Message(RecordDict({key: arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+# -- the update-defense mod ---------------------------------------------------------------------------
+def _error_reply(msg: Message, reason: str) -> Message:
+    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
+
+
+class GuardUpdateMod:
+    """Flower mod: clip (optional) and defend the update a ``ClientApp`` returns (see the module docstring).
+
+    ``defense``: GradPrune, GaussianNoise, LaplaceNoise, Identity or a stack of them (others raise
+    ``ConfigError`` here, at construction). ``clip_norm``: L2 bound on the whole delta, applied first.
+    ``skip``: array-name endings left as trained (default: BatchNorm buffers). Acts on ``train`` messages
+    only. The round counter of the per-round defense seed lives in ``context.state["guardfl-update"]``.
+    Adds ``guardfl-update-zero-fraction`` and ``guardfl-update-clip-factor`` to the reply's
+    ``MetricRecord`` when it has exactly one.
+    """
+
+    def __init__(self, defense: Defense | Mapping[str, Any] | str, *, clip_norm: float | None = None,
+                 skip: Sequence[str] = BN_BUFFERS) -> None:
+        self.update_defense = UpdateDefense(defense, clip_norm=clip_norm, skip=skip)
+
+    def __call__(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        if msg.metadata.message_type.split(".")[0] != "train":
+            return call_next(msg, ctxt)
+        name = type(self).__name__
+        if len(msg.content.array_records) != 1:
+            return _error_reply(msg, f"{name} expects exactly one ArrayRecord, but found {len(msg.content.array_records)} ArrayRecord(s).")
+        received = next(iter(msg.content.array_records.values()))
+        out = call_next(msg, ctxt)
+        if out.has_error():
+            return out
+        if len(out.content.array_records) != 1:
+            return _error_reply(msg, f"{name} expects exactly one ArrayRecord in the reply, but found {len(out.content.array_records)} ArrayRecord(s).")
+        out_key, returned = next(iter(out.content.array_records.items()))
+        if list(received.keys()) != list(returned.keys()):
+            missing = [k for k in received.keys() if k not in returned]
+            extra = [k for k in returned.keys() if k not in received]
+            return _error_reply(msg, f"{name} expects the keys in the ArrayRecord of the reply message to match those "
+                                     f"the ClientApp received (missing {missing[:5]}, extra {extra[:5]}, or reordered).")
+        names = list(received.keys())
+        round_index = _next_round(ctxt)
+        try:
+            arrays, stats = self.update_defense(received.to_numpy_ndarrays(), returned.to_numpy_ndarrays(), names,
+                                                round_index=round_index)
+        except (ValueError, GuardflError) as err:
+            return _error_reply(msg, f"{name}: {err}")
+        out.content.array_records[out_key] = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(names, arrays, strict=True)})
+        if len(out.content.metric_records) == 1:
+            metrics = next(iter(out.content.metric_records.values()))
+            metrics["guardfl-update-zero-fraction"] = float(stats.zero_fraction)
+            metrics["guardfl-update-clip-factor"] = float(stats.clip_factor)
+        return out
+
+
+def _next_round(ctxt: Context) -> int:
+    record = ctxt.state.config_records.get(UPDATE_STATE_KEY)
+    index = int(record["rounds"]) if record is not None and "rounds" in record else 0
+    ctxt.state[UPDATE_STATE_KEY] = ConfigRecord({"rounds": index + 1})
+    return index
+
+
+# -- legacy NumPyClient -------------------------------------------------------------------------------
+class GuardedNumPyClient(NumPyClient):
+    """Wraps a legacy ``NumPyClient``: ``fit`` returns the update defended by ``UpdateDefense``.
+
+    ``names``: the arrays' names in ``get_parameters`` order (for example ``list(model.state_dict())``),
+    so that BatchNorm buffers are left alone; without it every floating-point array is defended. Pass the
+    ``context`` of ``client_fn(context)`` to derive per-round seeds for an explicitly seeded defense.
+    Everything else is delegated to the wrapped client. For optimizer-level defenses inside your own
+    ``fit``, use ``guardfl.wrap`` / ``local_update`` and keep ``client_state(context)``.
+    """
+
+    def __init__(self, client: NumPyClient, defense: Defense | Mapping[str, Any] | str, *,
+                 clip_norm: float | None = None, names: Sequence[str] | None = None,
+                 skip: Sequence[str] = BN_BUFFERS, context: Context | None = None) -> None:
+        self.client = client
+        self.update_defense = UpdateDefense(defense, clip_norm=clip_norm, skip=skip)
+        self.names = list(names) if names is not None else None
+        self.context = context
+
+    def get_properties(self, config):
+        return self.client.get_properties(config)
+
+    def get_parameters(self, config):
+        return self.client.get_parameters(config)
+
+    def evaluate(self, parameters, config):
+        return self.client.evaluate(parameters, config)
+
+    def fit(self, parameters, config):
+        received = [np.array(p, copy=True) for p in parameters]
+        new, num_examples, metrics = self.client.fit(parameters, config)
+        if self.names is not None and len(self.names) != len(received):
+            raise ValueError(f"names: {len(self.names)} names for {len(received)} arrays")
+        round_index = _next_round(self.context) if self.context is not None else None
+        arrays, stats = self.update_defense(received, list(new), self.names, round_index=round_index)
+        metrics = dict(metrics or {})
+        metrics["guardfl-update-zero-fraction"] = float(stats.zero_fraction)
+        return arrays, num_examples, metrics
+
+
+__all__ = [
+    "GuardUpdateMod",
+    "GuardedNumPyClient",
+    "STATE_KEY",
+    "client_state",
+    "received_arrays",
+    "save_client_state",
+    "train",
+    "train_message",
+]

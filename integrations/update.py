@@ -1,0 +1,138 @@
+"""Update-level defenses: defend the model delta a client sends, after local training.
+
+Some deployments cannot touch the client's optimizer (a third-party training loop, a legacy Flower
+``NumPyClient``); they can still defend what leaves the client: the delta ``new - received``. This module
+is the framework-free core that the Flower mod (``GuardUpdateMod``) and the ``NumPyClient`` wrapper share.
+
+Order of operations: optional L2 clipping of the whole delta to ``clip_norm`` (as Flower's
+``fixedclipping_mod`` / ``LocalDpMod`` do), then the defense (GradPrune, GaussianNoise, LaplaceNoise or a
+stack of them) on the delta tensors, then ``received + defended delta`` is sent.
+
+What is defended: every floating-point array except those whose name ends with one of ``skip`` (by
+default BatchNorm's ``running_mean``, ``running_var`` and ``num_batches_tracked``: the optimizer-level
+defenses do not touch buffers either, and noise would make a running variance negative). Integer arrays
+pass through. Arrays without names (a ``NumPyClient``) are all defended unless ``names`` is given.
+
+Refused: ``sign`` (the sign of a multi-step delta loses its scale, so the server would add a +-1 step to
+every weight) and ``outpost`` (its Fisher weighting and iteration schedule are defined on gradients);
+use them on the optimizer (``guardfl.wrap``). DP-SGD and input encodings act inside training
+(``guardfl.protect``). Noise on an update is not DP without clipping and accounting: for local DP use
+Flower's ``LocalDpMod`` (see the Flower integration for the order).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from guardfl.defenses import Defense, from_config
+from guardfl.defenses.base import StepContext
+from guardfl.errors import ConfigError, NonFiniteGradientError
+from guardfl.integrations.torch import round_defense
+from guardfl.protect import split_stages
+
+#: state-dict name endings left untouched by default (BatchNorm buffers)
+BN_BUFFERS: tuple[str, ...] = ("running_mean", "running_var", "num_batches_tracked")
+#: defense kinds meaningful on a multi-step model delta
+UPDATE_KINDS: tuple[str, ...] = ("gradprune", "gaussian", "laplace", "identity")
+
+
+@dataclass
+class UpdateStats:
+    """What an update defense did (for logs and metrics)."""
+
+    defended: int  # number of arrays defended
+    entries: int  # entries in the defended arrays
+    zeros: int  # entries that are exactly zero in the defended delta
+    clip_factor: float  # factor the delta was scaled by (1.0 when not clipped)
+    norm_before: float  # L2 norm of the defended part of the delta before clipping and defense
+
+    @property
+    def zero_fraction(self) -> float:
+        return self.zeros / self.entries if self.entries else 0.0
+
+
+class UpdateDefense:
+    """Clip (optional) and defend a model delta; ``__call__(received, new)`` returns what to send."""
+
+    def __init__(
+        self,
+        defense: Defense | Mapping[str, Any] | str,
+        *,
+        clip_norm: float | None = None,
+        skip: Sequence[str] = BN_BUFFERS,
+    ) -> None:
+        self.defense = defense if isinstance(defense, Defense) else from_config(defense)
+        dp, enc, leaves = split_stages(self.defense)
+        bad = [d.kind for d in (*dp, *enc, *leaves) if d.kind not in UPDATE_KINDS]
+        if bad:
+            raise ConfigError(
+                f"defense: {', '.join(sorted(set(bad)))} cannot act on a model update; allowed here: "
+                f"{', '.join(UPDATE_KINDS)} (and stacks of them). Use sign / outpost on the optimizer "
+                "(guardfl.wrap) and dpsgd / mixup / instahide through guardfl.protect"
+            )
+        if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
+            raise ConfigError(f"clip_norm: must be null or a finite number > 0 (got {clip_norm!r})")
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.skip = tuple(skip)
+
+    def selected(self, name: str, array: np.ndarray | Tensor) -> bool:
+        floating = array.is_floating_point() if isinstance(array, Tensor) else np.issubdtype(array.dtype, np.floating)
+        return bool(floating) and not name.endswith(self.skip)
+
+    def __call__(
+        self,
+        received: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+        new: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+        names: Sequence[str] | None = None,
+        *,
+        round_index: int | None = None,
+    ) -> tuple[list[np.ndarray], UpdateStats]:
+        """``received`` (the global model) and ``new`` (after local training), same order and shapes.
+        Returns the arrays to send (``received + defended delta``), dtypes kept, and the stats.
+
+        ``round_index``: the client's FL round (0-based); when given, the round gets a fresh defense whose
+        explicit seed, if any, is derived from (seed, round), as in ``guardfl.integrations.torch``."""
+        if isinstance(received, Mapping):
+            names = list(received) if names is None else names
+            received = list(received.values())
+        if isinstance(new, Mapping):
+            new = list(new.values())
+        names = list(names) if names is not None else [f"array{i}" for i in range(len(received))]
+        if not (len(received) == len(new) == len(names)):
+            raise ValueError(f"update: {len(new)} arrays returned for {len(received)} received ({len(names)} names)")
+        for name, a, b in zip(names, received, new):
+            if np.shape(a) != np.shape(b):
+                raise ValueError(f"update: {name} came back with shape {tuple(np.shape(b))}, it was sent as {tuple(np.shape(a))}")
+
+        out = [np.array(b, copy=True) for b in new]
+        picked = [i for i, (n, b) in enumerate(zip(names, new)) if self.selected(n, np.asarray(b))]
+        deltas = [torch.from_numpy(np.asarray(new[i], dtype=np.float64) - np.asarray(received[i], dtype=np.float64))
+                  for i in picked]
+        bad = [names[i] for i, d in zip(picked, deltas) if not torch.isfinite(d).all()]
+        if bad:
+            raise NonFiniteGradientError(f"update: non-finite entries in {', '.join(bad[:5])}; the client's training diverged")
+        norm = math.sqrt(sum(float(d.pow(2).sum()) for d in deltas))
+        factor = 1.0
+        if self.clip_norm is not None and norm > self.clip_norm:
+            factor = self.clip_norm / norm
+            for d in deltas:
+                d.mul_(factor)
+        if deltas:
+            defense = self.defense if round_index is None else round_defense(self.defense, round_index)
+            defense.apply_(deltas, StepContext(iteration=1, names=[names[i] for i in picked]))
+        zeros = entries = 0
+        for i, d in zip(picked, deltas):
+            zeros += int((d == 0).sum())
+            entries += d.numel()
+            base = np.asarray(received[i])
+            out[i] = (base.astype(np.float64) + d.numpy()).astype(base.dtype)
+        return out, UpdateStats(len(picked), entries, zeros, factor, norm)
+
+
+__all__ = ["BN_BUFFERS", "UPDATE_KINDS", "UpdateDefense", "UpdateStats"]
