@@ -30,6 +30,7 @@ from guardfl.redteam.attacks.base import resolve_device
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers, simulate_client
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
 from guardfl.redteam.models import build_model, set_model_state
+from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
 from guardfl.redteam.threat import ThreatModel
 
 #: default budgets of ``attacks: all`` (CPU-friendly; raise them in the config for a GPU)
@@ -51,6 +52,8 @@ class Certificate:
     environment: dict[str, Any]
     wall_time_s: float
     lpips: dict[str, Any]
+    #: what was attacked: a simulated client, or the user's ClientApp / train_fn (per batch: steps, samples)
+    client: dict[str, Any] = field(default_factory=dict)
     reconstructions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     originals: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -157,61 +160,44 @@ def certify(
     if state is not None:
         _prepare_state(state, digest, resume)
 
-    n = cfg.client.n
-    need = cfg.data.offset + cfg.certify.batches * n
-    x_all, y_all = data_mod.load(
-        cfg.data.source, root=cfg.data.root, path=cfg.data.path, download=cfg.data.download,
-        image_size=cfg.data.image_size, num_classes=cfg.model.num_classes, limit=need,
-    )
-    if len(x_all) < need:
-        raise ConfigError(f"data: {cfg.data.source} has {len(x_all)} images; the config needs {need} "
-                          f"(offset {cfg.data.offset} + {cfg.certify.batches} batches x {n} samples)")
-    if int(y_all[:need].max()) >= cfg.model.num_classes:
-        raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(y_all.max())}")
-    in_shape = tuple(x_all.shape[1:])
-    model = build_model(cfg.model.name, in_shape, cfg.model.num_classes)
-    set_model_state(model, cfg.model.state, seed=cfg.seed)
-    plans = plan_attacks(cfg, bool(bn_layers(model)))
-    protocol = _protocol(cfg)
-
-    results, recon, originals = [], {}, {}
-    jobs = [(b, i, plan) for b in range(cfg.certify.batches) for i, plan in enumerate(plans)]
-    bar = _bar(progress, len(jobs))
-    observations: dict[int, Observation] = {}
-    for b, i, plan in jobs:
-        lo = cfg.data.offset + b * n
-        x, y = x_all[lo : lo + n], y_all[lo : lo + n]
-        originals[b] = x
-        job = f"b{b}-{i}-{plan.name}"
-        done = _load_job(state, job) if state is not None else None
-        if done is not None:
-            results.append(done[0])
-            recon[job] = done[1]
+    with on_path(cfg.target.app_dir if cfg.target is not None else None):
+        source = _BatchSource(cfg, state)
+        model = source.model
+        plans = plan_attacks(cfg, bool(bn_layers(model)))
+        results, recon, originals = [], {}, {}
+        jobs = [(b, i, plan) for b in range(cfg.certify.batches) for i, plan in enumerate(plans)]
+        bar = _bar(progress, len(jobs))
+        for b, i, plan in jobs:
+            job = f"b{b}-{i}-{plan.name}"
+            done = _load_job(state, job) if state is not None else None
+            if b not in originals:
+                originals[b] = source.inputs(b)
+            if done is not None:
+                results.append(done[0])
+                recon[job] = done[1]
+                bar and bar.update(1)
+                continue
+            obs, x, y = source.batch(b)
+            threat = ThreatModel(**plan.threat.model_dump())
+            budget = {"seed": cfg.seed + b, **plan.budget, "device": str(dev), "progress": progress}
+            attack = attack_registry.get(plan.name, **budget)
+            record: dict[str, Any] = {"job": job, "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
+                                      "budget": {k: v for k, v in budget.items() if k != "progress"}}
+            t0 = time.time()
+            try:
+                rec = attack.reconstruct(obs, threat)
+            except ValueError as err:  # the attack does not apply to this setting
+                record.update(skipped=str(err), seconds=time.time() - t0)
+                rec = None
+            if rec is not None:
+                m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=cfg.certify.lpips_weights)
+                record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
+                              info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
+                recon[job] = rec.inputs.detach().cpu()
+            if state is not None:
+                _save_job(state, job, record, recon.get(job))
+            results.append(record)
             bar and bar.update(1)
-            continue
-        if b not in observations:
-            observations[b] = _observation(state, b, model, x, y, cfg, protocol)
-        obs = observations[b]
-        threat = ThreatModel(**plan.threat.model_dump())
-        budget = {"seed": cfg.seed + b, **plan.budget, "device": str(dev), "progress": progress}
-        attack = attack_registry.get(plan.name, **budget)
-        record: dict[str, Any] = {"job": job, "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
-                                  "budget": {k: v for k, v in budget.items() if k != "progress"}}
-        t0 = time.time()
-        try:
-            rec = attack.reconstruct(obs, threat)
-        except ValueError as err:  # the attack does not apply to this setting
-            record.update(skipped=str(err), seconds=time.time() - t0)
-            rec = None
-        if rec is not None:
-            m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=cfg.certify.lpips_weights)
-            record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
-                          info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
-            recon[job] = rec.inputs.detach().cpu()
-        if state is not None:
-            _save_job(state, job, record, recon.get(job))
-        results.append(record)
-        bar and bar.update(1)
     bar and bar.close()
 
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
@@ -220,6 +206,7 @@ def certify(
         certified=all(c["passed"] for c in checks),
         checks=checks,
         results=results,
+        client=source.describe(),
         config=cfg.model_dump(mode="json"),
         config_hash=digest,
         environment={
@@ -253,15 +240,112 @@ def _prepare_state(state: Path, digest: str, resume: bool) -> None:
     atomic_write(marker, digest)
 
 
-def _observation(state: Path | None, b: int, model, x, y, cfg: RedTeamConfig, protocol) -> Observation:
-    path = state / f"observation-b{b}.pt" if state is not None else None
-    if path is not None and path.is_file():
-        return torch.load(path, map_location="cpu", weights_only=False)  # our own file, from this run
-    defense = from_config(cfg.defense) if cfg.defense is not None else None
-    obs = simulate_client(model, x, y, defense, protocol, train_mode=cfg.client.train_mode)
-    if path is not None:
-        _atomic_torch_save(obs, path)
-    return obs
+class _BatchSource:
+    """Where each certified batch comes from: the simulated client (``simulate_client`` on the data
+    section's images), or the user's ``target`` (a ClientApp fed the global model, or a train_fn fed the
+    data section's images). Each batch's observation and ground truth are saved under ``OUT/state`` so a
+    resumed run attacks the very update the first run saw."""
+
+    def __init__(self, cfg: RedTeamConfig, state: Path | None) -> None:
+        self.cfg, self.state = cfg, state
+        self.target = cfg.target
+        self._cache: dict[int, tuple[Observation, torch.Tensor, torch.Tensor]] = {}
+        self._runs: dict[int, dict[str, Any]] = {}
+        self.x_all = self.y_all = None
+        if self.target is not None and self.target.clientapp is not None:
+            in_shape = tuple(cfg.model.input_shape) if cfg.model.input_shape else None
+            if in_shape is None and ":" not in cfg.model.name:
+                raise ConfigError("model.input_shape: needed with a target.clientapp and a built-in model "
+                                  "(or use model.name 'module:callable', the app's own model factory)")
+        else:
+            self._load_data()
+            in_shape = tuple(self.x_all.shape[1:])
+        self.model = build_model(cfg.model.name, in_shape, cfg.model.num_classes)
+        set_model_state(self.model, cfg.model.state, seed=cfg.seed)
+        if self.target is not None:
+            self._client = self._load_client()
+
+    def _load_data(self) -> None:
+        cfg = self.cfg
+        n = cfg.client.n
+        need = cfg.data.offset + cfg.certify.batches * n
+        self.x_all, self.y_all = data_mod.load(
+            cfg.data.source, root=cfg.data.root, path=cfg.data.path, download=cfg.data.download,
+            image_size=cfg.data.image_size, num_classes=cfg.model.num_classes, limit=need,
+        )
+        if len(self.x_all) < need:
+            raise ConfigError(f"data: {cfg.data.source} has {len(self.x_all)} images; the config needs {need} "
+                              f"(offset {cfg.data.offset} + {cfg.certify.batches} batches x {n} samples)")
+        if int(self.y_all[:need].max()) >= cfg.model.num_classes:
+            raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(self.y_all.max())}")
+
+    def _load_client(self):
+        t = self.target
+        if t.clientapp is not None:
+            return load_object(t.clientapp, "target.clientapp")
+        return load_object(t.train_fn, "target.train_fn")
+
+    def _private(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.cfg.client.n
+        lo = self.cfg.data.offset + b * n
+        return self.x_all[lo : lo + n], self.y_all[lo : lo + n]
+
+    def inputs(self, b: int) -> torch.Tensor:
+        """The batch's private images (for the report), without simulating the client when not needed."""
+        return self._private(b)[0] if self.target is None else self.batch(b)[1]
+
+    def batch(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
+        if b in self._cache:
+            return self._cache[b]
+        path = self.state / f"observation-b{b}.pt" if self.state is not None else None
+        if path is not None and path.is_file():
+            saved = torch.load(path, map_location="cpu", weights_only=False)  # our own file, from this run
+            self._runs[b] = saved.get("run", {})
+            self._cache[b] = (saved["observation"], saved["inputs"], saved["labels"])
+            return self._cache[b]
+        cfg = self.cfg
+        if self.target is None:
+            x, y = self._private(b)
+            defense = from_config(cfg.defense) if cfg.defense is not None else None
+            obs = simulate_client(self.model, x, y, defense, _protocol(cfg), train_mode=cfg.client.train_mode)
+            self._runs[b] = {"kind": "simulated", "samples": int(x.shape[0])}
+        else:
+            obs, x, y = self._run_target(b)
+        if path is not None:
+            _atomic_torch_save({"observation": obs, "inputs": x, "labels": y, "run": self._runs[b]}, path)
+        self._cache[b] = (obs, x, y)
+        return self._cache[b]
+
+    def _run_target(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
+        t, cfg = self.target, self.cfg
+        protocol = _protocol(cfg)
+        if t.clientapp is not None:
+            node_config = dict(t.node_config)
+            if t.partition_key:
+                node_config.setdefault(t.partition_key, b)
+            run_config = flower_run_config(t.app_dir, t.run_config)
+            returned, steps = run_clientapp(self._client, self.model, config=t.config, node_config=node_config,
+                                            run_config=run_config)
+            field_name, extra = "target.clientapp", {"node_config": node_config}
+        else:
+            x, y = self._private(b)
+            returned, steps = run_train_fn(self._client, self.model, x, y, cfg.client.batch_size)
+            field_name, extra = "target.train_fn", {}
+        run = observe(self.model, returned, steps, protocol, cfg.defense, field_name)
+        self._runs[b] = {"kind": field_name.split(".")[1], "ref": t.clientapp or t.train_fn, "samples": int(run.inputs.shape[0]),
+                         "steps": run.steps, "batch_sizes": run.batch_sizes, **extra}
+        return run.observation, run.inputs, run.labels
+
+    def describe(self) -> dict[str, Any]:
+        if self.target is None:
+            kind = "simulated"
+            note = "the red team ran guardfl's client simulation with the configured defense"
+        else:
+            kind = "clientapp" if self.target.clientapp else "train_fn"
+            note = ("the red team ran the user's own client code; the configured defense is what the attacker "
+                    "is told the client runs (the client applies its own)")
+        return {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn), "note": note,
+                "batches": {str(b): r for b, r in sorted(self._runs.items())}}
 
 
 def _load_job(state: Path, job: str):

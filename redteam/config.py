@@ -17,6 +17,8 @@ from guardfl.errors import ConfigError
 
 class ModelSection(StrictModel):
     name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20 or module:callable"})
+    #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
+    input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3, json_schema_extra={"allowed": "null or [C, H, W]"})
     num_classes: int = Field(default=10, ge=2, json_schema_extra={"allowed": "an integer >= 2"})
     state: str = Field(
         default="default",
@@ -81,6 +83,32 @@ class AttackSection(StrictModel):
         return self
 
 
+class TargetSection(StrictModel):
+    """The user's own client code, certified instead of a described client (see ``guardfl.redteam.target``)."""
+
+    clientapp: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:attr' of a flwr ClientApp"})
+    train_fn: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (model, loader) -> model"})
+    #: folder put on sys.path (and, for a ClientApp, whose pyproject.toml gives the run config)
+    app_dir: str | None = None
+    #: the ConfigRecord sent with the global model (what the ServerApp's train_config holds)
+    config: dict[str, Any] = Field(default_factory=dict)
+    #: run-config overrides (on top of app_dir/pyproject.toml's [tool.flwr.app.config])
+    run_config: dict[str, Any] = Field(default_factory=dict)
+    #: the node config of the client; batch b also gets ``partition_key: b`` (Flower's partition-id convention)
+    node_config: dict[str, Any] = Field(default_factory=dict)
+    partition_key: str | None = "partition-id"
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "TargetSection":
+        if (self.clientapp is None) == (self.train_fn is None):
+            raise ValueError("give exactly one of clientapp ('module:app') or train_fn ('module:callable')")
+        for name in ("clientapp", "train_fn"):
+            ref = getattr(self, name)
+            if ref is not None and ":" not in ref:
+                raise ValueError(f"{name}: expected 'module:attribute' (got {ref!r})")
+        return self
+
+
 class CertifySection(StrictModel):
     max_ssim: float | None = Field(default=0.4, ge=-1, le=1, json_schema_extra={"allowed": "null or [-1, 1]"})
     max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or > 0 (dB)"})
@@ -100,7 +128,11 @@ class RedTeamConfig(StrictModel):
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection = Field(default_factory=DataSection)
     client: ClientSection = Field(default_factory=ClientSection)
+    #: the defense: applied to the simulated client; with a ``target``, the defense the client runs
+    #: (what the attacker knows), not applied by the red team
     defense: dict[str, Any] | None = None
+    #: certify the user's own client code instead of simulating one
+    target: TargetSection | None = None
     #: the attacks to run; null (or "all" in YAML) = every attack applicable to the setting
     attacks: list[AttackSection] | None = None
     certify: CertifySection = Field(default_factory=CertifySection)
@@ -125,6 +157,18 @@ class RedTeamConfig(StrictModel):
         if isinstance(value, list):  # "- dlg" is shorthand for "- {name: dlg}"
             return [{"name": v} if isinstance(v, str) else v for v in value]
         return value
+
+    @model_validator(mode="after")
+    def _target_protocol(self) -> "RedTeamConfig":
+        if self.target is None:
+            return self
+        if self.client.protocol != "fedavg":
+            raise ValueError("client.protocol: a target returns trained weights, so it is 'fedavg' (set the client's lr, "
+                             "epochs, batch_size, momentum, weight_decay as it trains)")
+        if self.target.clientapp is not None and "data" in self.model_fields_set:
+            raise ValueError("data: a target.clientapp loads its own private data; remove the data section "
+                             "(choose the client's data with target.node_config / run_config)")
+        return self
 
     def digest(self) -> str:
         """A hash of the settings that determine the results (resume refuses a different config)."""

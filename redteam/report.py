@@ -93,6 +93,9 @@ def write_report(cert: Certificate, out: Path) -> None:
     )
     color = "#1b7f3b" if cert.certified else "#b3261e"
     defense = cert.config.get("defense")
+    client = cert.client or {}
+    attacked = (f"the user's {client.get('kind')} <code>{html.escape(str(client.get('ref')))}</code>"
+                if client.get("kind") in ("clientapp", "train_fn") else "guardfl's client simulation")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>guardfl red team: {cert.verdict}</title>
 <style>
@@ -104,12 +107,14 @@ img {{ image-rendering: pixelated; border: 1px solid #ddd; }} .legend {{ color: 
 pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 </style></head><body>
 <div class="banner">{cert.verdict}</div>
-<p>Defense: <code>{html.escape(json.dumps(defense))}</code><br>
+<p>Attacked: {attacked}. {html.escape(client.get('note', ''))}<br>
+Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
 Worst case over every attack and image; "best" = the most leaking image. LPIPS: {'available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')'}.</p>
 <h2>Thresholds</h2>
 <table><tr><th>metric</th><th>rule</th><th>worst measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
 {''.join(sections)}
+<h2>Client runs</h2><pre>{html.escape(json.dumps(client.get('batches', {}), indent=2))}</pre>
 <h2>Run</h2>
 <pre>{html.escape(json.dumps({'config_hash': cert.config_hash, 'environment': cert.environment, 'wall_time_s': round(cert.wall_time_s, 1)}, indent=2))}</pre>
 <h2>Config</h2><pre>{html.escape(json.dumps(cert.config, indent=2))}</pre>

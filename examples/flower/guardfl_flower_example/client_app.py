@@ -10,7 +10,7 @@ from flwr.clientapp import ClientApp
 from guardfl.defenses import GradPrune, from_config
 from guardfl.integrations import flower as guardfl_flower
 
-from guardfl_flower_example.task import Net, Settings, client_loader, evaluate
+from guardfl_flower_example.task import Settings, client_loader, evaluate, make_model
 
 
 def make_client_app(base: Settings | None = None) -> ClientApp:
@@ -32,7 +32,7 @@ def make_client_app(base: Settings | None = None) -> ClientApp:
         lr = float(config.get("lr", settings.lr))
         defense = from_config(settings.defense_config()) if settings.defense_config() else None
         return guardfl_flower.train(
-            msg, context, Net(), client_loader(settings, int(context.node_config["partition-id"])),
+            msg, context, make_model(settings), client_loader(settings, int(context.node_config["partition-id"])),
             lambda params: torch.optim.SGD(params, lr=lr), defense,
             epochs=int(config.get("local-epochs", settings.local_epochs)),
         )
@@ -40,7 +40,7 @@ def make_client_app(base: Settings | None = None) -> ClientApp:
     @app.evaluate()
     def evaluate_fn(msg: Message, context: Context) -> Message:
         settings = Settings.from_run_config(context.run_config, base)
-        model = Net()
+        model = make_model(settings)
         _, record = guardfl_flower.received_arrays(msg)
         model.load_state_dict(record.to_torch_state_dict())
         data = client_loader(settings, int(context.node_config["partition-id"])).dataset.tensors

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from guardfl_flower_example.task import Net, Settings, evaluate, test_data
+from guardfl_flower_example.task import Settings, evaluate, make_model, test_data
 
 
 def audit_update(sent: ArrayRecord, reply: ArrayRecord, lr: float) -> dict:
@@ -69,7 +69,7 @@ def make_server_app(base: Settings | None = None) -> ServerApp:
         x_test, y_test = test_data(settings)
 
         def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-            model = Net()
+            model = make_model(settings)
             model.load_state_dict(arrays.to_torch_state_dict())
             loss, acc = evaluate(model, x_test, y_test)
             return MetricRecord({"loss": loss, "accuracy": acc})
@@ -79,7 +79,7 @@ def make_server_app(base: Settings | None = None) -> ServerApp:
                                  min_train_nodes=n, min_available_nodes=n)
         result = strategy.start(
             grid=grid,
-            initial_arrays=ArrayRecord(Net().state_dict()),
+            initial_arrays=ArrayRecord(make_model(settings).state_dict()),
             num_rounds=settings.num_server_rounds,
             train_config=ConfigRecord({"lr": settings.lr, "local-epochs": settings.local_epochs}),
             evaluate_fn=central_evaluate,

@@ -28,7 +28,11 @@ class Settings:
     defense: str = "kind: sign"
     #: GradPrune ratio of the update-level mod (0 = no mod)
     update_prune: float = 0.9
-    dataset: str = "synthetic"  # or "cifar10" (downloads into data-root when download is true)
+    #: "cnn" (Net, the default) or "lenet" (the LeNet of Zhu et al. 2019, the gradient-inversion benchmark)
+    model: str = "cnn"
+    #: "synthetic" (offline), "faces" (LFW subset shipped with scikit-image, offline) or "cifar10"
+    #: (downloads into data-root when download is true)
+    dataset: str = "synthetic"
     data_root: str = "data"
     download: bool = False
     seed: int = 0
@@ -71,6 +75,31 @@ class Net(nn.Module):
         return self.fc(x.flatten(1))
 
 
+def lenet(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """The LeNet of Zhu et al. 2019 (sigmoid, strided convs) for 3x16x16 inputs."""
+    from guardfl.redteam.models import LeNetZhu
+
+    return LeNetZhu((3, 16, 16), num_classes)
+
+
+def make_model(settings: "Settings") -> nn.Module:
+    if settings.model == "cnn":
+        return Net()
+    if settings.model == "lenet":
+        return lenet()
+    raise ValueError(f"model: {settings.model!r}; allowed: cnn, lenet")
+
+
+def faces() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 100 LFW faces shipped with scikit-image, as 3x16x16 images; labels i % 10 (the subset has no
+    identities)."""
+    from guardfl.redteam.data import lfw_faces
+
+    x, y = lfw_faces(NUM_CLASSES)
+    x = F.interpolate(x, size=16, mode="bilinear", align_corners=False).clamp(0, 1)
+    return x.expand(-1, 3, -1, -1).contiguous(), y
+
+
 def synthetic(n: int, seed: int, *, template_seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` images of 10 classes: each class is a fixed smooth random pattern, plus noise. Learnable in a
     few rounds, offline, and the same class patterns for every client and the server."""
@@ -100,11 +129,14 @@ def client_data(settings: Settings, partition_id: int) -> TensorDataset:
     n = settings.samples_per_client
     if settings.dataset == "synthetic":
         return TensorDataset(*synthetic(n, seed=settings.seed * 1000 + partition_id + 1))
-    if settings.dataset == "cifar10":
-        x, y = cifar10(settings, train=True)
+    if settings.dataset in ("cifar10", "faces"):
+        x, y = cifar10(settings, train=True) if settings.dataset == "cifar10" else faces()
         lo = partition_id * n
+        if lo + n > len(x):
+            raise ValueError(f"samples-per-client: {settings.num_partitions} partitions of {n} need {settings.num_partitions * n} "
+                             f"images; {settings.dataset} has {len(x)}")
         return TensorDataset(x[lo : lo + n], y[lo : lo + n])
-    raise ValueError(f"dataset: {settings.dataset!r}; allowed: synthetic, cifar10")
+    raise ValueError(f"dataset: {settings.dataset!r}; allowed: synthetic, faces, cifar10")
 
 
 def client_loader(settings: Settings, partition_id: int) -> DataLoader:
@@ -116,6 +148,9 @@ def test_data(settings: Settings, n: int = 500) -> tuple[torch.Tensor, torch.Ten
     if settings.dataset == "cifar10":
         x, y = cifar10(settings, train=False)
         return x[:n], y[:n]
+    if settings.dataset == "faces":
+        x, y = faces()
+        return x[-n:], y[-n:]
     return synthetic(n, seed=10_000_000 + settings.seed)
 
 

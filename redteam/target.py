@@ -1,0 +1,250 @@
+"""Certify the user's real client: run their Flower ``ClientApp`` or ``train_fn`` on the global model and
+turn what it returns into an ``Observation`` the attacks work on.
+
+- ``clientapp: module:attr``: the red team sends the app a ``train`` Message (the global model as an
+  ``ArrayRecord`` plus a ``ConfigRecord``), exactly as a FedAvg ServerApp does, with the node config and
+  run config of a deployed client, and attacks the reply. The app loads its own private data; the inputs
+  and labels it trained on are recorded by ``TrainingCapture`` (the ground truth for the metrics).
+- ``train_fn: module:callable``: called as ``train_fn(model, loader) -> model`` with a copy of the global
+  model and a loader over the red team's private samples (``data`` section, batches of
+  ``client.batch_size`` in order); the returned (or in-place trained) model's delta is attacked.
+
+What leaves the client is the returned weights, so the protocol is FedAvg: the update is
+``returned - global`` over the model's trainable parameters; ``client`` (lr, epochs, batch size,
+momentum, weight decay) states the local hyperparameters the attacker is assumed to know, and is checked
+against the observed number of local steps and batch size. ``defense`` states the defense the client
+runs (the attacker knows its configuration); it is NOT applied by the red team: the client applies it.
+The attacker's replica replays the batch order of the client's first epoch (later shuffles are unknown
+to it).
+
+The red team refuses to certify a client it could not observe: an error reply, a reply whose keys or
+shapes differ from what was sent, a non-finite update, a client that did not train (no training forward
+pass, or an all-zero update), a loss whose labels it cannot see, or more samples than the attacks handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from guardfl.errors import GuardflError
+from guardfl.redteam.capture import Step, TrainingCapture
+from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs, bn_layers
+
+#: the attacks reconstruct every distinct sample the client trained on; beyond this the run is refused
+MAX_SAMPLES = 64
+
+
+class TargetError(GuardflError):
+    """The user's client could not be run or observed; the red team does not certify it."""
+
+
+@contextlib.contextmanager
+def on_path(app_dir: str | Path | None):
+    """``app_dir`` first on ``sys.path`` while loading and running the user's code."""
+    if app_dir is None:
+        yield
+        return
+    path = str(Path(app_dir).resolve())
+    sys.path.insert(0, path)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(path)
+
+
+def load_object(ref: str, field: str) -> Any:
+    """``module:attr`` (attr may be dotted) -> the object; TargetError naming ``field`` otherwise."""
+    if ":" not in ref:
+        raise TargetError(f"{field}: expected 'module:attribute' (got {ref!r})")
+    module_name, attr = ref.split(":", 1)
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise TargetError(f"{field}: cannot load {ref!r}: {err} (set target.app_dir to the folder that holds it)") from None
+    return obj
+
+
+def flower_run_config(app_dir: str | Path | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config a Flower app gets: ``[tool.flwr.app.config]`` of ``app_dir/pyproject.toml`` (when
+    there is one), with ``overrides`` on top."""
+    base: dict[str, Any] = {}
+    if app_dir is not None and (Path(app_dir) / "pyproject.toml").is_file():
+        from flwr.common.config import get_fused_config_from_dir
+
+        base = dict(get_fused_config_from_dir(Path(app_dir), {}))
+    unknown = sorted(set(overrides) - set(base)) if base else []
+    if unknown:
+        raise TargetError(f"target.run_config: {unknown} are not in {app_dir}/pyproject.toml's [tool.flwr.app.config]; "
+                          f"allowed: {sorted(base)}")
+    return {**base, **overrides}
+
+
+# -- running the client ------------------------------------------------------------------------------
+def run_clientapp(app: Any, global_model: nn.Module, *, config: Mapping[str, Any], node_config: Mapping[str, Any],
+                  run_config: Mapping[str, Any], node_id: int = 1) -> tuple[dict[str, Tensor], list[Step]]:
+    """Send ``app`` a train Message with the global model; return the returned state dict and the steps."""
+    from flwr.app import Context, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from guardfl.integrations.flower import train_message
+
+    if not isinstance(app, ClientApp):
+        raise TargetError(f"target.clientapp: expected a flwr ClientApp, got {type(app).__name__}")
+    sent = {k: v.detach().cpu() for k, v in global_model.state_dict().items()}
+    msg = train_message(sent, dict(config), node_id=node_id)
+    context = Context(run_id=0, node_id=node_id, node_config=dict(node_config), state=RecordDict(), run_config=dict(run_config))
+    with TrainingCapture() as capture:
+        try:
+            reply = app(msg, context)
+        except Exception as err:  # the user's code: report, do not certify
+            raise TargetError(f"target.clientapp raised {type(err).__name__}: {err}") from None
+    if reply.has_error():
+        raise TargetError(f"target.clientapp replied with an error (code {reply.error.code}): {reply.error.reason}")
+    records = reply.content.array_records
+    if len(records) != 1:
+        raise TargetError(f"target.clientapp: the reply holds {len(records)} ArrayRecords ({list(records)}); expected exactly one")
+    returned = next(iter(records.values())).to_torch_state_dict()
+    _check_keys(sent, returned, "target.clientapp")
+    return dict(returned), capture.captured.for_model()
+
+
+def run_train_fn(fn: Callable, global_model: nn.Module, inputs: Tensor, labels: Tensor,
+                 batch_size: int) -> tuple[dict[str, Tensor], list[Step]]:
+    """Call ``fn(model, loader)``; return the trained model's state dict and the steps."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    if not callable(fn):
+        raise TargetError(f"target.train_fn: expected a callable, got {type(fn).__name__}")
+    model = copy.deepcopy(global_model)
+    sent = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
+    loader = DataLoader(TensorDataset(inputs, labels), batch_size=batch_size, shuffle=False)
+    with TrainingCapture() as capture:
+        try:
+            out = fn(model, loader)
+        except Exception as err:
+            raise TargetError(f"target.train_fn raised {type(err).__name__}: {err}") from None
+    if out is None:
+        out = model
+    if not isinstance(out, nn.Module):
+        raise TargetError(f"target.train_fn: returned {type(out).__name__}; expected the trained torch.nn.Module (or None)")
+    returned = {k: v.detach().cpu() for k, v in out.state_dict().items()}
+    _check_keys(sent, returned, "target.train_fn")
+    return returned, capture.captured.for_model()
+
+
+def _check_keys(sent: Mapping[str, Tensor], returned: Mapping[str, Tensor], field: str) -> None:
+    if list(sent) != list(returned):
+        missing = [k for k in sent if k not in returned]
+        extra = [k for k in returned if k not in sent]
+        raise TargetError(f"{field}: the returned model's keys differ from those sent (missing {missing[:5]}, "
+                          f"extra {extra[:5]}{', or reordered' if not missing and not extra else ''})")
+    for k, v in sent.items():
+        if tuple(returned[k].shape) != tuple(v.shape):
+            raise TargetError(f"{field}: {k} came back with shape {tuple(returned[k].shape)}, it was sent as {tuple(v.shape)}")
+
+
+# -- from a run to an observation ----------------------------------------------------------------------
+@dataclass
+class TargetRun:
+    observation: Observation
+    inputs: Tensor  # the distinct private samples the client trained on (ground truth), first-epoch order
+    labels: Tensor
+    steps: int
+    batch_sizes: list[int]
+
+
+def _distinct(steps: list[Step]) -> tuple[Tensor, Tensor, int]:
+    """Distinct samples in order of first use, their labels, and the number of steps of the first epoch."""
+    seen: dict[bytes, int] = {}
+    xs, ys = [], []
+    first_epoch_steps = len(steps)
+    for i, step in enumerate(steps):
+        fresh = 0
+        for x, y in zip(step.inputs, step.labels):
+            key = x.cpu().numpy().tobytes()
+            if key not in seen:
+                seen[key] = len(xs)
+                xs.append(x)
+                ys.append(y)
+                fresh += 1
+        if fresh == 0 and first_epoch_steps == len(steps):
+            first_epoch_steps = i
+    return torch.stack(xs), torch.stack(ys), first_epoch_steps
+
+
+def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list[Step], protocol: FedAvg,
+            defense_config: dict | None, field: str) -> TargetRun:
+    """Check what the client did against what is declared and build the ``Observation``."""
+    if not steps:
+        raise TargetError(f"{field}: no training step was observed (no forward pass of a model in train mode with "
+                          "gradients enabled): the client did not train, so there is no update to certify")
+    if any(s.labels is None for s in steps):
+        raise TargetError(f"{field}: the client's loss is not torch.nn.functional.cross_entropy / nll_loss (or "
+                          "nn.CrossEntropyLoss / NLLLoss), so the red team cannot see the labels it trained on")
+    for s in steps:
+        if s.labels.dim() != 1 or s.labels.shape[0] != s.inputs.shape[0]:
+            raise TargetError(f"{field}: a step's labels have shape {tuple(s.labels.shape)} for {s.inputs.shape[0]} inputs; "
+                              "the red team certifies classification with hard labels")
+    inputs, labels, first_epoch = _distinct(steps)
+    n, batch_sizes = inputs.shape[0], [int(s.inputs.shape[0]) for s in steps]
+    if n > MAX_SAMPLES:
+        raise TargetError(f"{field}: the client trained on {n} distinct samples; the attacks reconstruct at most "
+                          f"{MAX_SAMPLES}. Give it a smaller private set for the red team (target.run_config / node_config)")
+    expected = protocol.epochs * math.ceil(n / protocol.batch_size)
+    if len(steps) != expected or batch_sizes[0] != min(protocol.batch_size, n):
+        raise TargetError(
+            f"client: declares {protocol.epochs} epoch(s) in batches of {protocol.batch_size} ({expected} steps), but the "
+            f"client ran {len(steps)} steps over {n} samples in batches of {batch_sizes[0]} ({first_epoch} per epoch); "
+            "set client.epochs and client.batch_size to what it does")
+
+    names = [name for name, p in global_model.named_parameters() if p.requires_grad]
+    start = global_model.state_dict()
+    update = {}
+    for name in names:
+        delta = returned[name].to(start[name].dtype) - start[name].detach().cpu()
+        if not torch.isfinite(delta).all():
+            raise TargetError(f"{field}: the returned {name} holds NaN or infinite values")
+        update[name] = delta
+    if all(float(d.abs().max()) == 0.0 for d in update.values()):
+        raise TargetError(f"{field}: the returned weights equal the global model: the client did not train")
+
+    lo, hi = float(inputs.min()), float(inputs.max())
+    input_range = (0.0, 1.0) if lo >= 0.0 and hi <= 1.0 else (lo, hi)
+    probe = copy.deepcopy(global_model).train()
+    records, handles = _record_first_bn_inputs(probe)
+    try:
+        with torch.no_grad():
+            num_classes = int(probe(steps[0].inputs).shape[-1])
+    finally:
+        for h in handles:
+            h.remove()
+    released = []
+    for bn_name, bn in ((n_, m) for n_, m in global_model.named_modules() if m in bn_layers(global_model)):
+        if bn.running_mean is not None:
+            released.append((returned[f"{bn_name}.running_mean"].clone(), returned[f"{bn_name}.running_var"].clone()))
+    observation = Observation(
+        protocol=protocol,
+        model=copy.deepcopy(global_model),
+        update=update,
+        num_samples=n,
+        input_shape=tuple(inputs.shape[1:]),
+        num_classes=num_classes,
+        input_range=input_range,
+        defense_config=defense_config,
+        released_bn_stats=released,
+        side=SideKnowledge(labels=labels.clone(), bn_batch_stats=list(records), defense_stats=[]),
+    )
+    return TargetRun(observation, inputs, labels, len(steps), batch_sizes)
