@@ -50,7 +50,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense
 from guardfl.errors import GuardflError
 from guardfl.integrations.torch import ClientState, MakeOptimizer, local_update
-from guardfl.integrations.update import BN_BUFFERS, UpdateDefense
+from guardfl.integrations.update import BN_BUFFERS, UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 
 #: ``context.state`` keys
@@ -168,11 +168,10 @@ class GuardUpdateMod:
         if len(out.content.array_records) != 1:
             return _error_reply(msg, f"{name} expects exactly one ArrayRecord in the reply, but found {len(out.content.array_records)} ArrayRecord(s).")
         out_key, returned = next(iter(out.content.array_records.items()))
-        if list(received.keys()) != list(returned.keys()):
-            missing = [k for k in received.keys() if k not in returned]
-            extra = [k for k in returned.keys() if k not in received]
+        mismatch = key_mismatch(list(received.keys()), list(returned.keys()))
+        if mismatch is not None:
             return _error_reply(msg, f"{name} expects the keys in the ArrayRecord of the reply message to match those "
-                                     f"the ClientApp received (missing {missing[:5]}, extra {extra[:5]}, or reordered).")
+                                     f"the ClientApp received ({mismatch}).")
         names = list(received.keys())
         round_index = _next_round(ctxt)
         try:

@@ -57,6 +57,18 @@ class UpdateStats:
         return self.zeros / self.entries if self.entries else 0.0
 
 
+def key_mismatch(sent: Sequence[str], returned: Sequence[str]) -> str | None:
+    """None when ``returned`` lists the same keys as ``sent`` in the same order; else what differs."""
+    sent, returned = list(sent), list(returned)
+    if sent == returned:
+        return None
+    missing = [k for k in sent if k not in returned]
+    extra = [k for k in returned if k not in sent]
+    if not missing and not extra:
+        return "the same keys in another order"
+    return f"missing {missing[:5]}, extra {extra[:5]}"
+
+
 class UpdateDefense:
     """Clip (optional) and defend a model delta; ``__call__(received, new)`` returns what to send."""
 
@@ -135,4 +147,4 @@ class UpdateDefense:
         return out, UpdateStats(len(picked), entries, zeros, factor, norm)
 
 
-__all__ = ["BN_BUFFERS", "UPDATE_KINDS", "UpdateDefense", "UpdateStats"]
+__all__ = ["BN_BUFFERS", "UPDATE_KINDS", "UpdateDefense", "UpdateStats", "key_mismatch"]

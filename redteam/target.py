@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from guardfl.errors import GuardflError
+from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.capture import Step, TrainingCapture
 from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs, bn_layers
 
@@ -146,11 +147,9 @@ def run_train_fn(fn: Callable, global_model: nn.Module, inputs: Tensor, labels: 
 
 
 def _check_keys(sent: Mapping[str, Tensor], returned: Mapping[str, Tensor], field: str) -> None:
-    if list(sent) != list(returned):
-        missing = [k for k in sent if k not in returned]
-        extra = [k for k in returned if k not in sent]
-        raise TargetError(f"{field}: the returned model's keys differ from those sent (missing {missing[:5]}, "
-                          f"extra {extra[:5]}{', or reordered' if not missing and not extra else ''})")
+    mismatch = key_mismatch(list(sent), list(returned))
+    if mismatch is not None:
+        raise TargetError(f"{field}: the returned model's keys differ from those sent ({mismatch})")
     for k, v in sent.items():
         if tuple(returned[k].shape) != tuple(v.shape):
             raise TargetError(f"{field}: {k} came back with shape {tuple(returned[k].shape)}, it was sent as {tuple(v.shape)}")

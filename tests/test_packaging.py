@@ -41,7 +41,10 @@ def test_imports_from_the_installed_wheel_outside_the_repo(wheel, tmp_path):
         capture_output=True,
     )
     code = (
-        "import guardfl, guardfl.integrations, guardfl.redteam, importlib.util, sys;"
+        "import guardfl, guardfl.integrations, guardfl.redteam, importlib, importlib.util, sys;"
+        "import guardfl.integrations.torch, guardfl.integrations.update, guardfl.redteam.target;"
+        "assert guardfl.integrations.torch.__file__.startswith(sys.argv[1]);"
+        "assert importlib.util.find_spec('flwr') is None or importlib.import_module('guardfl.integrations.flower');"
         "assert guardfl.__file__.startswith(sys.argv[1]), guardfl.__file__;"
         "assert guardfl.integrations.__file__.startswith(sys.argv[1]);"
         "assert guardfl.redteam.__file__.startswith(sys.argv[1]);"
