@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=128, help="samples per client")
     p.add_argument("--defense", default="kind: sign", help="optimizer-level defense: a kind, YAML text or a .yaml path ('' = none)")
     p.add_argument("--update-prune", type=float, default=0.9, help="GradPrune ratio on the update (0 = off)")
-    p.add_argument("--dataset", default="synthetic", choices=["synthetic", "cifar10"])
+    p.add_argument("--model", default="cnn", choices=["cnn", "lenet"])
+    p.add_argument("--dataset", default="synthetic", choices=["synthetic", "faces", "cifar10"])
     p.add_argument("--download", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpus", type=int, default=min(2, os.cpu_count() or 1), help="CPUs Ray may use")
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings(num_server_rounds=args.rounds, local_epochs=args.epochs, lr=args.lr,
                         samples_per_client=args.samples, num_partitions=args.clients, defense=args.defense,
-                        update_prune=args.update_prune, dataset=args.dataset, download=args.download,
+                        update_prune=args.update_prune, model=args.model, dataset=args.dataset, download=args.download,
                         seed=args.seed, out_dir=str(Path(args.out).resolve()))
     run_simulation(
         server_app=make_server_app(settings),
