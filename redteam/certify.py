@@ -331,7 +331,8 @@ class _BatchSource:
             x, y = self._private(b)
             returned, steps = run_train_fn(self._client, self.model, x, y, cfg.client.batch_size)
             field_name, extra = "target.train_fn", {}
-        run = observe(self.model, returned, steps, protocol, cfg.defense, field_name)
+        declared = cfg.client.samples if "samples" in cfg.client.model_fields_set else None
+        run = observe(self.model, returned, steps, protocol, cfg.defense, field_name, declared)
         self._runs[b] = {"kind": field_name.split(".")[1], "ref": t.clientapp or t.train_fn, "samples": int(run.inputs.shape[0]),
                          "steps": run.steps, "batch_sizes": run.batch_sizes, **extra}
         return run.observation, run.inputs, run.labels

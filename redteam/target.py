@@ -185,8 +185,9 @@ def _distinct(steps: list[Step]) -> tuple[Tensor, Tensor, int]:
 
 
 def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list[Step], protocol: FedAvg,
-            defense_config: dict | None, field: str) -> TargetRun:
-    """Check what the client did against what is declared and build the ``Observation``."""
+            defense_config: dict | None, field: str, declared_samples: int | None = None) -> TargetRun:
+    """Check what the client did against what is declared (``protocol``; ``declared_samples`` when the
+    config states it) and build the ``Observation``."""
     if not steps:
         raise TargetError(f"{field}: no training step was observed (no forward pass of a model in train mode with "
                           "gradients enabled): the client did not train, so there is no update to certify")
@@ -202,6 +203,8 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
     if n > MAX_SAMPLES:
         raise TargetError(f"{field}: the client trained on {n} distinct samples; the attacks reconstruct at most "
                           f"{MAX_SAMPLES}. Give it a smaller private set for the red team (target.run_config / node_config)")
+    if declared_samples is not None and declared_samples != n:
+        raise TargetError(f"client.samples: declares {declared_samples}, but the client trained on {n} distinct samples")
     expected = protocol.epochs * math.ceil(n / protocol.batch_size)
     if len(steps) != expected or batch_sizes[0] != min(protocol.batch_size, n):
         raise TargetError(

@@ -98,6 +98,11 @@ TRAIN_FNS = textwrap.dedent('''
     def lazy(model, loader):
         return model
 
+    def no_step(model, loader):
+        for x, y in loader:
+            F.cross_entropy(model(x), y).backward()
+        return model
+
     def diverges(model, loader):
         sgd(model, loader)
         with torch.no_grad():
@@ -143,6 +148,7 @@ def test_train_fn_without_defense_is_not_certified_and_with_outpost_it_is(train_
 
 @pytest.mark.parametrize("fn, message", [
     ("lazy", "no training step was observed"),
+    ("no_step", "equal the global model"),
     ("diverges", "NaN or infinite"),
     ("mse", "cannot see the labels"),
     ("two_epochs", "client ran 2 steps"),
@@ -182,6 +188,19 @@ def test_client_app_bad_replies_are_refused(tmp_path):
                 certify({**base, "target": {"clientapp": f"bad_apps:{name}", "app_dir": str(tmp_path)}})
     finally:
         sys.modules.pop("bad_apps", None)
+
+
+def test_declared_samples_must_match_what_the_client_trained_on(example_app):
+    cfg = example_config()
+    cfg["client"] = {**cfg["client"], "samples": 3}
+    with pytest.raises(TargetError, match="client.samples: declares 3"):
+        certify(cfg)
+
+
+def test_unknown_run_config_keys_of_a_flower_app_are_refused(tmp_path, example_app):
+    cfg = example_config(**{"no-such-setting": 1})
+    with pytest.raises(TargetError, match="no-such-setting"):
+        certify(cfg)
 
 
 def test_target_config_errors_name_the_field():
