@@ -62,3 +62,23 @@ def test_shape_change_and_nan_are_clear_errors():
     new[0][0, 0, 0] = np.nan
     with pytest.raises(NonFiniteGradientError, match="conv.weight"):
         UpdateDefense(GradPrune(0.5))(received, new, names)
+
+
+def test_noise_on_the_update_has_the_configured_scale():
+    from guardfl.defenses import LaplaceNoise
+
+    received = [np.zeros(200_000, np.float32)]
+    new = [np.ones(200_000, np.float32)]
+    out, _ = UpdateDefense(GaussianNoise(sigma=0.3))(received, new, ["w"])
+    assert np.std(out[0] - new[0]) == pytest.approx(0.3, rel=0.02)
+    out, _ = UpdateDefense(LaplaceNoise(scale=0.2))(received, new, ["w"])
+    assert np.mean(np.abs(out[0] - new[0])) == pytest.approx(0.2, rel=0.02)  # E|Laplace(b)| = b
+
+
+def test_seeded_update_defense_differs_between_rounds():
+    received, new = [np.zeros(1000, np.float32)], [np.ones(1000, np.float32)]
+    d = UpdateDefense(GaussianNoise(sigma=1.0, seed=3))
+    r0, _ = d(received, new, ["w"], round_index=0)
+    r1, _ = d(received, new, ["w"], round_index=1)
+    again, _ = d(received, new, ["w"], round_index=1)
+    assert not np.array_equal(r0[0], r1[0]) and np.array_equal(r1[0], again[0])
