@@ -160,6 +160,18 @@ def test_a_client_that_cannot_be_observed_is_refused(train_fn_config, fn, messag
         certify(train_fn_config(fn))
 
 
+def test_cli_reports_an_unobservable_client_in_one_line(train_fn_config, tmp_path, capsys):
+    import yaml
+
+    from guardfl.cli import main
+
+    path = tmp_path / "lazy.yaml"
+    path.write_text(yaml.safe_dump(train_fn_config("lazy")))
+    assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: target.train_fn: no training step was observed")
+
+
 def test_client_app_bad_replies_are_refused(tmp_path):
     pytest.importorskip("flwr")
     (tmp_path / "bad_apps.py").write_text(textwrap.dedent('''
