@@ -40,6 +40,7 @@ from guardfl.errors import GuardflError
 from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.capture import Step, TrainingCapture
 from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs, bn_layers
+from guardfl.redteam.threat import defense_kinds
 
 #: the attacks reconstruct every distinct sample the client trained on; beyond this the run is refused
 MAX_SAMPLES = 64
@@ -179,15 +180,19 @@ def _distinct(steps: list[Step]) -> tuple[Tensor, Tensor, int]:
                 xs.append(x)
                 ys.append(y)
                 fresh += 1
-        if fresh == 0 and first_epoch_steps == len(steps):
+        if fresh == 0 and len(step.inputs) and first_epoch_steps == len(steps):
             first_epoch_steps = i
+    if not xs:
+        raise TargetError("the client's training steps held no samples (empty batches only)")
     return torch.stack(xs), torch.stack(ys), first_epoch_steps
 
 
 def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list[Step], protocol: FedAvg,
             defense_config: dict | None, field: str, declared_samples: int | None = None) -> TargetRun:
     """Check what the client did against what is declared (``protocol``; ``declared_samples`` when the
-    config states it) and build the ``Observation``."""
+    config states it) and build the ``Observation``. With DP-SGD's Poisson sampling declared, batch sizes
+    are random, so only the declared hyperparameters are used (the attacker's replica replays fixed
+    batches: an approximation, as it would be for a real attacker)."""
     if not steps:
         raise TargetError(f"{field}: no training step was observed (no forward pass of a model in train mode with "
                           "gradients enabled): the client did not train, so there is no update to certify")
@@ -203,10 +208,11 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
     if n > MAX_SAMPLES:
         raise TargetError(f"{field}: the client trained on {n} distinct samples; the attacks reconstruct at most "
                           f"{MAX_SAMPLES}. Give it a smaller private set for the red team (target.run_config / node_config)")
-    if declared_samples is not None and declared_samples != n:
+    poisson = any(c.get("kind") == "dpsgd" and c.get("poisson_sampling", True) for c in defense_kinds(defense_config))
+    if not poisson and declared_samples is not None and declared_samples != n:
         raise TargetError(f"client.samples: declares {declared_samples}, but the client trained on {n} distinct samples")
     expected = protocol.epochs * math.ceil(n / protocol.batch_size)
-    if len(steps) != expected or batch_sizes[0] != min(protocol.batch_size, n):
+    if not poisson and (len(steps) != expected or batch_sizes[0] != min(protocol.batch_size, n)):
         raise TargetError(
             f"client: declares {protocol.epochs} epoch(s) in batches of {protocol.batch_size} ({expected} steps), but the "
             f"client ran {len(steps)} steps over {n} samples in batches of {batch_sizes[0]} ({first_epoch} per epoch); "

@@ -118,6 +118,15 @@ TRAIN_FNS = textwrap.dedent('''
     def two_epochs(model, loader):
         sgd(model, loader); return sgd(model, loader)
 
+    def dp(model, loader):
+        torch.manual_seed(0)  # Opacus's Poisson sampling draws from the global RNG
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        dp_defense = guardfl.defenses.DPSGD(noise_multiplier=1.0, max_grad_norm=1.0)
+        private, opt, private_loader = guardfl.protect(model, opt, loader, dp_defense)
+        for x, y in private_loader:
+            opt.zero_grad(); F.cross_entropy(private(x), y).backward(); opt.step()
+        return private.to_standard_module()
+
     def not_a_model(model, loader):
         return {"weights": 1}
 ''')
@@ -144,6 +153,16 @@ def test_train_fn_without_defense_is_not_certified_and_with_outpost_it_is(train_
     plain = certify(train_fn_config("sgd"))
     assert not plain.certified and plain.client["batches"]["0"]["kind"] == "train_fn"
     assert certify(train_fn_config("outpost") | {"defense": {"kind": "outpost"}}).certified
+
+
+def test_a_dp_sgd_client_with_poisson_batches_is_certified_by_running_its_code(train_fn_config):
+    cfg = train_fn_config("dp", client={"batch_size": 2, "samples": 4}) | {
+        "defense": {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0},
+        "attacks": [{"name": "inverting_gradients", "budget": {"iterations": 100, "restarts": 1}, "threat": {"labels": "known"}}]}
+    cert = certify(cfg)
+    run = cert.client["batches"]["0"]
+    assert run["kind"] == "train_fn" and run["steps"] == 2 and 1 <= run["samples"] <= 4
+    assert cert.results[0]["metrics"]["summary"]["ssim"]["best"] < 0.4
 
 
 @pytest.mark.parametrize("fn, message", [
