@@ -198,7 +198,8 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
                           "gradients enabled): the client did not train, so there is no update to certify")
     if any(s.labels is None for s in steps):
         raise TargetError(f"{field}: the client's loss is not torch.nn.functional.cross_entropy / nll_loss (or "
-                          "nn.CrossEntropyLoss / NLLLoss), so the red team cannot see the labels it trained on")
+                          "nn.CrossEntropyLoss / NLLLoss) with hard labels, so the red team cannot see the labels it trained on "
+                          "(input encodings such as MixUp / InstaHide train on soft labels and are not certified this way)")
     for s in steps:
         if s.labels.dim() != 1 or s.labels.shape[0] != s.inputs.shape[0]:
             raise TargetError(f"{field}: a step's labels have shape {tuple(s.labels.shape)} for {s.inputs.shape[0]} inputs; "
