@@ -31,7 +31,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 

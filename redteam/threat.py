@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor
 

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad, vmap
 
 from guardfl.redteam.attacks import objectives as obj
 from guardfl.redteam.client import FedAvg, Observation, bn_layers

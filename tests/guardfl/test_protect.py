@@ -3,7 +3,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants import RDPAccountant
 from torch.utils.data import DataLoader, TensorDataset
 
 import guardfl
