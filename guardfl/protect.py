@@ -189,7 +189,7 @@ def protect(
     else:
         if privacy_state is not None:
             raise ConfigError("privacy_state: given, but the defense has no dpsgd stage")
-        optimizer = GuardedOptimizer(optimizer, grad_defense or Identity())
+        optimizer = GuardedOptimizer(optimizer, grad_defense or Identity(), param_names=list(model.named_parameters()))
     if encodings:
         data_loader = EncodedLoader(data_loader, encodings[0], num_classes or _num_classes(model))
     return model, optimizer, data_loader

@@ -27,6 +27,7 @@ def results(tmp_path_factory):
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "rounds.png").stat().st_size > 1000
     return json.loads((out / "results.json").read_text())
 
 

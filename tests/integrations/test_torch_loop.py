@@ -102,3 +102,16 @@ def test_bad_input_is_one_clear_error():
         local_update(mlp(), loader(), lambda p: None)
     with pytest.raises(ConfigError, match="client state"):
         ClientState.from_json("{not json")
+
+
+def test_outpost_schedule_restarts_every_round():
+    from guardfl.defenses import Outpost
+
+    model, state = mlp(), None
+    for _ in range(2):
+        result = local_update(model, loader(), sgd(0.1), Outpost(beta=100.0), state=state)
+        state = result.state
+        iterations = [s["iteration"] for s in result.defense_stats]
+        assert iterations == [1, 2, 3, 4]
+        assert result.defense_stats[0]["fired"]  # i = 1 always perturbs
+        assert result.defense_stats[0]["stages"][0]["layers"][0]["name"] == "1.weight"

@@ -58,6 +58,28 @@ class AuditedFedAvg(FedAvg):
         return super().aggregate_train(server_round, replies)
 
 
+def plot(accuracy: dict[int, float], audit: list[dict], settings: Settings, path: Path) -> None:
+    """Global accuracy per round, and the zero fraction of every update that arrived (GradPrune's mark)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    rounds = sorted(accuracy)
+    a.plot(rounds, [accuracy[r] for r in rounds], marker="o")
+    a.set(xlabel="round", ylabel="global accuracy", ylim=(0, 1), title=f"defense: {settings.defense or 'none'}")
+    zeros = [(e["round"], sum(r["zero_fraction"] * r["size"] for r in e["arrays"].values()) / sum(r["size"] for r in e["arrays"].values()))
+             for e in audit if "arrays" in e]
+    b.scatter([r for r, _ in zeros], [z for _, z in zeros], alpha=0.6)
+    b.axhline(settings.update_prune, color="grey", linestyle="--", label=f"update-prune {settings.update_prune}")
+    b.set(xlabel="round", ylabel="zero fraction of the update", ylim=(0, 1), title="every update that arrived")
+    b.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def make_server_app(base: Settings | None = None) -> ServerApp:
     base = base or Settings()
     app = ServerApp()
@@ -93,6 +115,7 @@ def make_server_app(base: Settings | None = None) -> ServerApp:
                 {"settings": settings.__dict__, "accuracy": accuracy, "train_metrics": train, "audit": strategy.audit},
                 indent=2, default=str))
             torch.save(result.arrays.to_torch_state_dict(), out / "global_model.pt")
+            plot(accuracy, strategy.audit, settings, out / "rounds.png")
 
     return app
 
