@@ -125,7 +125,9 @@ def train(
     trained = model.state_dict()
     arrays = ArrayRecord({k: Array(trained[k].detach().cpu().numpy()) for k in record.keys()})
     metrics: dict[str, int | float] = {
-        "num-examples": int(result.num_examples),
+        # FedAvg's weight: the local dataset's size, as Flower's examples report it (not the number of
+        # samples drawn, which with DP-SGD's Poisson sampling is random and would leak the draw)
+        "num-examples": int(_dataset_size(loader, result.num_examples)),
         "train_loss": float(result.mean_loss),
         "guardfl-round": int(result.state.rounds),
     }
@@ -133,6 +135,13 @@ def train(
         metrics["guardfl-epsilon"] = float(result.epsilon)
         metrics["guardfl-delta"] = float(result.dp_delta)
     return Message(RecordDict({key: arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def _dataset_size(loader: Iterable, fallback: int) -> int:
+    try:
+        return len(loader.dataset)  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return fallback
 
 
 # -- the update-defense mod ---------------------------------------------------------------------------
