@@ -80,6 +80,10 @@ def received_arrays(msg: Message) -> tuple[str, ArrayRecord]:
     return key, record
 
 
+def _array_record(state: Mapping[str, Tensor], keys: Sequence[str]) -> ArrayRecord:
+    return ArrayRecord({k: Array(state[k].detach().cpu().numpy()) for k in keys})
+
+
 def train_message(
     arrays: ArrayRecord | Mapping[str, Tensor],
     config: Mapping[str, Any] | None = None,
@@ -92,7 +96,7 @@ def train_message(
     """A ``train`` Message as a ServerApp's FedAvg sends it (``arrays`` + ``config`` records), for
     driving a ``ClientApp`` directly: in tests, and by the red team (``guardfl redteam`` with a
     ``target.clientapp``)."""
-    record = arrays if isinstance(arrays, ArrayRecord) else ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in arrays.items()})
+    record = arrays if isinstance(arrays, ArrayRecord) else _array_record(arrays, list(arrays))
     content = RecordDict({arrays_key: record, config_key: ConfigRecord({"server-round": server_round, **dict(config or {})})})
     metadata = Metadata(run_id=0, message_id=uuid.uuid4().hex, src_node_id=0, dst_node_id=node_id,
                         reply_to_message_id="", group_id=str(server_round), created_at=time.time(), ttl=DEFAULT_TTL,
@@ -123,7 +127,7 @@ def train(
                           num_classes=num_classes, max_steps=max_steps)
     save_client_state(context, result.state, state_key)
     trained = model.state_dict()
-    arrays = ArrayRecord({k: Array(trained[k].detach().cpu().numpy()) for k in record.keys()})
+    arrays = _array_record(trained, list(record.keys()))  # the received key order
     metrics: dict[str, int | float] = {
         # FedAvg's weight: the local dataset's size, as Flower's examples report it (not the number of
         # samples drawn, which with DP-SGD's Poisson sampling is random and would leak the draw)

@@ -122,8 +122,9 @@ class UpdateDefense:
             if np.shape(a) != np.shape(b):
                 raise ValueError(f"update: {name} came back with shape {tuple(np.shape(b))}, it was sent as {tuple(np.shape(a))}")
 
-        out = [np.array(b, copy=True) for b in new]
         picked = [i for i, (n, b) in enumerate(zip(names, new)) if self.selected(n, np.asarray(b))]
+        chosen = set(picked)
+        out = [b if i in chosen else np.array(b, copy=True) for i, b in enumerate(new)]  # picked ones are rebuilt below
         deltas = [torch.from_numpy(np.asarray(new[i], dtype=np.float64) - np.asarray(received[i], dtype=np.float64))
                   for i in picked]
         bad = [names[i] for i, d in zip(picked, deltas) if not torch.isfinite(d).all()]

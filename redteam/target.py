@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from guardfl.errors import GuardflError
 from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.capture import Step, TrainingCapture
-from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs, bn_layers
+from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs
 from guardfl.redteam.threat import defense_kinds
 
 #: the attacks reconstruct every distinct sample the client trained on; beyond this the run is refused
@@ -241,8 +241,8 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
         for h in handles:
             h.remove()
     released = []
-    for bn_name, bn in ((n_, m) for n_, m in global_model.named_modules() if m in bn_layers(global_model)):
-        if bn.running_mean is not None:
+    for bn_name, bn in global_model.named_modules():
+        if isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.running_mean is not None:
             released.append((returned[f"{bn_name}.running_mean"].clone(), returned[f"{bn_name}.running_var"].clone()))
     observation = Observation(
         protocol=protocol,
