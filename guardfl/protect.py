@@ -56,9 +56,15 @@ def split_stages(defense: Defense) -> tuple[list[Defense], list[Defense], list[D
 
 
 class EncodedLoader:
-    """A data loader whose batches are encoded by an input defense (MixUp / InstaHide)."""
+    """A data loader whose batches are encoded by an input defense (MixUp / InstaHide).
+
+    A loader whose batches (or short last batch) are known to be too small for the encoding is refused
+    here, before training (``check_loader``); every batch is checked again when encoded."""
 
     def __init__(self, loader, encoding: Defense, num_classes: int) -> None:
+        check = getattr(encoding, "check_loader", None)
+        if check is not None:
+            check(loader)
         self.loader = loader
         self.encoding = encoding
         self.num_classes = num_classes

@@ -4,12 +4,26 @@ They act on the data, not on the gradient: ``guardfl.protect`` wraps the client'
 model trains on encoded images with soft labels (``guardfl.soft_cross_entropy``, or plain
 ``F.cross_entropy``, which accepts class probabilities).
 
-- MixUp(k, max_coeff): each private image is mixed with k-1 others of its batch with random non-negative
-  coefficients summing to 1, each at most ``max_coeff`` (default 0.65); labels mixed with the same ones.
+- MixUp(k, max_coeff): each private image is mixed with k-1 DISTINCT other images of its batch (drawn
+  uniformly without replacement) with random non-negative coefficients summing to 1, each at most
+  ``max_coeff`` (default 0.65); labels mixed with the same ones.
 - InstaHide(k, max_coeff, mode): MixUp plus a fresh random sign-flip mask per encoded image. ``intra``
-  mixes with private images; ``inter`` mixes each private image with k-1 images of a public dataset
-  (``public``: an ``.npz`` with ``x``, or a tensor given to the constructor), and only the private label
-  enters the label (weighted by its coefficient, not renormalised, as in InstaHide's reference code).
+  mixes with private images as MixUp does; ``inter`` mixes each private image with k-1 DISTINCT images of
+  a public dataset (``public``: an ``.npz`` with ``x``, or a tensor given to the constructor), and only
+  the private label enters the label (weighted by its coefficient, not renormalised, as in InstaHide's
+  reference code).
+
+The k images of one mix are k distinct images, so ``max_coeff`` bounds the TOTAL weight of each distinct
+image in an encoded image, the private image itself included. Hence the refusals (``ConfigError``):
+intra mixing (MixUp, InstaHide ``intra``) needs batches of at least k images, and ``guardfl.protect``
+refuses before training a loader whose ``batch_size`` is below k or whose short last batch would be
+(pass ``drop_last=True`` to the DataLoader); any such batch met during training is refused too (e.g. a
+Poisson-sampled DP-SGD batch; empty batches pass through empty). Inter mode needs a public set of at
+least k-1 images (checked when the defense is built).
+
+Limitation: partners are distinct *indices* of the batch, not distinct contents. A batch that holds the
+same sample twice (a sampler with replacement, a dataset with duplicates) can mix that image twice, and
+its total weight can then exceed ``max_coeff``; no content hashing is done.
 
 Mixing partners, coefficients and masks are drawn per batch from the defense's own generator, so they are
 re-drawn every epoch and follow whatever order a shuffled loader produces. Encoded images of InstaHide
@@ -29,7 +43,7 @@ from torch import Tensor
 from guardfl.data import from_array
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.errors import ConfigError
-from guardfl.ops.mixing import batch_partners, mix, mixing_coefficients, sign_masks
+from guardfl.ops.mixing import batch_partners, mix, mixing_coefficients, public_partners, sign_masks
 from guardfl.stats import StageStats
 
 
@@ -54,15 +68,57 @@ class InstaHideConfig(_MixConfig):
     public: str | None = Field(default=None, json_schema_extra={"allowed": "null or the path of an .npz with 'x'"})
 
 
+_DROP_LAST = "pass drop_last=True to the DataLoader to drop a short last batch"
+
+
 class _InputEncoding(Defense):
     stage = "input"
     sign_flip = False
 
+    @property
+    def mixes_within_batch(self) -> bool:
+        """Whether the k-1 partners come from the batch itself (so a batch needs at least k images)."""
+        return True
+
+    def _too_small(self, what: str) -> ConfigError:
+        k = self.config.k
+        return ConfigError(f"{self.kind}.k: k={k} images per mix needs a batch of at least {k} distinct images "
+                           f"({what}); allowed: 2 <= k <= batch size")
+
+    def check_batch(self, n: int) -> None:
+        """Refuse (ConfigError) a non-empty batch of fewer than k images when mixing within the batch."""
+        if self.mixes_within_batch and 0 < n < self.config.k:
+            raise self._too_small(f"got a batch of {n}; if it is a loader's last batch, {_DROP_LAST}")
+
+    def check_loader(self, loader) -> None:
+        """Early form of ``check_batch`` for a ``torch.utils.data.DataLoader`` (``guardfl.protect`` calls it):
+        refuse a ``batch_size`` below k, or a short last batch below k (``drop_last=False``). Loaders whose
+        batch sizes are not known in advance (a ``batch_sampler``, Poisson sampling) are left to
+        ``check_batch``."""
+        batch_size = getattr(loader, "batch_size", None)
+        if not self.mixes_within_batch or not isinstance(batch_size, int) or batch_size <= 0:
+            return
+        try:
+            samples = len(loader.sampler)
+        except (AttributeError, TypeError, NotImplementedError):  # an IterableDataset, a sampler without len
+            samples = None
+        if batch_size < self.config.k and (samples is None or samples >= batch_size):
+            raise self._too_small(f"the loader's batch_size is {batch_size}")
+        last = samples % batch_size if samples is not None else 0
+        if 0 < last < self.config.k and not getattr(loader, "drop_last", False):
+            raise self._too_small(f"the loader's last batch has {last}: {samples} samples, batch_size {batch_size}; "
+                                  f"{_DROP_LAST}")
+
     def encode(self, x: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
-        """Encoded images and soft labels for one batch ``x`` with integer (or soft) labels ``y``."""
+        """Encoded images and soft labels for one batch ``x`` with integer (or soft) labels ``y``. Each
+        encoded image mixes k distinct images, each at weight <= ``max_coeff``; a non-empty batch too small
+        for that is refused (ConfigError), an empty one is returned as it is."""
         n = x.shape[0]
-        gen = self.generator("cpu")
         soft = y.float() if y.dim() == 2 else F.one_hot(y.long(), num_classes).float()
+        if n == 0:
+            return x, soft
+        self.check_batch(n)
+        gen = self.generator("cpu")
         coeffs = mixing_coefficients(n, self.config.k, self.config.max_coeff, gen, device=x.device)
         encoded, labels = self._mix(x, soft, coeffs, gen)
         if self.sign_flip:
@@ -79,7 +135,8 @@ class _InputEncoding(Defense):
 
 @register
 class MixUp(_InputEncoding):
-    """MixUp with k images per encoding, coefficients bounded by ``max_coeff``."""
+    """MixUp with k distinct images per encoding, each image's weight bounded by ``max_coeff``; needs
+    batches of at least k images."""
 
     Config = MixUpConfig
 
@@ -89,10 +146,15 @@ class MixUp(_InputEncoding):
 
 @register
 class InstaHide(_InputEncoding):
-    """InstaHide: MixUp plus a random sign-flip mask per encoded image (intra or inter)."""
+    """InstaHide: MixUp plus a random sign-flip mask per encoded image (intra: k distinct images of the
+    batch; inter: the private image and k-1 distinct public images, so a public set of at least k-1)."""
 
     Config = InstaHideConfig
     sign_flip = True
+
+    @property
+    def mixes_within_batch(self) -> bool:
+        return self.config.mode == "intra"
 
     def __init__(
         self, k: int = 4, max_coeff: float = 0.65, mode: str = "intra", public: str | Tensor | None = None, *,
@@ -111,6 +173,13 @@ class InstaHide(_InputEncoding):
             if self._public_tensor is None:
                 with np.load(self.config.public) as d:
                     self._public_tensor = from_array(d["x"], np.zeros(len(d["x"])))[0]
+            self._check_public()
+
+    def _check_public(self) -> None:
+        size, k = self._public_tensor.shape[0], self.config.k
+        if size < k - 1:
+            raise ConfigError(f"instahide.public: the public set has {size} images; mode 'inter' with k={k} needs at "
+                              f"least k-1 = {k - 1} (distinct partners per mix)")
 
     def _mix(self, x, soft, coeffs, gen):
         if self.config.mode == "intra":
@@ -118,8 +187,9 @@ class InstaHide(_InputEncoding):
         public = self._public_tensor.to(x.device, x.dtype)
         if public.shape[1:] != x.shape[1:]:
             raise ConfigError(f"instahide.public: public images have shape {tuple(public.shape[1:])}, private {tuple(x.shape[1:])}")
+        self._check_public()
         n, k = x.shape[0], self.config.k
-        idx = torch.randint(0, public.shape[0], (n, k - 1), generator=gen).to(x.device)
+        idx = public_partners(n, k, public.shape[0], gen).to(x.device)
         pool = torch.cat([x, public])
         partners = torch.cat([torch.arange(n, device=x.device)[:, None], idx + n], 1)
         encoded = mix(pool, partners, coeffs)
