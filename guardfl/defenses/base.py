@@ -85,6 +85,9 @@ class Defense:
     #: Where the defense acts: "gradient" (the optimizer step, ``guardfl.wrap``), "dp" (DP-SGD through
     #: Opacus) or "input" (an input encoding of the data loader); the last two need ``guardfl.protect``.
     stage: ClassVar[str] = "gradient"
+    #: Whether the defense draws randomness (two applications to the same gradient can differ). The red
+    #: team's learned attacks redraw randomised defenses; deterministic ones need one draw.
+    randomized: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         kind = self.Config.model_fields["kind"].default

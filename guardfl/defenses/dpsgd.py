@@ -41,6 +41,7 @@ class DPSGDConfig(DefenseConfig):
 @register
 class DPSGD(Defense):
     """DP-SGD through Opacus (clipping, Gaussian noise, Poisson sampling, epsilon accounting)."""
+    randomized = True
 
     Config = DPSGDConfig
     stage = "dp"

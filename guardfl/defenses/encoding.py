@@ -72,6 +72,7 @@ _DROP_LAST = "pass drop_last=True to the DataLoader to drop a short last batch"
 
 
 class _InputEncoding(Defense):
+    randomized = True
     stage = "input"
     sign_flip = False
 

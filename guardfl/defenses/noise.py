@@ -29,6 +29,7 @@ class LaplaceNoiseConfig(DefenseConfig):
 
 
 class _AdditiveNoise(Defense):
+    randomized = True
     def _std(self) -> float:
         raise NotImplementedError
 

@@ -84,6 +84,7 @@ def outpost_layer_(grad: Tensor, std: float, prune: float, phi: float, generator
 @register
 class Outpost(Defense):
     """Outpost, Algorithm 1 of Wang et al. 2024 (defaults: beta 0.1, phi 40%, rho 80%, lambda 0.8)."""
+    randomized = True
 
     Config = OutpostConfig
     needs_params = True

@@ -62,6 +62,10 @@ class Stack(Defense):
     def needs_params(self) -> bool:  # type: ignore[override]
         return any(m.needs_params for m in self.members)
 
+    @property
+    def randomized(self) -> bool:  # type: ignore[override]
+        return any(m.randomized for m in self.members)
+
     def apply_(self, grads, ctx: StepContext | None = None) -> tuple[StageStats, ...]:
         ctx = ctx if ctx is not None else StepContext()
         self._handle_nonfinite(grads, ctx)

@@ -86,3 +86,22 @@ def test_configs_are_frozen():
     d = from_config({"kind": "gradprune", "ratio": 0.9})
     with pytest.raises(Exception):
         d.config.ratio = 0.1
+
+
+@pytest.mark.parametrize("config, random", [
+    ({"kind": "identity"}, False), ({"kind": "gradprune", "ratio": 0.5}, False), ({"kind": "sign"}, False),
+    ({"kind": "gaussian", "sigma": 0.1}, True), ({"kind": "laplace", "scale": 0.1}, True), ({"kind": "outpost"}, True),
+    ({"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5}, {"kind": "sign"}]}, False),
+    ({"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5}, {"kind": "gaussian", "sigma": 0.1}]}, True),
+])
+def test_randomized_declares_whether_two_applications_can_differ(config, random):
+    """The red team's learned attacks redraw randomised defenses only: the flag must tell the truth."""
+    import torch
+
+    defense = from_config(config)
+    assert defense.randomized is random
+    g = [torch.randn(30, 20, generator=torch.Generator().manual_seed(0)), torch.randn(20)]
+    p = [torch.randn(30, 20), torch.randn(20)]
+    a, _ = defense(g, p)
+    b, _ = defense(g, p)
+    assert (not all(torch.equal(u, v) for u, v in zip(a, b))) is random
