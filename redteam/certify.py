@@ -1,9 +1,15 @@
-"""Certification: simulate the deployed client, run every configured attack on what it transmits,
+"""Certification: simulate the deployed client, run every applicable attack on what it transmits,
 measure what comes back, and compare the worst case with the thresholds.
 
+``certify`` reads as a recipe: resolve the strength, load the private and auxiliary data (refusing
+overlap), observe the client, plan the attacks from the registry (every registered attack is listed in
+the certificate: ran, or not applicable with the reason), prepare the attacks that need a once-per-setting
+step (cached under ``OUT/state/prepared``), attack every batch, check the thresholds, write the report.
+
 Each (client batch, attack) pair is one job whose result is written atomically under ``OUT/state/``;
-``resume=True`` reuses finished jobs (same config hash) and runs only the rest. The client's
-observation for a batch is saved too, so that a resumed run attacks the very update the first run saw.
+``resume=True`` reuses finished jobs and prepared attacks (same config hash) and runs only the rest. The
+client's observation for a batch is saved too, so that a resumed run attacks the very update the first
+run saw. An attack that raises fails the run (``AttackFailed``, exit 2): it never drops out of a verdict.
 """
 
 from __future__ import annotations
@@ -22,25 +28,17 @@ import torch
 
 import guardfl
 from guardfl.defenses import from_config
-from guardfl.errors import ConfigError
+from guardfl.errors import ConfigError, GuardflError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
 from guardfl.redteam import metrics
-from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
+from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers, simulate_client
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
 from guardfl.redteam.models import build_model, set_model_state
 from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
 from guardfl.redteam.threat import ThreatModel
-
-#: default budgets of ``attacks: all`` (CPU-friendly; raise them in the config for a GPU)
-DEFAULT_BUDGETS: dict[str, dict[str, Any]] = {
-    "dlg": {"iterations": 300},
-    "idlg": {"iterations": 300},
-    "inverting_gradients": {"iterations": 1000, "restarts": 4},
-    "gradinversion": {"iterations": 1000, "restarts": 4, "group_every": 100},
-}
-
 
 @dataclass
 class Certificate:
@@ -54,6 +52,14 @@ class Certificate:
     lpips: dict[str, Any]
     #: what was attacked: a simulated client, or the user's ClientApp / train_fn (per batch: steps, samples)
     client: dict[str, Any] = field(default_factory=dict)
+    #: 'quick' or 'paper' (the budgets every attack ran with)
+    strength: str = "quick"
+    #: every registered attack: ran / not applicable (reason) / not requested, its budget vs the paper's
+    attacks: list[dict[str, Any]] = field(default_factory=list)
+    #: once-per-setting preparations (e.g. the trained inverter): key, cached, seconds, what was learned
+    preparations: dict[str, Any] = field(default_factory=dict)
+    #: per batch, the metrics of the attacker's prior guess (mean auxiliary image, no update used)
+    priors: dict[str, Any] = field(default_factory=dict)
     reconstructions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     originals: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -88,16 +94,76 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def plan_attacks(cfg: RedTeamConfig, has_bn: bool) -> list[AttackSection]:
-    """The configured attacks, or for ``all`` every attack at the strongest threat: labels known, the
-    defense's configuration known, BN statistics exact when the model has BatchNorm."""
-    if cfg.attacks is not None:
-        return list(cfg.attacks)
-    threat = ThreatSection(labels="known", bn="exact" if has_bn else "none", defense="known", fedavg="known")
-    plans = [AttackSection(name=name, budget=budget, threat=threat) for name, budget in DEFAULT_BUDGETS.items()]
-    # iDLG's point is label restoration: run it with inferred labels
-    plans[1] = AttackSection(name="idlg", budget=DEFAULT_BUDGETS["idlg"], threat=threat.model_copy(update={"labels": "inferred"}))
-    return plans
+def resolve_strength(strength: str, device: torch.device) -> str:
+    """'auto' is 'paper' on a GPU and 'quick' on a CPU."""
+    if strength == "auto":
+        return "paper" if device.type == "cuda" else "quick"
+    if strength not in ("quick", "paper"):
+        raise ConfigError(f"strength: {strength!r}; allowed: 'auto', 'quick' or 'paper'")
+    return strength
+
+
+def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxData | None,
+                 ) -> tuple[list[AttackSection], list[dict[str, Any]]]:
+    """The attacks to run, and a line for every registered attack (the certificate's ``attacks``).
+
+    ``attacks: all``: every registered attack, at the strongest threat (labels known, the defense's
+    configuration known, BN statistics exact when the model has BatchNorm, FedAvg hyperparameters known,
+    the auxiliary data when there is some) adjusted by the attack's own ``default_threat`` (iDLG restores
+    labels), with its budget for ``strength``; those that do not apply are listed with the reason.
+    Configured attacks: their threat and budget (over the strength's budget); one that does not apply to
+    this setting is a config error."""
+    listing: list[dict[str, Any]] = []
+    plans: list[AttackSection] = []
+    if cfg.attacks is None:
+        strongest = ThreatSection(labels="known", bn="exact" if bn_layers(setting.model) else "none",
+                                  defense="known", fedavg="known")
+        candidates = [(name, {}, strongest.model_copy(update=cls.default_threat))
+                      for name, cls in sorted(attack_registry.ATTACKS.items())]
+    else:
+        candidates = [(a.name, a.budget, a.threat) for a in cfg.attacks]
+    for i, (name, overrides, threat) in enumerate(candidates):
+        cls = attack_registry.ATTACKS[name]
+        budget = {**cls.budget_for(strength), **overrides}
+        reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux))
+        line = {"attack": name, "threat": threat.model_dump(), "budget": budget, "strength": strength,
+                "paper_budget": cls.budget_for("paper"), "paper_reference": cls.paper_budget}
+        if reason is not None:
+            if cfg.attacks is not None:
+                raise ConfigError(f"attacks[{i}] {name}: not applicable to this client: {reason}")
+            line.update(status="not applicable", reason=reason)
+        else:
+            line.update(status="ran")
+            plans.append(AttackSection(name=name, budget=budget, threat=threat))
+        listing.append(line)
+    for name in sorted(attack_registry.ATTACKS):
+        if not any(line["attack"] == name for line in listing):
+            listing.append({"attack": name, "status": "not requested", "reason": "not in the config's attacks list"})
+    return plans, listing
+
+
+def load_aux(cfg: RedTeamConfig) -> AuxData | None:
+    """The attacker's auxiliary data from the config's ``aux`` section (None without one)."""
+    a = cfg.aux
+    if a is None:
+        return None
+    k = cfg.model.num_classes
+
+    def take(section, limit):
+        need = section.offset + limit if limit else None
+        x, y = data_mod.load(section.source, root=section.root, path=section.path, download=section.download,
+                             image_size=section.image_size or cfg.data.image_size, num_classes=k, limit=need)
+        x, y = x[section.offset : need], y[section.offset : need]
+        if not len(x):
+            raise ConfigError(f"aux: {section.source} has no images from offset {section.offset}")
+        return x, y
+
+    images, labels = (take(a, a.limit) if a.source is not None else (torch.zeros(0), torch.zeros(0, dtype=torch.long)))
+    ood = take(a.ood, a.ood.limit)[0] if a.ood is not None else None
+    if len(labels) and int(labels.max()) >= k:
+        raise ConfigError(f"aux: {a.source} has label {int(labels.max())} but model.num_classes={k}")
+    return AuxData(images, labels, ood=ood, ood_samples=a.ood.samples if a.ood is not None else 0,
+                   name=f"{a.source or ''}{'+ood:' + a.ood.source if a.ood else ''}")
 
 
 def _protocol(cfg: RedTeamConfig):
@@ -107,35 +173,57 @@ def _protocol(cfg: RedTeamConfig):
     return FedAvg(epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
 
 
-def _checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool) -> list[dict]:
-    """Each threshold against the worst case (most leakage) over attacks and images."""
+def prior_guess(aux: AuxData | None) -> torch.Tensor | None:
+    """The attacker's best guess without looking at the update: the mean auxiliary image (in-distribution
+    images when it has them, else its OOD images). None without auxiliary data."""
+    if aux is None:
+        return None
+    return (aux.images if len(aux.images) else aux.ood).mean(0)
+
+
+def _checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool,
+            priors: dict[int, list[dict]] | None = None) -> list[dict]:
+    """Each threshold against the worst case (most leakage) over attacks and images. With a prior (the
+    attacker's no-update guess) and ``prior_margin``, an image counts against max_ssim / max_psnr only when
+    the reconstruction also beats the prior on it by more than the margin: the threshold of image i is
+    ``max(threshold, prior_i + margin)``, and the worst case is the largest excess over it."""
     c = cfg.certify
     specs = [("ssim", c.max_ssim, "max"), ("psnr", c.max_psnr, "max"), ("lpips", c.min_lpips, "min"), ("label_acc", c.max_label_acc, "max")]
     ran = [r for r in results if r.get("metrics")]
+    margin = {"ssim": c.prior_margin, "psnr": None if c.prior_margin is None else 40 * c.prior_margin}  # 0.05 -> 2 dB
     checks = []
     for metric, threshold, kind in specs:
         if threshold is None:
             continue
-        worst, where = None, None
+        worst, where, excess_worst = None, None, None
         for r in ran:
             if metric == "label_acc":
-                rows = [(r["metrics"]["summary"].get("label_acc"), None)]
+                rows = [(r["metrics"]["summary"].get("label_acc"), None, threshold)]
             else:
-                rows = [(p.get(metric), p["index"]) for p in r["metrics"]["per_image"]]
-            for value, index in rows:
+                rows = []
+                for p in r["metrics"]["per_image"]:
+                    limit = threshold
+                    prior = (priors or {}).get(r["batch"])
+                    if prior is not None and margin.get(metric) is not None and p.get(metric) is not None:
+                        limit = max(threshold, prior[p["index"]][metric] + margin[metric])
+                    rows.append((p.get(metric), p["index"], limit))
+            for value, index, limit in rows:
                 if value is None:
                     continue
-                leaks_more = worst is None or (value > worst if kind == "max" else value < worst)
-                if leaks_more:
-                    worst, where = value, {"batch": r["batch"], "attack": r["attack"], "image": index}
+                excess = (value - limit) if kind == "max" else (limit - value)
+                if excess_worst is None or excess > excess_worst:
+                    excess_worst, worst = excess, value
+                    where = {"batch": r["batch"], "attack": r["attack"], "image": index, "threshold_here": limit}
         check = {"metric": metric, "threshold": threshold, "rule": f"{'<=' if kind == 'max' else '>='} {threshold}",
                  "worst": worst, "where": where}
+        if priors and margin.get(metric) is not None:
+            check["rule"] += f" (or within {margin[metric]:g} of the prior guess)"
         if metric == "lpips" and not lpips_available:
             check.update(passed=False, note="LPIPS unavailable: the threshold cannot be verified")
         elif worst is None:
             check.update(passed=False, note="no attack produced this metric")
         else:
-            check["passed"] = bool(worst <= threshold if kind == "max" else worst >= threshold)
+            check["passed"] = bool(excess_worst <= 0)
         checks.append(check)
     if not ran:
         checks.append({"metric": "attacks", "passed": False, "note": "no attack could run against this client"})
@@ -149,59 +237,53 @@ def certify(
     device: str | None = None,
     resume: bool = False,
     progress: bool = False,
+    strength: str | None = None,
 ) -> Certificate:
-    """Run the red team described by ``config``; write results under ``out`` when given."""
+    """Run the red team described by ``config``; write results under ``out`` when given.
+    ``strength`` ('quick', 'paper', 'auto') overrides the config's."""
     cfg = config if isinstance(config, RedTeamConfig) else load_config(config)
     started = time.time()
     dev = resolve_device(device or cfg.device)
+    level = resolve_strength(strength or cfg.strength, dev)
     out_dir = Path(out) if out is not None else None
     state = out_dir / "state" if out_dir is not None else None
-    digest = cfg.digest()
+    digest = cfg.digest(level)
     if state is not None:
         _prepare_state(state, digest, resume)
 
     with on_path(cfg.target.app_dir if cfg.target is not None else None):
-        source = _BatchSource(cfg, state)
-        model = source.model
-        plans = plan_attacks(cfg, bool(bn_layers(model)))
+        aux = load_aux(cfg)
+        source = _BatchSource(cfg, state, aux)
+        setting = source.setting()
+        plans, listing = plan_attacks(cfg, setting, level, aux)
+        runner = _AttackRunner(cfg, setting, aux, dev, progress, state)
         results, recon, originals = [], {}, {}
         jobs = [(b, i, plan) for b in range(cfg.certify.batches) for i, plan in enumerate(plans)]
         bar = _bar(progress, len(jobs))
         for b, i, plan in jobs:
             job = f"b{b}-{i}-{plan.name}"
-            done = _load_job(state, job) if state is not None else None
             if b not in originals:
                 originals[b] = source.inputs(b)
-            if done is not None:
-                results.append(done[0])
-                recon[job] = done[1]
-                bar and bar.update(1)
-                continue
-            obs, x, y = source.batch(b)
-            threat = ThreatModel(**plan.threat.model_dump())
-            budget = {"seed": cfg.seed + b, **plan.budget, "device": str(dev), "progress": progress}
-            attack = attack_registry.get(plan.name, **budget)
-            record: dict[str, Any] = {"job": job, "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
-                                      "budget": {k: v for k, v in budget.items() if k != "progress"}}
-            t0 = time.time()
-            try:
-                rec = attack.reconstruct(obs, threat)
-            except ValueError as err:  # the attack does not apply to this setting
-                record.update(skipped=str(err), seconds=time.time() - t0)
-                rec = None
-            if rec is not None:
-                m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=cfg.certify.lpips_weights)
-                record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
-                              info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
-                recon[job] = rec.inputs.detach().cpu()
-            if state is not None:
-                _save_job(state, job, record, recon.get(job))
-            results.append(record)
+            done = _load_job(state, job) if state is not None else None
+            if done is None:
+                obs, x, y = source.batch(b)
+                done = runner.run(job, b, i, plan, obs, x, y)
+                if state is not None:
+                    _save_job(state, job, *done)
+            results.append(done[0])
+            recon[job] = done[1]
             bar and bar.update(1)
     bar and bar.close()
 
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
-    checks = _checks(cfg, results, lp.available)
+    prior = prior_guess(aux)
+    priors = {}
+    if prior is not None:
+        for b, x in originals.items():
+            m = metrics.evaluate(prior.expand_as(x).clone(), x, data_range=cfg_range(source, b))
+            priors[b] = m["per_image"]
+            recon[f"b{b}-prior"] = prior.expand_as(x).clone()
+    checks = _checks(cfg, results, lp.available, priors)
     cert = Certificate(
         certified=all(c["passed"] for c in checks),
         checks=checks,
@@ -212,9 +294,14 @@ def certify(
         environment={
             "guardfl": guardfl.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "threads": torch.get_num_threads(),
         },
         wall_time_s=time.time() - started,
         lpips={"available": lp.available, "reason": lp.reason},
+        strength=level,
+        attacks=listing,
+        preparations=runner.preparations,
+        priors={str(b): p for b, p in priors.items()},
         reconstructions=recon,
         originals=originals,
     )
@@ -224,6 +311,55 @@ def certify(
         atomic_write(out_dir / "certificate.json", json.dumps(cert.to_dict(), indent=2, default=str))
         write_report(cert, out_dir)
     return cert
+
+
+def cfg_range(source: "_BatchSource", b: int) -> tuple[float, float]:
+    return source.batch(b)[0].input_range if source.target is not None else (0.0, 1.0)
+
+
+class _AttackRunner:
+    """Runs one (batch, attack) job: builds the attack with its budget, prepares it once per plan (from
+    the cache when a killed run already did), reconstructs, measures. Any error of the attack is an
+    ``AttackFailed`` (the run fails), never a skipped row."""
+
+    def __init__(self, cfg: RedTeamConfig, setting: Setting, aux: AuxData | None, device: torch.device,
+                 progress: bool, state: Path | None) -> None:
+        self.cfg, self.setting, self.aux, self.device, self.progress = cfg, setting, aux, device, progress
+        self.cache = PreparedCache(state / "prepared" if state is not None else None)
+        self.prepared: dict[int, Any] = {}
+        self.preparations: dict[str, Any] = {}
+
+    def _attack(self, plan: AttackSection, i: int, b: int):
+        cls = attack_registry.ATTACKS[plan.name]
+        # a prepared attack keeps one seed for every batch (its preparation is shared); the others get a
+        # different seed per batch (different restarts)
+        seed = self.cfg.seed if cls.capabilities.prepares else self.cfg.seed + b
+        budget = {"seed": seed, **plan.budget, "device": str(self.device), "progress": self.progress}
+        return attack_registry.get(plan.name, **budget), budget
+
+    def run(self, job: str, b: int, i: int, plan: AttackSection, obs: Observation, x: torch.Tensor, y: torch.Tensor):
+        attack, budget = self._attack(plan, i, b)
+        threat = ThreatModel(**plan.threat.model_dump(), aux=self.aux)
+        record: dict[str, Any] = {"job": job, "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
+                                  "budget": {k: v for k, v in budget.items() if k != "progress"}}
+        t0 = time.time()
+        try:
+            if attack.capabilities.prepares:
+                # the first preparation of a plan is the one that trained (or loaded a killed run's state);
+                # later batches reuse it from memory
+                attack.prepare(self.setting, threat, cache=self.cache,
+                               on_done=lambda info: self.preparations.setdefault(f"{i}-{plan.name}", info))
+            rec = attack.reconstruct(obs, threat)
+            m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=self.cfg.certify.lpips_weights)
+        except (KeyboardInterrupt, GuardflError) as err:
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            raise AttackFailed(f"attack {plan.name} failed on client batch {b}: {err}") from err
+        except Exception as err:
+            raise AttackFailed(f"attack {plan.name} failed on client batch {b}: {type(err).__name__}: {err}") from err
+        record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
+                      info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
+        return record, rec.inputs.detach().cpu()
 
 
 def _prepare_state(state: Path, digest: str, resume: bool) -> None:
@@ -244,10 +380,11 @@ class _BatchSource:
     """Where each certified batch comes from: the simulated client (``simulate_client`` on the data
     section's images), or the user's ``target`` (a ClientApp fed the global model, or a train_fn fed the
     data section's images). Each batch's observation and ground truth are saved under ``OUT/state`` so a
-    resumed run attacks the very update the first run saw."""
+    resumed run attacks the very update the first run saw. Auxiliary data that shares an image with any
+    private batch is refused (content hashes): up front for simulated clients, per batch for targets."""
 
-    def __init__(self, cfg: RedTeamConfig, state: Path | None) -> None:
-        self.cfg, self.state = cfg, state
+    def __init__(self, cfg: RedTeamConfig, state: Path | None, aux: AuxData | None = None) -> None:
+        self.cfg, self.state, self.aux = cfg, state, aux
         self.target = cfg.target
         self._cache: dict[int, tuple[Observation, torch.Tensor, torch.Tensor]] = {}
         self._runs: dict[int, dict[str, Any]] = {}
@@ -260,6 +397,9 @@ class _BatchSource:
         else:
             self._load_data()
             in_shape = tuple(self.x_all.shape[1:])
+            if aux is not None:
+                lo = cfg.data.offset
+                aux.check_disjoint(self.x_all[lo : lo + cfg.certify.batches * cfg.client.n])
         self.model = build_model(cfg.model.name, in_shape, cfg.model.num_classes)
         set_model_state(self.model, cfg.model.state, seed=cfg.seed)
         if self.target is not None:
@@ -311,6 +451,8 @@ class _BatchSource:
             self._runs[b] = {"kind": "simulated", "samples": int(x.shape[0])}
         else:
             obs, x, y = self._run_target(b)
+            if self.aux is not None:
+                self.aux.check_disjoint(x, obs.input_range)
         if path is not None:
             _atomic_torch_save({"observation": obs, "inputs": x, "labels": y, "run": self._runs[b]}, path)
         self._cache[b] = (obs, x, y)
@@ -336,6 +478,11 @@ class _BatchSource:
         self._runs[b] = {"kind": field_name.split(".")[1], "ref": t.clientapp or t.train_fn, "samples": int(run.inputs.shape[0]),
                          "steps": run.steps, "batch_sizes": run.batch_sizes, **extra}
         return run.observation, run.inputs, run.labels
+
+    def setting(self) -> Setting:
+        """What every batch shares (model, protocol, geometry, the defense as configured): from batch 0."""
+        obs = self.batch(0)[0]
+        return Setting.of(obs)
 
     def describe(self) -> dict[str, Any]:
         if self.target is None:

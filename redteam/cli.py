@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", required=True, help="red-team YAML (see configs/)")
     p.add_argument("--out", default="redteam-out", help="output folder (certificate.json, report.html, PNGs)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="overrides the config's device")
+    p.add_argument("--strength", choices=["auto", "quick", "paper"], default=None,
+                   help="attack budgets: quick (fits 2 CPU cores), paper (published budgets), auto (paper on a GPU); "
+                        "overrides the config's")
     p.add_argument("--resume", action="store_true", help="continue a killed run: finished attacks are kept")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -25,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from guardfl.redteam.data import DataError
 
     try:
-        cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet)
+        cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
+                       strength=args.strength)
     except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
         if args.debug:
             traceback.print_exc()
@@ -41,5 +45,8 @@ def run(args: argparse.Namespace) -> int:
         worst = c.get("worst")
         worst = f"{worst:.3f}" if isinstance(worst, float) else worst
         print(f"  [{status}] {c['metric']} {c.get('rule', '')}: worst {worst} {c.get('note', '')}".rstrip())
-    print(f"{cert.verdict}  ({cert.wall_time_s:.0f}s)  report: {args.out}/report.html")
+    skipped = [a for a in cert.attacks if a["status"] == "not applicable"]
+    for a in skipped:
+        print(f"  [n/a ] {a['attack']}: {a['reason']}")
+    print(f"{cert.verdict}  ({cert.wall_time_s:.0f}s, strength {cert.strength})  report: {args.out}/report.html")
     return 0 if cert.certified else 1

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 import guardfl
 from guardfl.defenses import Defense, Identity, from_config
+from guardfl.redteam.auxdata import content_hashes
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class SideKnowledge:
     bn_batch_stats: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     #: the defense's ``last_stats`` per local step (client logs, for reports)
     defense_stats: list[dict] = field(default_factory=list)
+    #: content hashes of the private inputs (to refuse auxiliary data that overlaps them; never granted)
+    input_hashes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -83,6 +86,8 @@ class Observation:
     #: BatchNorm running statistics the client releases with its model after local training
     released_bn_stats: list[tuple[Tensor, Tensor]]
     side: SideKnowledge
+    #: whether the client trained in train mode (BatchNorm on batch statistics, dropout on)
+    train_mode: bool = True
 
     @property
     def batch_size(self) -> int:
@@ -105,7 +110,9 @@ class Observation:
             input_range=self.input_range,
             defense_config=self.defense_config,
             released_bn_stats=mv(self.released_bn_stats),
-            side=SideKnowledge(self.side.labels.to(device), mv(self.side.bn_batch_stats), self.side.defense_stats),
+            side=SideKnowledge(self.side.labels.to(device), mv(self.side.bn_batch_stats), self.side.defense_stats,
+                               self.side.input_hashes),
+            train_mode=self.train_mode,
         )
 
 
@@ -205,6 +212,8 @@ def simulate_client(
         input_range=input_range,
         defense_config=None if defense is None else defense_obj.config.model_dump(mode="json"),
         released_bn_stats=released,
-        side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(records), defense_stats=stats),
+        side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(records), defense_stats=stats,
+                           input_hashes=tuple(content_hashes(inputs, input_range))),
+        train_mode=train_mode,
     )
 

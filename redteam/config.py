@@ -26,16 +26,47 @@ class ModelSection(StrictModel):
     )
 
 
-class DataSection(StrictModel):
-    source: Literal["lfw-faces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz"] = Field(
-        default="lfw-faces",
-        json_schema_extra={"allowed": "lfw-faces, cifar10, cifar100, mnist, fashion-mnist, imagefolder, npz"},
-    )
+SOURCES = ("lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz")
+SourceName = Literal["lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz"]
+_SOURCE_HELP = {"allowed": ", ".join(SOURCES)}
+
+
+class _Source(StrictModel):
+    """Where images come from (the same sources for private, auxiliary and OOD data)."""
+
     root: str | None = None
     path: str | None = None
     download: bool = False
     image_size: int | None = Field(default=None, ge=4, json_schema_extra={"allowed": "null or an integer >= 4"})
     offset: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
+
+
+class DataSection(_Source):
+    source: SourceName = Field(default="lfw-faces", json_schema_extra=_SOURCE_HELP)
+
+
+class OODSection(_Source):
+    """Out-of-distribution images of the attacker: used as they are (random labels) and to fit LTI-OOD's
+    DCT Gaussian, from which ``samples`` pseudo-images are drawn (Wu et al. 2023, Sec. 4.1.3)."""
+
+    source: SourceName = Field(json_schema_extra=_SOURCE_HELP)
+    limit: int | None = Field(default=None, ge=2, json_schema_extra={"allowed": "null (all) or an integer >= 2"})
+    samples: int = Field(default=2000, ge=0, json_schema_extra={"allowed": "an integer >= 0 (pseudo-images)"})
+
+
+class AuxSection(_Source):
+    """The attacker's auxiliary data (public, disjoint from the client's private images: checked by content):
+    in-distribution images (``source``, from ``offset``, at most ``limit``) and/or ``ood`` images."""
+
+    source: SourceName | None = Field(default=None, json_schema_extra={"allowed": "null (OOD only) or " + _SOURCE_HELP["allowed"]})
+    limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1"})
+    ood: OODSection | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> "AuxSection":
+        if self.source is None and self.ood is None:
+            raise ValueError("give in-distribution images (source) or OOD images (ood), or both")
+        return self
 
 
 class ClientSection(StrictModel):
@@ -116,6 +147,11 @@ class CertifySection(StrictModel):
     max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     batches: int = Field(default=2, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     lpips_weights: str | None = None
+    #: with auxiliary data the attacker's prior guess (the mean auxiliary image, no update used) can
+    #: already resemble a private image (aligned faces: SSIM ~0.5); a reconstruction then counts against
+    #: max_ssim / max_psnr only if it also beats that prior on the image by more than this margin.
+    #: null: absolute thresholds only.
+    prior_margin: float | None = Field(default=0.05, ge=0, json_schema_extra={"allowed": "null or >= 0"})
 
     @model_validator(mode="after")
     def _some_threshold(self) -> "CertifySection":
@@ -136,6 +172,10 @@ class RedTeamConfig(StrictModel):
     #: the attacks to run; null (or "all" in YAML) = every attack applicable to the setting
     attacks: list[AttackSection] | None = None
     certify: CertifySection = Field(default_factory=CertifySection)
+    #: the attacker's auxiliary data (learned attacks such as learned_inversion need it)
+    aux: AuxSection | None = None
+    #: attack budgets: 'quick' (fits 2 CPU cores), 'paper' (the published budgets), 'auto' (paper on a GPU)
+    strength: Literal["auto", "quick", "paper"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'quick' or 'paper'"})
     seed: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
     device: str = Field(default="auto", json_schema_extra={"allowed": "'auto', 'cpu' or 'cuda'"})
 
@@ -170,9 +210,11 @@ class RedTeamConfig(StrictModel):
                              "(choose the client's data with target.node_config / run_config)")
         return self
 
-    def digest(self) -> str:
-        """A hash of the settings that determine the results (resume refuses a different config)."""
+    def digest(self, strength: str | None = None) -> str:
+        """A hash of the settings that determine the results (resume refuses a different config);
+        ``strength``: the resolved strength (an 'auto' config resolves by device)."""
         payload = self.model_dump(mode="json", exclude={"device"})
+        payload["strength"] = strength or self.strength
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -27,11 +27,23 @@ def lfw_faces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
     return x, torch.arange(len(x)) % num_classes
 
 
+def lfw_nonfaces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
+    """The 100 NON-face images of ``skimage.data.lfw_subset()`` (25x25 grey patches of LFW backgrounds):
+    out-of-distribution data for an attacker targeting faces. Labels are synthetic (``i % num_classes``)."""
+    import skimage.data
+
+    patches = skimage.data.lfw_subset()[100:200]
+    x = torch.from_numpy(np.ascontiguousarray(patches)).float().unsqueeze(1)
+    return x, torch.arange(len(x)) % num_classes
+
+
 def load(source: str, *, root: str | None = None, path: str | None = None, download: bool = False,
          image_size: int | None = None, num_classes: int = 10, limit: int | None = None) -> tuple[Tensor, Tensor]:
-    """Load ``source``: lfw-faces, cifar10, cifar100, mnist, fashion-mnist, imagefolder or npz."""
+    """Load ``source``: lfw-faces, lfw-nonfaces, cifar10, cifar100, mnist, fashion-mnist, imagefolder or npz."""
     if source == "lfw-faces":
         x, y = lfw_faces(num_classes)
+    elif source == "lfw-nonfaces":
+        x, y = lfw_nonfaces(num_classes)
     elif source in TORCHVISION:
         import torchvision
 

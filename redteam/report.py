@@ -57,6 +57,9 @@ def write_report(cert: Certificate, out: Path) -> None:
     sections = []
     for b, originals in sorted(cert.originals.items()):
         rows, labels = [originals], ["original"]
+        if cert.reconstructions.get(f"b{b}-prior") is not None:
+            rows.append(cert.reconstructions[f"b{b}-prior"])
+            labels.append("prior guess (mean aux image, no update: a baseline, not an attack)")
         for r in cert.results:
             if r["batch"] == b and cert.reconstructions.get(r["job"]) is not None:
                 rows.append(cert.reconstructions[r["job"]])
@@ -68,14 +71,16 @@ def write_report(cert: Certificate, out: Path) -> None:
         legend = " / ".join(html.escape(x) for x in labels)
         table = ["<tr><th>attack</th><th>threat</th><th>SSIM mean</th><th>SSIM best</th><th>PSNR best</th>"
                  "<th>LPIPS best</th><th>label acc</th><th>time (s)</th></tr>"]
+        prior = cert.priors.get(str(b))
+        if prior:
+            ssims = [p["ssim"] for p in prior]
+            table.append(f"<tr><td><i>prior guess</i></td><td>no update used</td><td>{_fmt(sum(ssims) / len(ssims))}</td>"
+                         f"<td>{_fmt(max(ssims))}</td><td>{_fmt(max(p['psnr'] for p in prior))}</td><td colspan=3>baseline: "
+                         "what the attacker's auxiliary data alone gives</td></tr>")
         for r in cert.results:
             if r["batch"] != b:
                 continue
             threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
-            if r.get("skipped"):
-                table.append(f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td>"
-                             f"<td colspan=6>skipped: {html.escape(r['skipped'])}</td></tr>")
-                continue
             s = r["metrics"]["summary"]
             get = lambda k, f: None if s.get(k) is None else s[k][f]  # noqa: E731
             table.append(
@@ -96,6 +101,19 @@ def write_report(cert: Certificate, out: Path) -> None:
     client = cert.client or {}
     attacked = (f"the user's {client.get('kind')} <code>{html.escape(str(client.get('ref')))}</code>"
                 if client.get("kind") in ("clientapp", "train_fn") else "guardfl's client simulation")
+    attack_rows = "".join(
+        f"<tr class={'pass' if a['status'] == 'ran' else ''}><td>{html.escape(a['attack'])}</td>"
+        f"<td>{html.escape(a['status'])}{(': ' + html.escape(a['reason'])) if a.get('reason') else ''}</td>"
+        f"<td><code>{html.escape(json.dumps(a.get('budget', {})))}</code></td>"
+        f"<td><code>{html.escape(json.dumps(a.get('paper_budget', {})))}</code></td>"
+        f"<td>{html.escape(a.get('paper_reference', ''))}</td></tr>"
+        for a in cert.attacks
+    )
+    prep_html = ""
+    if cert.preparations:
+        prep_html = ("<h2>Prepared attacks</h2><p>Once-per-setting preparations (e.g. the inverter trained on auxiliary "
+                     "data with the defense as augmentation); held-out figures are on auxiliary data, never on the "
+                     "client's.</p><pre>" + html.escape(json.dumps(cert.preparations, indent=2, default=str)) + "</pre>")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>guardfl red team: {cert.verdict}</title>
 <style>
@@ -106,7 +124,7 @@ tr.fail td {{ background: #fde7e7; }} tr.pass td {{ background: #e8f5ea; }}
 img {{ image-rendering: pixelated; border: 1px solid #ddd; }} .legend {{ color: #555; }}
 pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 </style></head><body>
-<div class="banner">{cert.verdict}</div>
+<div class="banner">{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small></div>
 <p>Attacked: {attacked}. {html.escape(client.get('note', ''))}<br>
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
@@ -114,6 +132,9 @@ Worst case over every attack and image; "best" = the most leaking image. LPIPS: 
 <h2>Thresholds</h2>
 <table><tr><th>metric</th><th>rule</th><th>worst measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
 {''.join(sections)}
+<h2>Attacks ({html.escape(cert.strength)} strength)</h2>
+<table><tr><th>attack</th><th>status</th><th>budget</th><th>paper budget</th><th>source of the paper budget</th></tr>{attack_rows}</table>
+{prep_html}
 <h2>Client runs</h2><pre>{html.escape(json.dumps(client.get('batches', {}), indent=2))}</pre>
 <h2>Run</h2>
 <pre>{html.escape(json.dumps({'config_hash': cert.config_hash, 'environment': cert.environment, 'wall_time_s': round(cert.wall_time_s, 1)}, indent=2))}</pre>

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from guardfl.errors import GuardflError
 from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.capture import Step, TrainingCapture
+from guardfl.redteam.auxdata import content_hashes
 from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs
 from guardfl.redteam.threat import defense_kinds
 
@@ -254,6 +255,7 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
         input_range=input_range,
         defense_config=defense_config,
         released_bn_stats=released,
-        side=SideKnowledge(labels=labels.clone(), bn_batch_stats=list(records), defense_stats=[]),
+        side=SideKnowledge(labels=labels.clone(), bn_batch_stats=list(records), defense_stats=[],
+                           input_hashes=tuple(content_hashes(inputs, input_range))),
     )
     return TargetRun(observation, inputs, labels, len(steps), batch_sizes)

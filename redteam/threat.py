@@ -8,12 +8,14 @@ configuration (never its randomness), and the FedAvg local hyperparameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 from torch import Tensor
 
 from guardfl.config import StrictModel
+from guardfl.errors import ConfigError
+from guardfl.redteam.auxdata import AuxData, content_hashes
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers
 
 
@@ -29,7 +31,12 @@ class ThreatModel(StrictModel):
     defense: ``known`` (the configuration, so the attack can use a defense-aware objective) or ``unknown``.
     fedavg: ``known`` (epochs, batch size, lr, momentum, weight decay: the attacker unrolls the local
         steps) or ``unknown`` (treat the delta as one gradient step: cosine matching is scale-free).
+    aux: auxiliary data the attacker holds (public images, disjoint from the client's): a torch
+        ``Dataset`` of (image, label), an ``(images, labels)`` pair of tensors in the client's input range,
+        or an ``AuxData`` (which can add OOD images for LTI-OOD). Learned attacks need it.
     """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     labels: Literal["known", "inferred"] = Field(default="inferred", json_schema_extra={"allowed": "'known' or 'inferred'"})
     bn: Literal["exact", "proxy", "infer", "none"] = Field(
@@ -37,6 +44,16 @@ class ThreatModel(StrictModel):
     )
     defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
+    aux: AuxData | None = Field(default=None, json_schema_extra={"allowed": "null, a torch Dataset or (images, labels)"})
+
+    @field_validator("aux", mode="before")
+    @classmethod
+    def _aux(cls, value: Any) -> AuxData | None:
+        return None if value is None else AuxData.from_any(value)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The threat as JSON-able data (auxiliary data by its content digest)."""
+        return {**self.model_dump(mode="json", exclude={"aux"}), "aux": self.aux.digest() if self.aux is not None else None}
 
     def knowledge(self, observation: Observation) -> "Knowledge":
         """The facts this threat model grants about ``observation``; clear errors for what is unavailable."""
@@ -52,6 +69,11 @@ class ThreatModel(StrictModel):
             if not observation.released_bn_stats:
                 raise ValueError(f"threat.bn={self.bn!r}: the client released no BatchNorm running statistics")
             bn_target = observation.released_bn_stats
+        if self.aux is not None and observation.side.input_hashes:
+            shared = set(observation.side.input_hashes) & set(content_hashes(self.aux.images, observation.input_range))
+            if shared:
+                raise ConfigError(f"threat.aux: {len(shared)} auxiliary image(s) are private images of this client; the "
+                                  "attacker's auxiliary data must be disjoint from the client's")
         protocol = observation.protocol
         if isinstance(protocol, FedAvg) and self.fedavg == "unknown":
             protocol = None  # the attacker treats the delta as a single gradient step
@@ -61,6 +83,7 @@ class ThreatModel(StrictModel):
             bn_target=bn_target,
             defense_config=observation.defense_config if self.defense == "known" else None,
             protocol=protocol,
+            aux=self.aux,
         )
 
 
@@ -73,6 +96,7 @@ class Knowledge:
     bn_target: list[tuple[Tensor, Tensor]] | None
     defense_config: dict | None
     protocol: FedSGD | FedAvg | None
+    aux: AuxData | None = None
 
 
 def defense_kinds(config: dict | None) -> list[dict]:

@@ -4,10 +4,13 @@
 >>> attack = attacks.get("inverting_gradients", iterations=500, restarts=4)
 """
 
-from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, infer_labels
+from guardfl.redteam.attacks.base import (
+    Attack, AttackConfig, AttackFailed, Capabilities, NotApplicable, PreparedCache, Reconstruction, Setting, infer_labels,
+)
 from guardfl.redteam.attacks.dlg import DLG, IDLG
 from guardfl.redteam.attacks.gradinversion import GradInversion
 from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
+from guardfl.redteam.attacks.learned_inversion import LearnedInversion
 from guardfl.redteam.attacks.registry import ATTACKS, available, get
 
 __all__ = [
@@ -16,6 +19,12 @@ __all__ = [
     "IDLG",
     "Attack",
     "AttackConfig",
+    "AttackFailed",
+    "Capabilities",
+    "LearnedInversion",
+    "NotApplicable",
+    "PreparedCache",
+    "Setting",
     "GradInversion",
     "InvertingGradients",
     "Reconstruction",

@@ -1,18 +1,140 @@
-"""The one small interface of every attack, its budget config, and shared helpers."""
+"""The one small interface of every attack, its budget config, its capabilities, and shared helpers.
+
+The lifecycle of an attack (what ``certify`` does, and what a Python user can do by hand):
+
+1. ``cls.applicable(setting, threat)``: from data the class declares (``capabilities``), whether the
+   attack can run against this setting at all, and if not, why (a planner filters, it does not catch).
+2. ``attack.prepare(setting, threat, cache=...)``: a once-per-setting step (train an inverter, ...)
+   reused for every private batch of the same setting. Its result is cached under a key of everything it
+   depends on; ``certify`` keeps that cache under ``OUT/state/prepared`` so ``--resume`` never redoes it.
+   Attacks without a preparation (the optimisation attacks) do nothing here.
+3. ``attack.reconstruct(observation, threat)``: one private batch. An error here is a failure of the run,
+   never a silent skip.
+
+Budgets: every attack declares its budgets per strength (``budgets["quick"]``: what fits the 2-core
+default; ``budgets["paper"]``: the published budget) and ``paper_budget``, a sentence naming the source.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, Callable, ClassVar
 
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from guardfl.config import StrictModel, validate
-from guardfl.redteam.client import FedAvg, Observation
+from guardfl.errors import GuardflError
+from guardfl.redteam.client import FedAvg, FedSGD, Observation
 from guardfl.redteam.threat import Knowledge, ThreatModel
+
+STRENGTHS = ("quick", "paper")
+
+
+class AttackFailed(GuardflError, RuntimeError):
+    """An attack raised while attacking a setting it declared itself applicable to (fails the run)."""
+
+
+class NotApplicable(GuardflError, ValueError):
+    """The attack cannot run against this setting (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an attack applies to, declared as data (torchattacks style) so a planner can filter.
+
+    protocols: the client protocols it attacks. max_samples: the most samples in one observation (None:
+    any). needs_aux: it needs auxiliary data in the threat model. prepares: it has a once-per-setting
+    ``prepare`` step. max_samples_inferred_labels: with labels inferred rather than granted, the most
+    samples it can restore labels for ("classes": one per class; None: any).
+    """
+
+    protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
+    max_samples: int | None = None
+    needs_aux: bool = False
+    prepares: bool = False
+    max_samples_inferred_labels: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What is fixed across the private batches of one certification: the public context of an
+    observation without the update itself (the global model, the protocol, the batch geometry, and the
+    defense's configuration as transmitted with the client's description)."""
+
+    model: nn.Module
+    protocol: FedSGD | FedAvg
+    num_samples: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+    input_range: tuple[float, float]
+    defense_config: dict | None
+    train_mode: bool = True
+
+    @classmethod
+    def of(cls, observation: Observation) -> "Setting":
+        return cls(observation.model, observation.protocol, observation.num_samples, tuple(observation.input_shape),
+                   observation.num_classes, tuple(observation.input_range), observation.defense_config,
+                   getattr(observation, "train_mode", True))
+
+    @property
+    def param_names(self) -> list[str]:
+        return [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything of the setting a prepared state depends on, as JSON-able data (model weights hashed)."""
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
+        return {
+            "model": type(self.model).__qualname__,
+            "weights": hashlib.sha256(buf.getvalue()).hexdigest(),
+            "protocol": repr(self.protocol),
+            "num_samples": self.num_samples,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "input_range": list(self.input_range),
+            "defense": self.defense_config,
+            "train_mode": self.train_mode,
+        }
+
+
+class PreparedCache:
+    """Prepared attack states by key: in memory, and on disk under ``folder`` when given (atomic files)."""
+
+    def __init__(self, folder: str | Path | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self._memory: dict[str, Any] = {}
+
+    def _path(self, name: str, key: str) -> Path | None:
+        return self.folder / f"{name}-{key}.pt" if self.folder is not None else None
+
+    def load(self, name: str, key: str) -> Any | None:
+        if f"{name}-{key}" in self._memory:
+            return self._memory[f"{name}-{key}"]
+        path = self._path(name, key)
+        if path is not None and path.is_file():
+            state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, from this run
+            self._memory[f"{name}-{key}"] = state
+            return state
+        return None
+
+    def save(self, name: str, key: str, state: Any) -> None:
+        self._memory[f"{name}-{key}"] = state
+        path = self._path(name, key)
+        if path is not None:
+            import tempfile
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            os.close(fd)
+            torch.save(state, tmp)
+            os.replace(tmp, path)
 
 
 @dataclass
@@ -31,36 +153,131 @@ class Reconstruction:
 
 
 class AttackConfig(StrictModel):
-    """Budget fields every attack has."""
+    """Fields every attack has."""
 
-    iterations: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     seed: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (OS entropy) or >= 0"})
     device: str = Field(default="auto", json_schema_extra={"allowed": "'auto', 'cpu', 'cuda' or 'cuda:N'"})
     progress: bool = False
 
 
+class OptimisationConfig(AttackConfig):
+    """Budget fields of the optimisation attacks."""
+
+    iterations: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+
+
 class Attack:
-    """Base class: ``reconstruct(observation, threat) -> Reconstruction``."""
+    """Base class: ``applicable`` (class-level, from data), ``prepare`` (once per setting, optional),
+    ``reconstruct(observation, threat) -> Reconstruction`` (once per private batch)."""
 
     name: ClassVar[str]
     Config: ClassVar[type[AttackConfig]]
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: budget per strength; ``quick`` fits the 2-core default, ``paper`` is the published budget
+    budgets: ClassVar[dict[str, dict[str, Any]]] = {"quick": {}, "paper": {}}
+    #: where the paper budget comes from (shown in certificates)
+    paper_budget: ClassVar[str] = ""
+    #: threat settings this attack is meant to run with under ``attacks: all`` (e.g. iDLG: labels inferred)
+    default_threat: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **budget: Any) -> None:
         self.config = validate(self.Config, budget, prefix=self.name)
+        self._prepared: tuple[str, Any] | None = None
 
+    # -- 1. applicability -------------------------------------------------------------------------------
+    @classmethod
+    def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
+        """None when the attack can run against ``setting`` under ``threat``; else the reason it cannot."""
+        threat = threat or ThreatModel()
+        cap = cls.capabilities
+        if setting.protocol.name not in cap.protocols:
+            return f"attacks {'/'.join(sorted(cap.protocols))} clients only (this one runs {setting.protocol.name})"
+        if cap.max_samples is not None and setting.num_samples > cap.max_samples:
+            return f"attacks at most {cap.max_samples} samples per update (this client sends {setting.num_samples})"
+        if cap.needs_aux and threat.aux is None:
+            return "needs auxiliary data in the threat model (an 'aux' section, or ThreatModel(aux=...))"
+        limit = cap.max_samples_inferred_labels
+        if threat.labels == "inferred" and limit is not None:
+            most = setting.num_classes if limit == "classes" else int(limit)
+            if setting.num_samples > most:
+                return (f"restores labels for at most {most} sample(s) with labels='inferred' (this client sends "
+                        f"{setting.num_samples}); grant labels='known' to attack this batch")
+        return None
+
+    @classmethod
+    def budget_for(cls, strength: str) -> dict[str, Any]:
+        if strength not in STRENGTHS:
+            raise ValueError(f"strength: {strength!r}; allowed: {', '.join(STRENGTHS)}")
+        return dict(cls.budgets.get(strength, {}))
+
+    # -- 2. preparation ---------------------------------------------------------------------------------
+    def preparation_key(self, setting: Setting, threat: ThreatModel) -> str:
+        """A hash of everything a prepared state depends on: the setting, the threat (aux data identity
+        included) and the budget (device and progress excluded)."""
+        payload = {
+            "attack": self.name,
+            "setting": setting.fingerprint(),
+            "threat": threat.fingerprint(),
+            "budget": self.config.model_dump(mode="json", exclude={"device", "progress"}),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+    def prepare(self, setting: Setting, threat: ThreatModel | None = None, *, cache: PreparedCache | None = None,
+                on_done: Callable[[dict], None] | None = None) -> Any:
+        """Run (or load from ``cache``) the once-per-setting preparation; a no-op for attacks without one.
+        ``on_done`` receives ``{"key", "cached", "seconds", **info}``."""
+        if not self.capabilities.prepares:
+            return None
+        import time
+
+        threat = threat or ThreatModel()
+        reason = self.applicable(setting, threat)
+        if reason is not None:
+            raise NotApplicable(f"{self.name}: {reason}")
+        key = self.preparation_key(setting, threat)
+        if self._prepared is not None and self._prepared[0] == key:
+            return self._prepared[1]
+        t0 = time.time()
+        state = cache.load(self.name, key) if cache is not None else None
+        cached = state is not None
+        if state is None:
+            device = resolve_device(self.config.device)
+            state = self._prepare(setting, threat, device, self._generator())
+            if cache is not None:
+                cache.save(self.name, key, state)
+        self._prepared = (key, state)
+        if on_done is not None:
+            on_done({"key": key, "cached": cached, "seconds": time.time() - t0, **self.preparation_info(state)})
+        return state
+
+    def _prepare(self, setting: Setting, threat: ThreatModel, device: torch.device, gen: torch.Generator) -> Any:
+        raise NotImplementedError
+
+    def preparation_info(self, state: Any) -> dict[str, Any]:
+        """What a report should say about a prepared state (JSON-able)."""
+        return {}
+
+    # -- 3. reconstruction ------------------------------------------------------------------------------
     def reconstruct(self, observation: Observation, threat: ThreatModel | None = None) -> Reconstruction:
         threat = threat or ThreatModel()
         knowledge = threat.knowledge(observation)
+        reason = self.applicable(Setting.of(observation), threat)
+        if reason is not None:
+            raise NotApplicable(f"{self.name}: {reason}")
         self.check(observation, knowledge)
+        if self.capabilities.prepares:
+            self.prepare(Setting.of(observation), threat)
         device = resolve_device(self.config.device)
-        gen = torch.Generator(device="cpu").manual_seed(
+        return self._reconstruct(observation.to(device), knowledge, device, self._generator())
+
+    def _generator(self) -> torch.Generator:
+        return torch.Generator(device="cpu").manual_seed(
             self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         )
-        return self._reconstruct(observation.to(device), knowledge, device, gen)
 
     def check(self, observation: Observation, knowledge: Knowledge) -> None:
-        """Refuse settings the attack cannot handle (subclasses add theirs)."""
+        """Refuse an observation the declared capabilities do not cover (raise ``NotApplicable``)."""
 
     def _reconstruct(self, observation: Observation, knowledge: Knowledge, device: torch.device, gen: torch.Generator) -> Reconstruction:
         raise NotImplementedError

@@ -16,12 +16,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, labels_for, progress_bar, random_inputs
+from guardfl.redteam.attacks.base import (
+    Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, progress_bar, random_inputs,
+)
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
 
 
-class DLGConfig(AttackConfig):
+class DLGConfig(OptimisationConfig):
     iterations: int = Field(default=300, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     lr: float = Field(default=1.0, gt=0, json_schema_extra={"allowed": "> 0"})
     history: int = Field(default=100, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
@@ -34,6 +36,9 @@ class DLG(Attack):
     name = "dlg"
     Config = DLGConfig
     restore_labels = False
+    budgets = {"quick": {"iterations": 300}, "paper": {"iterations": 6000}}
+    paper_budget = ("Zhu et al. 2019: 300 L-BFGS steps of up to 20 iterations each, i.e. up to 6,000 L-BFGS "
+                    "iterations (here one L-BFGS call of that many iterations, the history kept throughout)")
 
     def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
         c = self.config
@@ -83,9 +88,6 @@ class IDLG(DLG):
     name = "idlg"
     restore_labels = True
 
-    def check(self, observation, knowledge) -> None:
-        if knowledge.labels is None and observation.num_samples != 1:
-            raise ValueError(
-                f"idlg restores the label of ONE sample; this client sent {observation.num_samples}. "
-                "Use labels='known' or another attack (inverting_gradients, gradinversion)"
-            )
+    capabilities = Capabilities(max_samples_inferred_labels=1)
+    default_threat = {"labels": "inferred"}  # label restoration is the point of iDLG
+    paper_budget = "Zhao et al. 2020: DLG's budget (300 L-BFGS steps of up to 20 iterations)"

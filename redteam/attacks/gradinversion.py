@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from guardfl.redteam.attacks.base import AttackConfig, Reconstruction
+from guardfl.redteam.attacks.base import OptimisationConfig, Reconstruction
 from guardfl.redteam.attacks.engine import evaluate_batched
 from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
 from guardfl.redteam.attacks.registry import register
 
 
-class GradInversionConfig(AttackConfig):
+class GradInversionConfig(OptimisationConfig):
     iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     restarts: int = Field(default=4, ge=2, json_schema_extra={"allowed": "an integer >= 2 (group consistency)"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
@@ -37,6 +37,9 @@ class GradInversion(InvertingGradients):
 
     name = "gradinversion"
     Config = GradInversionConfig
+    budgets = {"quick": {"iterations": 1000, "restarts": 4, "group_every": 100},
+               "paper": {"iterations": 20000, "restarts": 4, "group_every": 100}}
+    paper_budget = "Yin et al. 2021: 20,000 iterations with group consistency; Huang et al. 2021 use 10,000"
 
     def _choose(self, objective, x, labels, source) -> Reconstruction:
         candidates = torch.cat([x, x.mean(0, keepdim=True)])

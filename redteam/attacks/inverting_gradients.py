@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from guardfl.redteam.attacks.base import Attack, AttackConfig, Reconstruction, labels_for, progress_bar, random_inputs
+from guardfl.redteam.attacks.base import Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, progress_bar, random_inputs
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched
 from guardfl.redteam.attacks.registry import register
 
 
-class InvertingGradientsConfig(AttackConfig):
+class InvertingGradientsConfig(OptimisationConfig):
     iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
@@ -35,13 +35,10 @@ class InvertingGradients(Attack):
 
     name = "inverting_gradients"
     Config = InvertingGradientsConfig
-
-    def check(self, observation, knowledge) -> None:
-        if knowledge.labels is None and observation.num_samples > observation.num_classes:
-            raise ValueError(
-                f"labels='inferred' restores at most one label per class ({observation.num_classes}); the client "
-                f"sent {observation.num_samples} samples. Grant labels='known' to attack this batch"
-            )
+    capabilities = Capabilities(max_samples_inferred_labels="classes")
+    budgets = {"quick": {"iterations": 1000, "restarts": 4}, "paper": {"iterations": 24000, "restarts": 4}}
+    paper_budget = ("Geiping et al. 2020: 24,000 Adam iterations (lr 0.1, x0.1 at 3/8, 5/8, 7/8); Huang et al. "
+                    "2021 use 10,000. Restarts: 4 (guardfl's choice; the papers report single or best-of trials)")
 
     def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
         c = self.config

@@ -10,6 +10,9 @@ ATTACKS: dict[str, type] = {}
 
 
 def register(cls: type) -> type:
+    """Class decorator; a second attack under a name already taken is refused (one way to name an attack)."""
+    if cls.name in ATTACKS and ATTACKS[cls.name] is not cls:
+        raise ValueError(f"attack name {cls.name!r} registered twice ({ATTACKS[cls.name].__qualname__} and {cls.__qualname__})")
     ATTACKS[cls.name] = cls
     return cls
 

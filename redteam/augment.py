@@ -1,0 +1,132 @@
+"""The defense as data augmentation (Wu et al. 2023, Sec. 3.1): what the client would transmit for many
+auxiliary batches at once, for attacks that learn from (observation, batch) pairs.
+
+``TransmitSimulator`` is the client of ``simulate_client`` made functional so that thousands of batches
+cost one vmapped gradient per local step, never a copy of the model per batch: the same loss
+(cross-entropy, mean over the batch), BatchNorm as the client runs it (train mode: the batch's own
+statistics; eval mode: the running statistics), the FedSGD gradient or the FedAvg delta (plain SGD with
+weight decay then momentum, torch's order). The defense is the REAL guardfl defense code, built from the
+configuration the attacker knows with its seed removed (the attacker knows the configuration, never the
+randomness): ``Defense.apply_`` runs on each batch's gradient of each local step, exactly where
+``GuardedOptimizer`` runs it, with the step's iteration number and that batch's current weights. Its
+private generator runs on from OS entropy, so every draw gets fresh randomness.
+
+The batch gradient is defended, as a real client does. (The public LTI code defends each per-sample
+gradient and then averages them: a weaker, different threat that we do not copy.)
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from guardfl.defenses import Defense, from_config
+from guardfl.defenses.base import StepContext
+from guardfl.redteam.client import FedAvg, FedSGD, bn_layers
+
+
+def unseeded(config: dict | None) -> dict | None:
+    """The defense configuration without its seeds (a stack's members included)."""
+    if config is None:
+        return None
+    out = {k: v for k, v in config.items() if k != "seed"}
+    if "defenses" in out:
+        out["defenses"] = [unseeded(m) for m in out["defenses"]]
+    return out
+
+
+def defense_stages(config: dict | None) -> set[str]:
+    """The stages ("gradient", "dp", "input") a defense configuration acts at."""
+    if not config:
+        return set()
+    defense = from_config(unseeded(config))
+    return {m.stage for m in getattr(defense, "members", [defense])} | {defense.stage}
+
+
+class TransmitSimulator:
+    """What a client running ``defense_config`` under ``protocol`` transmits, for many batches at once.
+
+    ``updates(x, y)``: ``x`` is ``(N, B, *input_shape)`` (N batches of the client's batch geometry),
+    ``y`` is ``(N, B)``; returns ``(N, D)``, each row the flattened update (parameters in
+    ``names`` order) the client would send for that batch, each with its own defense draw.
+    """
+
+    def __init__(self, model: nn.Module, defense_config: dict | None, protocol: FedSGD | FedAvg, *,
+                 train_mode: bool = True, device: torch.device | str = "cpu", chunk: int = 256) -> None:
+        if defense_stages(defense_config) - {"gradient"}:
+            raise ValueError("defense: DP-SGD and input encodings are not simulated as augmentation yet; "
+                             "gradient defenses (and their stacks) are")
+        self.device = torch.device(device)
+        self.protocol = protocol
+        self.chunk = chunk
+        self.defense: Defense | None = from_config(unseeded(defense_config)) if defense_config else None
+        replica = copy.deepcopy(model).to(self.device)
+        replica.train(train_mode)
+        if train_mode:
+            for bn in bn_layers(replica):  # batch statistics, no running-buffer updates (inert for the update)
+                bn.track_running_stats = False
+                bn.running_mean = bn.running_var = bn.num_batches_tracked = None
+        self.model = replica
+        self.names = [n for n, p in replica.named_parameters() if p.requires_grad]
+        named = dict(replica.named_parameters())
+        self.params = {n: named[n].detach() for n in self.names}
+        self.frozen = {n: p.detach() for n, p in replica.named_parameters() if n not in self.params}
+        self.buffers = {n: b for n, b in replica.named_buffers()}
+        self.dim = sum(self.params[n].numel() for n in self.names)
+
+    def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,), tie_weights=False)
+        return F.cross_entropy(logits, y)
+
+    def _defend(self, grads: dict[str, Tensor], iteration: int, params: dict[str, Tensor], batched_params: bool) -> None:
+        """The real defense on each batch's gradient (in place, one draw each)."""
+        if self.defense is None:
+            return
+        n = next(iter(grads.values())).shape[0]
+        for i in range(n):
+            g = [grads[name][i] for name in self.names]
+            p = [params[name][i] if batched_params else params[name] for name in self.names]
+            self.defense.apply_(g, StepContext(iteration=iteration, params=p, names=self.names))
+
+    def _chunk(self, x: Tensor, y: Tensor) -> Tensor:
+        n = x.shape[0]
+        if isinstance(self.protocol, FedSGD):
+            g = vmap(grad(self._loss), in_dims=(None, 0, 0), randomness="different")(self.params, x, y)
+            self._defend(g, 1, self.params, batched_params=False)
+            return torch.cat([g[name].reshape(n, -1) for name in self.names], 1)
+        p = self.protocol
+        params = {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in self.params.items()}
+        momentum: dict[str, Tensor] | None = None
+        step_grad = vmap(grad(self._loss), in_dims=(0, 0, 0), randomness="different")
+        b, samples, it = p.batch_size, x.shape[1], 0
+        for _ in range(p.epochs):
+            for lo in range(0, samples, b):
+                it += 1
+                g = step_grad(params, x[:, lo : lo + b], y[:, lo : lo + b])
+                self._defend(g, it, params, batched_params=True)
+                if p.weight_decay:
+                    g = {k: g[k] + p.weight_decay * params[k] for k in g}
+                if p.momentum:
+                    momentum = g if momentum is None else {k: p.momentum * momentum[k] + g[k] for k in g}
+                    g = momentum
+                params = {k: params[k] - p.lr * g[k] for k in params}
+        return torch.cat([(params[name] - self.params[name]).reshape(n, -1) for name in self.names], 1)
+
+    def updates(self, x: Tensor, y: Tensor) -> Tensor:
+        if x.dim() < 3 or y.dim() != 2 or x.shape[:2] != y.shape:
+            raise ValueError(f"updates: expected x (N, B, ...) and y (N, B); got {tuple(x.shape)} and {tuple(y.shape)}")
+        out = [self._chunk(x[i : i + self.chunk].to(self.device), y[i : i + self.chunk].to(self.device)).detach()
+               for i in range(0, x.shape[0], self.chunk)]
+        return torch.cat(out)
+
+
+def flatten_update(update: dict[str, Tensor], names: list[str]) -> Tensor:
+    """An observation's update as one vector in ``names`` order."""
+    missing = [n for n in names if n not in update]
+    if missing:
+        raise ValueError(f"update: missing parameters {missing[:3]} of the model")
+    return torch.cat([update[n].reshape(-1) for n in names])
