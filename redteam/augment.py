@@ -26,7 +26,7 @@ from torch.func import functional_call, grad, vmap
 
 from guardfl.defenses import Defense, from_config
 from guardfl.defenses.base import StepContext
-from guardfl.redteam.client import FedAvg, FedSGD, bn_layers
+from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
 
 
 def unseeded(config: dict | None) -> dict | None:
@@ -108,12 +108,7 @@ class TransmitSimulator:
                 it += 1
                 g = step_grad(params, x[:, lo : lo + b], y[:, lo : lo + b])
                 self._defend(g, it, params, batched_params=True)
-                if p.weight_decay:
-                    g = {k: g[k] + p.weight_decay * params[k] for k in g}
-                if p.momentum:
-                    momentum = g if momentum is None else {k: p.momentum * momentum[k] + g[k] for k in g}
-                    g = momentum
-                params = {k: params[k] - p.lr * g[k] for k in params}
+                params, momentum = sgd_step(params, g, momentum, p)
         return torch.cat([(params[name] - self.params[name]).reshape(n, -1) for name in self.names], 1)
 
     def updates(self, x: Tensor, y: Tensor) -> Tensor:

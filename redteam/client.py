@@ -58,6 +58,20 @@ class FedAvg:
 Protocol = FedSGD | FedAvg
 
 
+def sgd_step(params: dict[str, Tensor], grads: dict[str, Tensor], momentum: dict[str, Tensor] | None,
+             protocol: FedAvg) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+    """One functional step of ``torch.optim.SGD`` as the FedAvg client runs it (weight decay added to the
+    gradient, then momentum with dampening 0, the buffer starting at the first gradient), on dicts of
+    tensors (differentiable, and batched under vmap or with a leading batch axis)."""
+    g = grads
+    if protocol.weight_decay:
+        g = {k: g[k] + protocol.weight_decay * params[k] for k in g}
+    if protocol.momentum:
+        momentum = g if momentum is None else {k: protocol.momentum * momentum[k] + g[k] for k in g}
+        g = momentum
+    return {k: params[k] - protocol.lr * g[k] for k in params}, momentum
+
+
 @dataclass
 class SideKnowledge:
     """What did NOT leave the client; an attack sees it only if its threat model grants it."""

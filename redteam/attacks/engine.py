@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from guardfl.redteam.attacks import objectives as obj
-from guardfl.redteam.client import FedAvg, Observation, bn_layers
+from guardfl.redteam.client import FedAvg, Observation, bn_layers, sgd_step
 from guardfl.redteam.threat import Knowledge, defense_kinds
 
 
@@ -120,12 +120,7 @@ class Replica:
         for _ in range(p.epochs):
             for i in range(0, self.n, b):
                 g = self._step_gradient(params, x[i : i + b], y[i : i + b])
-                if p.weight_decay:
-                    g = {k: g[k] + p.weight_decay * params[k] for k in g}
-                if p.momentum:
-                    momentum = g if momentum is None else {k: p.momentum * momentum[k] + g[k] for k in g}
-                    g = momentum
-                params = {k: params[k] - p.lr * g[k] for k in params}
+                params, momentum = sgd_step(params, g, momentum, p)
         return [params[n] - self.params[n] for n in self.names]
 
     def distance(self, sim: list[Tensor]) -> Tensor:
