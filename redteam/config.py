@@ -16,7 +16,7 @@ from guardfl.errors import ConfigError
 
 
 class ModelSection(StrictModel):
-    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20 or module:callable"})
+    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20, vgg16 or module:callable"})
     #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
     input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3, json_schema_extra={"allowed": "null or [C, H, W]"})
     num_classes: int = Field(default=10, ge=2, json_schema_extra={"allowed": "an integer >= 2"})

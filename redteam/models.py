@@ -155,7 +155,23 @@ class ResNet20(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1), 1))
 
 
-MODELS.update({"fc2": FC2, "resnet20": ResNet20})
+def vgg16(in_shape: tuple[int, int, int] = (3, 224, 224), num_classes: int = 1000) -> nn.Module:
+    """torchvision's VGG-16 (the Cocktail Party Attack paper's CNN), dropout off (identity) so the client's
+    update is deterministic given its batch. ``classifier[0]`` (25,088 -> 4,096) is the linear layer CPA
+    unmixes. Weights: PyTorch's default initialisation; pretrained weights are not downloaded here: give
+    a checkpoint as ``model.state`` (e.g. torchvision's ImageNet state dict saved with ``torch.save``)."""
+    import torchvision
+
+    model = torchvision.models.vgg16(num_classes=num_classes)
+    if in_shape[0] != 3:
+        model.features[0] = nn.Conv2d(in_shape[0], 64, 3, padding=1)
+    for i, layer in enumerate(model.classifier):
+        if isinstance(layer, nn.Dropout):
+            model.classifier[i] = nn.Identity()
+    return model
+
+
+MODELS.update({"fc2": FC2, "resnet20": ResNet20, "vgg16": vgg16})
 
 
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

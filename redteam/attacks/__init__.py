@@ -7,6 +7,7 @@
 from guardfl.redteam.attacks.base import (
     Attack, AttackConfig, AttackFailed, Capabilities, NotApplicable, PreparedCache, Reconstruction, Setting, infer_labels,
 )
+from guardfl.redteam.attacks.cocktail_party import CocktailParty
 from guardfl.redteam.attacks.dlg import DLG, IDLG
 from guardfl.redteam.attacks.gradinversion import GradInversion
 from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
@@ -21,6 +22,7 @@ __all__ = [
     "AttackConfig",
     "AttackFailed",
     "Capabilities",
+    "CocktailParty",
     "LearnedInversion",
     "NotApplicable",
     "PreparedCache",
