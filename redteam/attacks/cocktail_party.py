@@ -116,7 +116,8 @@ class CocktailParty(Attack):
                "paper": {"iterations": 25000, "lr": 1e-3, "restarts": 4, "fi_iterations": 25000}}
     paper_budget = ("Kariyappa et al. 2023: 25,000 Adam steps (lr 1e-3) of ICA; feature inversion 25,000 steps "
                     "(Adam lr 0.1, cosine schedule); hyperparameters swept on one batch (FC-2: decor 1.47, T 12.4, "
-                    "TV 3.1; VGG-16: decor 5.3, T 7.7, L1 5, sign 0.13, TV 0.1)")
+                    "TV 3.1; VGG-16: decor 5.3, T 7.7, L1 5, sign 0.13, TV 0.1); guardfl uses decor 0.1 for image "
+                    "sources (swept likewise on one benchmark batch)")
 
     @classmethod
     def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
