@@ -52,7 +52,9 @@ class Capabilities:
     protocols: the client protocols it attacks. max_samples: the most samples in one observation (None:
     any). needs_aux: it needs auxiliary data in the threat model. prepares: it has a once-per-setting
     ``prepare`` step. max_samples_inferred_labels: with labels inferred rather than granted, the most
-    samples it can restore labels for ("classes": one per class; None: any).
+    samples it can restore labels for ("classes": one per class; None: any). needs_linear_layer: the
+    model must have a linear layer among the updated parameters with at least as many neurons as samples
+    (analytic / ICA attacks on a layer's update).
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -60,6 +62,7 @@ class Capabilities:
     needs_aux: bool = False
     prepares: bool = False
     max_samples_inferred_labels: int | str | None = None
+    needs_linear_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,14 @@ class Attack:
             return f"attacks at most {cap.max_samples} samples per update (this client sends {setting.num_samples})"
         if cap.needs_aux and threat.aux is None:
             return "needs auxiliary data in the threat model (an 'aux' section, or ThreatModel(aux=...))"
+        if cap.needs_linear_layer:
+            found = first_linear(setting.model, setting.param_names)
+            if found is None:
+                return "needs a linear layer among the updated parameters (the model has none)"
+            name, module = found
+            if module.out_features < setting.num_samples:
+                return (f"layer {name} has {module.out_features} neurons, fewer than the {setting.num_samples} samples "
+                        "mixed in its update (ICA needs at least as many mixtures as sources)")
         limit = cap.max_samples_inferred_labels
         if threat.labels == "inferred" and limit is not None:
             most = setting.num_classes if limit == "classes" else int(limit)
@@ -284,6 +295,17 @@ class Attack:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.model_dump(exclude_defaults=True)})"
+
+
+def first_linear(model: nn.Module, names: list[str], layer: str | None = None) -> tuple[str, nn.Linear] | None:
+    """(weight name, module) of a model's first ``nn.Linear`` whose weight is among ``names`` (or the one
+    named ``layer``); None when there is none."""
+    for mod_name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and f"{mod_name}.weight" in names:
+            weight = f"{mod_name}.weight" if mod_name else "weight"
+            if layer is None or layer == weight:
+                return weight, module
+    return None
 
 
 def resolve_device(name: str) -> torch.device:

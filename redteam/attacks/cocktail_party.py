@@ -40,13 +40,14 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks import ica
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, NotApplicable, Reconstruction, Setting, labels_for, progress_bar, random_inputs,
+    Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, first_linear, labels_for, progress_bar,
+    random_inputs,
 )
 from guardfl.redteam.attacks.engine import evaluate_batched, optimise_batched
 from guardfl.redteam.attacks.objectives import total_variation
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.client import FedAvg
-from guardfl.redteam.threat import ThreatModel, defense_kinds
+from guardfl.redteam.threat import defense_kinds
 
 #: image sources (FC models): the paper's T; decor swept as the paper does, on ONE batch of benchmark data
 #: (64 CIFAR-10 images of the shared sample, FC-2, FedSGD), never on a certified client's data: 0.1 gave
@@ -75,17 +76,6 @@ class CocktailPartyConfig(AttackConfig):
     fi_restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
 
 
-def first_linear(model: nn.Module, names: list[str], layer: str | None = None) -> tuple[str, nn.Linear] | None:
-    """(weight name, module) of the attacked linear layer: ``layer`` or the first ``nn.Linear`` whose weight
-    is among ``names``."""
-    for mod_name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and f"{mod_name}.weight" in names:
-            weight = f"{mod_name}.weight" if mod_name else "weight"
-            if layer is None or layer == weight:
-                return weight, module
-    return None
-
-
 class _Stop(Exception):
     def __init__(self, value: Tensor) -> None:
         self.value = value
@@ -112,26 +102,13 @@ class CocktailParty(Attack):
 
     name = "cocktail_party"
     Config = CocktailPartyConfig
+    capabilities = Capabilities(needs_linear_layer=True)
     budgets = {"quick": {"iterations": 2000, "lr": 1e-2, "restarts": 4, "fi_iterations": 500},
                "paper": {"iterations": 25000, "lr": 1e-3, "restarts": 4, "fi_iterations": 25000}}
     paper_budget = ("Kariyappa et al. 2023: 25,000 Adam steps (lr 1e-3) of ICA; feature inversion 25,000 steps "
                     "(Adam lr 0.1, cosine schedule); hyperparameters swept on one batch (FC-2: decor 1.47, T 12.4, "
                     "TV 3.1; VGG-16: decor 5.3, T 7.7, L1 5, sign 0.13, TV 0.1); guardfl uses decor 0.1 for image "
                     "sources (swept likewise on one benchmark batch)")
-
-    @classmethod
-    def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
-        reason = super().applicable(setting, threat)
-        if reason is not None:
-            return reason
-        found = first_linear(setting.model, setting.param_names)
-        if found is None:
-            return "needs a linear layer among the updated parameters (the model has none)"
-        name, module = found
-        if module.out_features < setting.num_samples:
-            return (f"layer {name} has {module.out_features} neurons, fewer than the {setting.num_samples} samples "
-                    "mixed in its update (ICA needs at least as many mixtures as sources)")
-        return None
 
     def check(self, observation, knowledge) -> None:
         found = first_linear(observation.model, list(observation.update), self.config.layer)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linear_sum_assignment
 
-from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, metrics, simulate_client
+from guardfl.redteam import FedAvg, ThreatModel, attacks, metrics, simulate_client
 from guardfl.redteam.attacks import CocktailParty, NotApplicable, Setting, ica
 from guardfl.redteam.data import lfw_faces
 from guardfl.redteam.models import FC2, LeNetZhu, set_model_state
