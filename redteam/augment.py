@@ -26,7 +26,7 @@ from torch.func import functional_call, grad, vmap
 
 from guardfl.defenses import Defense, from_config
 from guardfl.defenses.base import StepContext
-from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
+from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, defense_stages, sgd_step
 
 
 def unseeded(config: dict | None) -> dict | None:
@@ -39,12 +39,9 @@ def unseeded(config: dict | None) -> dict | None:
     return out
 
 
-def defense_stages(config: dict | None) -> set[str]:
-    """The stages ("gradient", "dp", "input") a defense configuration acts at."""
-    if not config:
-        return set()
-    defense = from_config(unseeded(config))
-    return {m.stage for m in getattr(defense, "members", [defense])} | {defense.stage}
+def config_stages(config: dict | None) -> set[str]:
+    """The stages ("gradient", "dp", "input") a defense configuration acts at (empty for none)."""
+    return defense_stages(from_config(unseeded(config))) if config else set()
 
 
 class TransmitSimulator:
@@ -57,7 +54,7 @@ class TransmitSimulator:
 
     def __init__(self, model: nn.Module, defense_config: dict | None, protocol: FedSGD | FedAvg, *,
                  train_mode: bool = True, device: torch.device | str = "cpu", chunk: int = 256) -> None:
-        if defense_stages(defense_config) - {"gradient"}:
+        if config_stages(defense_config) - {"gradient"}:
             raise ValueError("defense: DP-SGD and input encodings are not simulated as augmentation yet; "
                              "gradient defenses (and their stacks) are")
         self.device = torch.device(device)

@@ -15,10 +15,8 @@ run saw. An attack that raises fails the run (``AttackFailed``, exit 2): it neve
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from guardfl.redteam import metrics
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers, simulate_client
+from guardfl.redteam.files import atomic_torch_save, atomic_write
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
 from guardfl.redteam.models import build_model, set_model_state
 from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
@@ -73,25 +72,6 @@ class Certificate:
         d.pop("originals")
         d["verdict"] = self.verdict
         return d
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``path`` so that a reader (or a killed run) never sees a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data.encode() if isinstance(data, str) else data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def resolve_strength(strength: str, device: torch.device) -> str:
@@ -280,9 +260,9 @@ def certify(
     priors = {}
     if prior is not None:
         for b, x in originals.items():
-            m = metrics.evaluate(prior.expand_as(x).clone(), x, data_range=cfg_range(source, b))
-            priors[b] = m["per_image"]
-            recon[f"b{b}-prior"] = prior.expand_as(x).clone()
+            guess = prior.expand_as(x).clone()
+            priors[b] = metrics.evaluate(guess, x, data_range=source.batch(b)[0].input_range)["per_image"]
+            recon[f"b{b}-prior"] = guess
     checks = _checks(cfg, results, lp.available, priors)
     cert = Certificate(
         certified=all(c["passed"] for c in checks),
@@ -311,10 +291,6 @@ def certify(
         atomic_write(out_dir / "certificate.json", json.dumps(cert.to_dict(), indent=2, default=str))
         write_report(cert, out_dir)
     return cert
-
-
-def cfg_range(source: "_BatchSource", b: int) -> tuple[float, float]:
-    return source.batch(b)[0].input_range if source.target is not None else (0.0, 1.0)
 
 
 class _AttackRunner:
@@ -454,7 +430,7 @@ class _BatchSource:
             if self.aux is not None:
                 self.aux.check_disjoint(x, obs.input_range)
         if path is not None:
-            _atomic_torch_save({"observation": obs, "inputs": x, "labels": y, "run": self._runs[b]}, path)
+            atomic_torch_save({"observation": obs, "inputs": x, "labels": y, "run": self._runs[b]}, path)
         self._cache[b] = (obs, x, y)
         return self._cache[b]
 
@@ -509,7 +485,7 @@ def _load_job(state: Path, job: str):
 
 def _save_job(state: Path, job: str, record: dict, rec: torch.Tensor | None) -> None:
     if rec is not None:
-        _atomic_torch_save(rec, state / f"{job}.pt")
+        atomic_torch_save(rec, state / f"{job}.pt")
     atomic_write(state / f"{job}.json", json.dumps(record, default=str))  # written last: marks the job done
 
 

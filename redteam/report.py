@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from guardfl.redteam.certify import Certificate, atomic_write
+from guardfl.redteam.certify import Certificate
+from guardfl.redteam.files import atomic_write
 
 
 def _to_pil(images: torch.Tensor, scale: int) -> list[Image.Image]:

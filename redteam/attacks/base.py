@@ -21,7 +21,9 @@ import hashlib
 import io
 import json
 import os
+import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -32,6 +34,7 @@ from torch import Tensor, nn
 from guardfl.config import StrictModel, validate
 from guardfl.errors import GuardflError
 from guardfl.redteam.client import FedAvg, FedSGD, Observation
+from guardfl.redteam.files import atomic_torch_save
 from guardfl.redteam.threat import Knowledge, ThreatModel
 
 STRENGTHS = ("quick", "paper")
@@ -90,8 +93,10 @@ class Setting:
     def param_names(self) -> list[str]:
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
 
+    @cached_property
     def fingerprint(self) -> dict[str, Any]:
-        """Everything of the setting a prepared state depends on, as JSON-able data (model weights hashed)."""
+        """Everything of the setting a prepared state depends on, as JSON-able data (model weights hashed
+        once per Setting: a certification builds one Setting and prepares every attack with it)."""
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
         return {
@@ -131,13 +136,7 @@ class PreparedCache:
         self._memory[f"{name}-{key}"] = state
         path = self._path(name, key)
         if path is not None:
-            import tempfile
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            os.close(fd)
-            torch.save(state, tmp)
-            os.replace(tmp, path)
+            atomic_torch_save(state, path)
 
 
 @dataclass
@@ -228,7 +227,7 @@ class Attack:
         included) and the budget (device and progress excluded)."""
         payload = {
             "attack": self.name,
-            "setting": setting.fingerprint(),
+            "setting": setting.fingerprint,
             "threat": threat.fingerprint(),
             "budget": self.config.model_dump(mode="json", exclude={"device", "progress"}),
         }
@@ -240,8 +239,6 @@ class Attack:
         ``on_done`` receives ``{"key", "cached", "seconds", **info}``."""
         if not self.capabilities.prepares:
             return None
-        import time
-
         threat = threat or ThreatModel()
         reason = self.applicable(setting, threat)
         if reason is not None:
@@ -273,12 +270,13 @@ class Attack:
     def reconstruct(self, observation: Observation, threat: ThreatModel | None = None) -> Reconstruction:
         threat = threat or ThreatModel()
         knowledge = threat.knowledge(observation)
-        reason = self.applicable(Setting.of(observation), threat)
+        setting = Setting.of(observation)
+        reason = self.applicable(setting, threat)
         if reason is not None:
             raise NotApplicable(f"{self.name}: {reason}")
         self.check(observation, knowledge)
         if self.capabilities.prepares:
-            self.prepare(Setting.of(observation), threat)
+            self.prepare(setting, threat)
         device = resolve_device(self.config.device)
         return self._reconstruct(observation.to(device), knowledge, device, self._generator())
 

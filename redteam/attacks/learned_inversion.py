@@ -54,8 +54,7 @@ from guardfl.redteam.attacks.base import (
 )
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.registry import register
-from guardfl.defenses import from_config
-from guardfl.redteam.augment import TransmitSimulator, defense_stages, flatten_update, unseeded
+from guardfl.redteam.augment import TransmitSimulator, config_stages, flatten_update
 from guardfl.redteam.auxdata import training_pool
 from guardfl.redteam.client import FedAvg
 from guardfl.redteam.threat import ThreatModel
@@ -133,7 +132,7 @@ class LearnedInversion(Attack):
         threat = threat or ThreatModel()
         if isinstance(setting.protocol, FedAvg) and threat.fedavg == "unknown":
             return "needs the FedAvg local hyperparameters to simulate the deltas (threat fedavg='unknown')"
-        if threat.defense == "known" and defense_stages(setting.defense_config) - {"gradient"}:
+        if threat.defense == "known" and config_stages(setting.defense_config) - {"gradient"}:
             return "DP-SGD and input encodings are not simulated as augmentation yet (gradient defenses are)"
         if tuple(threat.aux.shape) != tuple(setting.input_shape):
             return f"auxiliary images have shape {tuple(threat.aux.shape)}, the client's {tuple(setting.input_shape)}"
@@ -153,7 +152,7 @@ class LearnedInversion(Attack):
         val_idx, train_idx = order[:n_val], order[n_val:]
         defense = setting.defense_config if threat.defense == "known" else None
         sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device)
-        random_defense = _randomised(defense)
+        random_defense = sim.defense is not None and sim.defense.randomized
         ratio = c.hash_ratio if c.hash_ratio is not None else (0.5 if sim.dim > AUTO_HASH_ABOVE else 1.0)
         sketch = CountSketch(sim.dim, max(1, int(sim.dim * ratio)), seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if ratio < 1 else None
 
@@ -238,7 +237,3 @@ class LearnedInversion(Attack):
         return Reconstruction(x, labels, float(objective), [float(objective)],
                               {"labels": source, "objective": "the inverter's held-out auxiliary MSE (no private data)"})
 
-
-def _randomised(defense_config: dict | None) -> bool:
-    """Whether the defense draws randomness (so fresh draws differ); declared by each defense class."""
-    return bool(defense_config) and from_config(unseeded(defense_config)).randomized
