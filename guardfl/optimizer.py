@@ -98,9 +98,10 @@ class GuardedOptimizer(ProxyOptimizer):
             )
         super().__init__(optimizer)
         self.defense = defense if isinstance(defense, Defense) else from_config(defense)
-        if self.defense.stage != "gradient" or any(m.stage != "gradient" for m in getattr(self.defense, "members", [])):
+        if self.defense.stages != {"gradient"}:
+            outside = sorted({leaf.kind for leaf in self.defense.leaves() if leaf.stage != "gradient"})
             raise UnsupportedOptimizerError(
-                f"defense: {self.defense.kind} includes DP-SGD or an input encoding, which act outside the optimizer "
+                f"defense: {self.defense.kind} includes {', '.join(outside)} (DP-SGD or an input encoding), which act outside the optimizer "
                 "step; use guardfl.protect(model, optimizer, loader, defense)"
             )
         self.iteration = 0

@@ -40,18 +40,9 @@ def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def split_stages(defense: Defense) -> tuple[list[Defense], list[Defense], list[Defense]]:
-    """(dp, input encodings, gradient defenses) of a defense or a (nested) stack, order kept."""
-    members: list[Defense] = []
-
-    def walk(d: Defense) -> None:
-        if isinstance(d, Stack):
-            for m in d.members:
-                walk(m)
-        else:
-            members.append(d)
-
-    walk(defense)
-    by = lambda stage: [m for m in members if m.stage == stage]  # noqa: E731
+    """(dp, input encodings, gradient defenses) among the leaves of a defense or a (nested) stack, order kept."""
+    leaves = defense.leaves()
+    by = lambda stage: [m for m in leaves if m.stage == stage]  # noqa: E731
     return by("dp"), by("input"), by("gradient")
 
 

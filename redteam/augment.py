@@ -26,7 +26,7 @@ from torch.func import functional_call, grad, vmap
 
 from guardfl.defenses import Defense, from_config
 from guardfl.defenses.base import StepContext
-from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, defense_stages, sgd_step
+from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
 
 
 def unseeded(config: dict | None) -> dict | None:
@@ -39,9 +39,14 @@ def unseeded(config: dict | None) -> dict | None:
     return out
 
 
+def defense_leaves(config: dict | None) -> list:
+    """The leaf defenses of a configuration (a stack expanded at every depth), built without seeds."""
+    return from_config(unseeded(config)).leaves() if config else []
+
+
 def config_stages(config: dict | None) -> set[str]:
     """The stages ("gradient", "dp", "input") a defense configuration acts at (empty for none)."""
-    return defense_stages(from_config(unseeded(config))) if config else set()
+    return {leaf.stage for leaf in defense_leaves(config)}
 
 
 class TransmitSimulator:

@@ -130,11 +130,6 @@ class Observation:
         )
 
 
-def defense_stages(defense: Defense) -> set[str]:
-    """The stages ("gradient", "dp", "input") a defense, or any member of a stack, acts at."""
-    return {m.stage for m in getattr(defense, "members", [defense])} | {defense.stage}
-
-
 def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
@@ -175,7 +170,7 @@ def simulate_client(
     if inputs.shape[0] != labels.shape[0] or inputs.shape[0] < 1:
         raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
     defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
-    if defense_stages(defense_obj) - {"gradient"}:
+    if defense_obj.stages - {"gradient"}:
         raise ValueError(
             f"defense: {defense_obj.kind} includes DP-SGD or an input encoding; the red team simulates gradient "
             "defenses (gradprune, sign, gaussian, laplace, outpost and their stacks) so far"

@@ -100,9 +100,10 @@ class Knowledge:
 
 
 def defense_kinds(config: dict | None) -> list[dict]:
-    """The flat list of defense stage configs (a stack expanded), empty when unknown or none."""
+    """The leaf defense configs (a stack expanded at every depth, defaults filled in), empty when unknown
+    or none."""
     if not config:
         return []
-    if config.get("kind") == "stack":
-        return [c for member in config["defenses"] for c in defense_kinds(member)]
-    return [config]
+    from guardfl.defenses import parse_config
+
+    return [leaf.model_dump(mode="json") for leaf in parse_config(config).leaves()]

@@ -34,6 +34,11 @@ class DefenseConfig(StrictModel):
     )
     nonfinite: NonFinitePolicy = Field(default="raise", json_schema_extra={"allowed": "'raise' or 'zero'"})
 
+    def leaves(self) -> list["DefenseConfig"]:
+        """The configs of the defenses this one applies, in order: itself, or a stack's members expanded
+        at every depth (``StackConfig`` overrides this: the one walk over a stack's configs)."""
+        return [self]
+
 
 @dataclass
 class StepContext:
@@ -88,6 +93,16 @@ class Defense:
     #: Whether the defense draws randomness (two applications to the same gradient can differ). The red
     #: team's learned attacks redraw randomised defenses; deterministic ones need one draw.
     randomized: ClassVar[bool] = False
+
+    def leaves(self) -> list["Defense"]:
+        """The defenses this one applies, in the order it applies them: itself, or a stack's members
+        expanded at every depth (``Stack`` overrides this). Every walk over a defense uses it."""
+        return [self]
+
+    @property
+    def stages(self) -> set[str]:
+        """The stages ("gradient", "dp", "input") its leaves act at."""
+        return {leaf.stage for leaf in self.leaves()}
 
     def __init__(self, **params: Any) -> None:
         kind = self.Config.model_fields["kind"].default

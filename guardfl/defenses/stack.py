@@ -33,6 +33,9 @@ class StackConfig(DefenseConfig):
                 raise ValueError(f"[{i}] {err}") from None
         return parsed
 
+    def leaves(self) -> list[DefenseConfig]:
+        return [leaf for member in self.defenses for leaf in member.leaves()]
+
 
 @register
 class Stack(Defense):
@@ -57,6 +60,9 @@ class Stack(Defense):
     def reseed(self, seed: int | None) -> None:
         super().reseed(seed)
         self._seed_members()
+
+    def leaves(self) -> list[Defense]:
+        return [leaf for member in self.members for leaf in member.leaves()]
 
     @property
     def needs_params(self) -> bool:  # type: ignore[override]

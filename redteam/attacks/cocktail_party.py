@@ -47,7 +47,7 @@ from guardfl.redteam.attacks.engine import evaluate_batched, optimise_batched
 from guardfl.redteam.attacks.objectives import total_variation
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.client import FedAvg
-from guardfl.redteam.threat import defense_kinds
+from guardfl.redteam.attacks.known_defense import known_defense
 
 #: image sources (FC models): the paper's T; decor swept as the paper does, on ONE batch of benchmark data
 #: (64 CIFAR-10 images of the shared sample, FC-2, FedSGD), never on a certified client's data: 0.1 gave
@@ -125,12 +125,7 @@ class CocktailParty(Attack):
     # -- the ICA step ------------------------------------------------------------------------------------
     def _noise_var(self, knowledge, observation) -> float:
         """Per-entry variance of known i.i.d. additive noise on the attacked update (0 when none is known)."""
-        var = 0.0
-        for stage in defense_kinds(knowledge.defense_config):
-            if stage["kind"] == "gaussian":
-                var += stage["sigma"] ** 2
-            elif stage["kind"] == "laplace":
-                var += 2 * stage["scale"] ** 2
+        var = known_defense(knowledge.defense_config).noise_var
         p = observation.protocol
         if isinstance(p, FedAvg) and var:  # noise per step, scaled by lr, summed over the steps (no momentum)
             steps = p.epochs * math.ceil(observation.num_samples / p.batch_size)
@@ -138,8 +133,7 @@ class CocktailParty(Attack):
         return var
 
     def _pruned(self, knowledge) -> bool:
-        return any(s["kind"] == "gradprune" or (s["kind"] == "outpost" and s.get("prune", 0) > 0)
-                   for s in defense_kinds(knowledge.defense_config))
+        return known_defense(knowledge.defense_config).pruned
 
     def unmix(self, g: Tensor, n: int, image_shape: tuple[int, ...] | None, noise_var: float, gen: torch.Generator,
               progress: bool = False) -> tuple[Tensor, float]:

@@ -23,7 +23,8 @@ from torch.func import functional_call, grad, vmap
 
 from guardfl.redteam.attacks import objectives as obj
 from guardfl.redteam.client import FedAvg, Observation, bn_layers, sgd_step
-from guardfl.redteam.threat import Knowledge, defense_kinds
+from guardfl.redteam.attacks.known_defense import known_defense
+from guardfl.redteam.threat import Knowledge
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,9 @@ class Replica:
         self.buffers = {n: b for n, b in model.named_buffers()}
         self.observed = [observation.update[n].to(device) for n in self.names]
 
-        stages = defense_kinds(knowledge.defense_config)
-        kinds = {s["kind"] for s in stages}
-        self.signed = "sign" in kinds
-        self.pruned = "gradprune" in kinds or any(s["kind"] == "outpost" and s.get("prune", 0) > 0 for s in stages)
-        self.instahide = "instahide" in kinds
+        self.known = known_defense(knowledge.defense_config)
+        self.signed = self.known.signed
+        self.pruned = self.known.pruned
         self.observed_flat = obj.flatten(self.observed)
         self.observed_norm = self.observed_flat.norm()
         self.mask = (self.observed_flat != 0) if self.pruned else None
@@ -139,7 +138,7 @@ class Replica:
         value = self.distance(self.simulate(x, y))
         w = self.weights
         if w.tv:
-            value = value + w.tv * obj.total_variation(x.abs() if self.instahide else x)
+            value = value + w.tv * obj.total_variation(x.abs() if self.known.abs_tv else x)
         if w.bn and self.bn_target is not None:
             first_pass = self._bn_records[: len(self.bn_target)]
             value = value + w.bn * obj.bn_prior(first_pass, self.bn_target)
