@@ -29,7 +29,8 @@ from guardfl.defenses import from_config
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
-from guardfl.redteam import metrics
+from guardfl.redteam import metrics, privacy
+from guardfl.redteam.attacks.encoded import attack_view, decode
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers, simulate_client
@@ -57,6 +58,8 @@ class Certificate:
     attacks: list[dict[str, Any]] = field(default_factory=list)
     #: once-per-setting preparations (e.g. the trained inverter): key, cached, seconds, what was learned
     preparations: dict[str, Any] = field(default_factory=dict)
+    #: DP-SGD accounting of the deployment (epsilon at delta), None without DP-SGD
+    privacy: dict[str, Any] | None = None
     #: per batch, the metrics of the attacker's prior guess (mean auxiliary image, no update used)
     priors: dict[str, Any] = field(default_factory=dict)
     reconstructions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -282,6 +285,7 @@ def certify(
         attacks=listing,
         preparations=runner.preparations,
         priors={str(b): p for b, p in priors.items()},
+        privacy=privacy.resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)[1],
         reconstructions=recon,
         originals=originals,
     )
@@ -325,17 +329,42 @@ class _AttackRunner:
                 # later batches reuse it from memory
                 attack.prepare(self.setting, threat, cache=self.cache,
                                on_done=lambda info: self.preparations.setdefault(f"{i}-{plan.name}", info))
-            rec = attack.reconstruct(obs, threat)
+            known = threat.defense == "known"
+            view = attack_view(obs, known)  # an input encoding: the attack reconstructs the encodings
+            rec, encodings = decode(attack.reconstruct(view, threat), obs, known)
             m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=self.cfg.certify.lpips_weights)
+            if encodings is not None:
+                record["encodings"] = _encoding_metrics(encodings, obs, view)
         except (KeyboardInterrupt, GuardflError) as err:
             if isinstance(err, KeyboardInterrupt):
                 raise
             raise AttackFailed(f"attack {plan.name} failed on client batch {b}: {err}") from err
         except Exception as err:
             raise AttackFailed(f"attack {plan.name} failed on client batch {b}: {type(err).__name__}: {err}") from err
+        record["recovered"] = _recovered(m, self.cfg.certify.max_ssim)
         record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
                       info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
         return record, rec.inputs.detach().cpu()
+
+
+def _recovered(m: dict, max_ssim: float | None) -> dict[str, Any] | None:
+    """How many private images came back above the SSIM threshold (the fraction a reviewer reads)."""
+    if max_ssim is None:
+        return None
+    above = sum(1 for p in m["per_image"] if p.get("ssim") is not None and p["ssim"] > max_ssim)
+    return {"above_max_ssim": above, "of": len(m["per_image"]), "fraction": above / max(1, len(m["per_image"]))}
+
+
+def _encoding_metrics(encodings: torch.Tensor, obs: Observation, view: Observation) -> dict[str, Any] | None:
+    """Diagnostic, not part of the verdict: the reconstructed encodings against those the client really
+    trained on (first step of the decode chain; the verdict compares private images only)."""
+    if not obs.side.trained:
+        return None
+    truth = torch.cat([x for x, _ in obs.side.trained]).cpu()
+    if truth.shape != encodings.shape:
+        return {"note": f"the client trained on {truth.shape[0]} encodings, the attack reconstructed {encodings.shape[0]}"}
+    summary = metrics.evaluate(encodings, truth, data_range=view.input_range)["summary"]
+    return {"vs": "the encodings the client trained on (diagnostic)", "ssim": summary["ssim"], "mse": summary["mse"]}
 
 
 def _prepare_state(state: Path, digest: str, resume: bool) -> None:
@@ -422,7 +451,8 @@ class _BatchSource:
         cfg = self.cfg
         if self.target is None:
             x, y = self._private(b)
-            defense = from_config(cfg.defense) if cfg.defense is not None else None
+            resolved, _ = privacy.resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)
+            defense = from_config(resolved) if resolved is not None else None
             obs = simulate_client(self.model, x, y, defense, _protocol(cfg), train_mode=cfg.client.train_mode)
             self._runs[b] = {"kind": "simulated", "samples": int(x.shape[0])}
         else:

@@ -11,15 +11,18 @@ of the private batch) is recorded separately in ``Observation.side`` and reaches
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import guardfl
 from guardfl.defenses import Defense, Identity, from_config
+from guardfl.errors import ConfigError
+from guardfl.protect import dp_compatible, soft_cross_entropy, split_stages
 from guardfl.redteam.auxdata import content_hashes
 
 
@@ -83,6 +86,18 @@ class SideKnowledge:
     defense_stats: list[dict] = field(default_factory=list)
     #: content hashes of the private inputs (to refuse auxiliary data that overlaps them; never granted)
     input_hashes: tuple[str, ...] = ()
+    #: with an input encoding: the (encoded inputs, soft labels) of every local step, in order (the
+    #: encoding's randomness: never granted; the report compares reconstructed encodings with them)
+    trained: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+
+    def training_labels(self) -> Tensor:
+        """The labels the client trained on: its soft labels when it encoded one batch per sample (FedSGD, or
+        one epoch of FedAvg without resampling), else the private hard labels."""
+        if self.trained:
+            soft = torch.cat([y for _, y in self.trained])
+            if soft.shape[0] == self.labels.shape[0]:
+                return soft
+        return self.labels
 
 
 @dataclass
@@ -125,7 +140,7 @@ class Observation:
             defense_config=self.defense_config,
             released_bn_stats=mv(self.released_bn_stats),
             side=SideKnowledge(self.side.labels.to(device), mv(self.side.bn_batch_stats), self.side.defense_stats,
-                               self.side.input_hashes),
+                               self.side.input_hashes, mv(self.side.trained)),
             train_mode=self.train_mode,
         )
 
@@ -148,6 +163,16 @@ def _record_first_bn_inputs(model: nn.Module) -> tuple[list[tuple[Tensor, Tensor
     return records, [bn.register_forward_hook(hook) for bn in layers]
 
 
+def _num_classes(model: nn.Module, x: Tensor) -> int:
+    """The model's output width (one forward in eval mode, so no BatchNorm buffer moves)."""
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        k = int(model(x[:1]).shape[-1])
+    model.train(was)
+    return k
+
+
 def simulate_client(
     model: nn.Module,
     inputs: Tensor,
@@ -160,9 +185,15 @@ def simulate_client(
 ) -> Observation:
     """Run the client exactly as deployed and return what it transmits.
 
-    ``model`` is the global model the server sent (left untouched). ``defense``: a guardfl defense (or a
-    config); None means no defense (``Identity``, bit-identical to plain SGD). The client trains in train
-    mode (BatchNorm uses batch statistics) unless ``train_mode=False``.
+    ``model`` is the global model the server sent (left untouched). ``defense``: any guardfl defense or
+    stack (a config works too); None means no defense (``Identity``, bit-identical to plain SGD). The client
+    goes through ``guardfl.protect`` as a deployed client does: gradient defenses wrap its SGD; DP-SGD is
+    Opacus (per-sample clipping, Gaussian noise from the defense's generator, gradient defenses of the stack
+    applied after the noise); an input encoding (MixUp / InstaHide) encodes every batch it trains on, with
+    soft labels. FedSGD sends the gradient of exactly the given batch (encoded, then clipped and noised as
+    configured); FedAvg trains E epochs over the n samples in batches of B, in order, or Poisson-sampled
+    when DP-SGD says so. The client trains in train mode (BatchNorm on batch statistics) unless
+    ``train_mode=False``.
     """
     protocol = protocol or FedSGD()
     if not any(p.requires_grad for p in model.parameters()):
@@ -170,39 +201,54 @@ def simulate_client(
     if inputs.shape[0] != labels.shape[0] or inputs.shape[0] < 1:
         raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
     defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
-    if defense_obj.stages - {"gradient"}:
-        raise ValueError(
-            f"defense: {defense_obj.kind} includes DP-SGD or an input encoding; the red team simulates gradient "
-            "defenses (gradprune, sign, gaussian, laplace, outpost and their stacks) so far"
-        )
+    stages = defense_obj.stages
 
     global_model = copy.deepcopy(model)
     client = copy.deepcopy(model)
     client.train(train_mode)
+    if "dp" in stages and dp_compatible(client) is not client:
+        raise ConfigError("defense: DP-SGD cannot train this model (it has BatchNorm, which Opacus refuses); build the "
+                          "global model with guardfl.dp_compatible(model), or use a model without BatchNorm")
+    num_classes = _num_classes(client, inputs)
     names = [n for n, p in client.named_parameters() if p.requires_grad]
     params = [p for p in client.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params]
+    n = inputs.shape[0]
     if isinstance(protocol, FedSGD):
         opt = torch.optim.SGD(params, lr=1.0)
+        batch = n
     else:
         opt = torch.optim.SGD(params, lr=protocol.lr, momentum=protocol.momentum, weight_decay=protocol.weight_decay)
-    guarded = guardfl.wrap(opt, defense_obj, model=client)
+        batch = min(protocol.batch_size, n)
+    loader = DataLoader(TensorDataset(inputs, labels), batch_size=batch, shuffle=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+        warnings.filterwarnings("ignore", message=".*Full backward hook.*")
+        net, guarded, train_loader = guardfl.protect(client, opt, loader, defense_obj, num_classes=num_classes)
     guarded.new_round()
+    _, encodings, _ = split_stages(defense_obj)
+    encoding = encodings[0] if encodings else None
 
     records, handles = _record_first_bn_inputs(client)
     stats: list[dict] = []
-    n = inputs.shape[0]
+    trained: list[tuple[Tensor, Tensor]] = []
     try:
         if isinstance(protocol, FedSGD):
-            batches = [(inputs, labels)]
+            # exactly this batch (no Poisson resampling of a FedSGD batch), encoded when the client encodes
+            batches = [encoding.encode(inputs, labels, num_classes) if encoding is not None else (inputs, labels)]
         else:
-            b = protocol.batch_size
-            batches = [(inputs[i : i + b], labels[i : i + b]) for _ in range(protocol.epochs) for i in range(0, n, b)]
+            batches = (xy for _ in range(protocol.epochs) for xy in train_loader)
         for x, y in batches:
+            if x.shape[0] == 0:  # an empty Poisson-sampled batch: the client skips the step
+                continue
             guarded.zero_grad(set_to_none=True)
-            F.cross_entropy(client(x), y).backward()
+            with warnings.catch_warnings():  # Opacus's hooks on a first layer whose input needs no grad
+                warnings.filterwarnings("ignore", message=".*Full backward hook.*")
+                soft_cross_entropy(net(x), y).backward()
             guarded.step()
-            stats.append(guarded.last_stats.to_dict())
+            trained.append((x.detach().clone(), y.detach().clone()))
+            if guarded.last_stats is not None:
+                stats.append(guarded.last_stats.to_dict())
     finally:
         for h in handles:
             h.remove()
@@ -213,8 +259,6 @@ def simulate_client(
         update = {name: (p.detach() - s) for name, p, s in zip(names, params, start)}
     released = [(bn.running_mean.detach().clone(), bn.running_var.detach().clone())
                 for bn in bn_layers(client) if bn.running_mean is not None]
-    with torch.no_grad():
-        num_classes = int(client(inputs[:1]).shape[-1])
     return Observation(
         protocol=protocol,
         model=global_model,
@@ -226,7 +270,7 @@ def simulate_client(
         defense_config=None if defense is None else defense_obj.config.model_dump(mode="json"),
         released_bn_stats=released,
         side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(records), defense_stats=stats,
-                           input_hashes=tuple(content_hashes(inputs, input_range))),
+                           input_hashes=tuple(content_hashes(inputs, input_range)),
+                           trained=trained if encoding is not None else []),
         train_mode=train_mode,
     )
-

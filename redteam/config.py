@@ -78,6 +78,8 @@ class ClientSection(StrictModel):
     momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
     weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
     train_mode: bool = True
+    #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
+    dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 
     @property
     def n(self) -> int:

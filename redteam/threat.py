@@ -78,7 +78,8 @@ class ThreatModel(StrictModel):
         if isinstance(protocol, FedAvg) and self.fedavg == "unknown":
             protocol = None  # the attacker treats the delta as a single gradient step
         return Knowledge(
-            labels=observation.side.labels if self.labels == "known" else None,
+            # the labels the client trained on: soft (mixed) labels for an input encoding
+            labels=observation.side.training_labels() if self.labels == "known" else None,
             bn_mode=self.bn,
             bn_target=bn_target,
             defense_config=observation.defense_config if self.defense == "known" else None,

@@ -100,8 +100,20 @@ class Replica:
         logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,), tie_weights=False)
         return F.cross_entropy(logits, y)
 
+    def _clipped_gradient(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """DP-SGD's batch gradient without its noise: each sample's gradient clipped to the known norm C
+        (Opacus's factor min(1, C / (||g_i|| + 1e-6))), summed, divided by the batch size."""
+        one = lambda p, xi, yi: self._loss(p, xi[None], yi[None])  # noqa: E731
+        per = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+        norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in per.values()))
+        factor = (self.known.clip_norm / (norms + 1e-6)).clamp(max=1.0)
+        return {k: torch.einsum("b,b...->...", factor, v) / x.shape[0] for k, v in per.items()}
+
     def _step_gradient(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        g = grad(self._loss)(params, x, y)
+        if self.known.clip_norm is not None:
+            g = self._clipped_gradient(params, x, y)
+        else:
+            g = grad(self._loss)(params, x, y)
         if self.signed and not self.hinge:
             g = {k: obj.soft_sign(v) for k, v in g.items()}
         return g

@@ -63,11 +63,14 @@ def test_bad_inputs():
         simulate_client(torch.nn.Linear(3, 2), torch.zeros(2, 3), torch.tensor([0]))
     with pytest.raises(ValueError, match="FedAvg.lr"):
         FedAvg(lr=0)
-    from guardfl.defenses import DPSGD, InstaHide, Stack
+    from guardfl.defenses import DPSGD, InstaHide
+    from guardfl.errors import ConfigError
 
-    for d in (InstaHide(), Stack(GradPrune(0.5), DPSGD(noise_multiplier=1.0))):
-        with pytest.raises(ValueError, match="simulates gradient defenses"):
-            simulate_client(torch.nn.Linear(3, 2), torch.zeros(1, 3), torch.tensor([0]), d)
+    with pytest.raises(ConfigError, match="instahide.k"):  # k larger than the batch
+        simulate_client(torch.nn.Linear(3, 2), torch.zeros(1, 3), torch.tensor([0]), InstaHide(k=4))
+    bn = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="DP-SGD cannot train this model"):
+        simulate_client(bn, torch.zeros(2, 3), torch.tensor([0, 1]), DPSGD(noise_multiplier=1.0))
 
 
 def test_model_state_is_explicit(tmp_path):
@@ -84,3 +87,71 @@ def test_model_state_is_explicit(tmp_path):
     assert torch.equal(c.fc.weight, wide.fc.weight)
     with pytest.raises(ValueError, match="neither"):
         set_model_state(LeNetZhu((1, 25, 25)), "nonexistent.pt")
+
+
+# -- DP-SGD and input encodings go through guardfl.protect ---------------------------------------------------
+def _tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def _flat(obs):
+    return torch.cat([v.reshape(-1) for v in obs.update.values()])
+
+
+def test_dpsgd_fedsgd_is_clipped_mean_plus_noise_of_exactly_the_batch():
+    from guardfl.defenses import DPSGD
+
+    model, x, y = _tiny(), torch.rand(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])
+    c = 0.01
+    quiet = simulate_client(model, x, y, DPSGD(noise_multiplier=0.0, max_grad_norm=c))
+    # reference: per-sample gradients clipped to c, averaged over the 4 samples of THIS batch
+    ref = []
+    for i in range(4):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        ref.append(g * min(1.0, c / (float(g.norm()) + 1e-6)))
+    assert torch.allclose(_flat(quiet), torch.stack(ref).mean(0), atol=1e-7)
+    sigma = 3.0
+    noisy = simulate_client(model, x, y, DPSGD(noise_multiplier=sigma, max_grad_norm=c, seed=1))
+    noise = _flat(noisy) - _flat(quiet)
+    assert abs(float(noise.std()) / (sigma * c / 4) - 1) < 0.15  # std = sigma * C / batch size
+    again = simulate_client(model, x, y, DPSGD(noise_multiplier=sigma, max_grad_norm=c, seed=1))
+    assert torch.equal(_flat(noisy), _flat(again))  # the noise is the defense's seeded generator
+
+
+def test_dpsgd_stack_applies_gradient_defense_after_the_noise():
+    from guardfl.defenses import DPSGD, Stack
+
+    model, x, y = _tiny(), torch.rand(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])
+    obs = simulate_client(model, x, y, Stack(DPSGD(noise_multiplier=1.0, seed=2), GradPrune(0.75)))
+    for v in obs.update.values():  # pruning per layer after Opacus: 75% zeros in every layer
+        assert abs(float((v == 0).float().mean()) - 0.75) <= 1.0 / v.numel() + 1e-9
+
+
+def test_encoded_client_trains_on_encodings_with_soft_labels():
+    from guardfl.defenses import InstaHide, MixUp
+
+    model, x, y = _tiny(), torch.rand(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    for d in (MixUp(k=3, seed=4), InstaHide(k=3, seed=4)):
+        obs = simulate_client(model, x, y, d)
+        (enc, soft), = obs.side.trained
+        assert enc.shape == x.shape and soft.shape == (6, 3)
+        assert not torch.allclose(enc, x)
+        # what leaves the client is the gradient on the encodings it trained on
+        model.zero_grad()
+        (-(soft * torch.log_softmax(model(enc), -1)).sum(-1).mean()).backward()
+        ref = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        assert torch.allclose(_flat(obs), ref, atol=1e-6)
+        assert torch.equal(obs.side.training_labels(), soft)
+        assert torch.equal(obs.side.labels, y)  # the private labels stay for the metrics
+
+
+def test_encoded_fedavg_draws_fresh_encodings_every_step():
+    from guardfl.defenses import MixUp
+
+    model, x, y = _tiny(), torch.rand(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])
+    obs = simulate_client(model, x, y, MixUp(k=2), FedAvg(epochs=2, batch_size=2, lr=0.1))
+    assert len(obs.side.trained) == 4
+    assert not torch.allclose(obs.side.trained[0][0], obs.side.trained[2][0])  # same samples, new mix

@@ -49,3 +49,20 @@ def test_sign_aware_objective_is_zero_at_the_truth_for_one_sample(wide_lenet, fa
     assert replica.hinge and float(replica.objective(x, y)) == 0.0
     batch = simulate_client(wide_lenet, faces[:2], torch.tensor([3, 4]), SignCompression())
     assert not Replica(batch, ThreatModel(labels="known").knowledge(batch), ObjectiveWeights(), torch.device("cpu")).hinge
+
+
+def test_replica_reproduces_noiseless_dpsgd_exactly():
+    """The clipping-aware objective: the attacker's replica clips each sample's gradient as Opacus does."""
+    from guardfl.defenses import DPSGD
+    from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
+    from guardfl.redteam.client import FedAvg, FedSGD, simulate_client
+    from guardfl.redteam.threat import ThreatModel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    x, y = torch.rand(4, 3, 2, 2), torch.tensor([0, 1, 2, 1])
+    for protocol in (FedSGD(), FedAvg(epochs=2, batch_size=2, lr=0.1)):
+        obs = simulate_client(model, x, y, DPSGD(noise_multiplier=0.0, max_grad_norm=0.02, poisson_sampling=False), protocol)
+        replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights(distance="l2"), torch.device("cpu"))
+        for sim, seen in zip(replica.simulate(x, y), replica.observed):
+            assert torch.allclose(sim, seen, atol=1e-7)

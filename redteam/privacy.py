@@ -1,0 +1,67 @@
+"""DP-SGD accounting for a certified deployment: the (epsilon, delta) the configured client spends.
+
+The red team attacks one round of one client, but a DP guarantee is a property of the whole training:
+Opacus's accountant over ``epochs`` passes of the client's local dataset at sample rate
+``batch_size / dataset_size``. ``resolve`` turns a ``target_epsilon`` configuration into the noise
+multiplier Opacus's ``make_private_with_epsilon`` would pick for that deployment (so the simulated client
+adds exactly that noise) and reports the epsilon of a ``noise_multiplier`` configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+from guardfl.errors import ConfigError
+
+
+def _dpsgd(config: dict) -> dict | None:
+    if config.get("kind") == "dpsgd":
+        return config
+    for member in config.get("defenses", []) if config.get("kind") == "stack" else []:
+        found = _dpsgd(member)
+        if found is not None:
+            return found
+    return None
+
+
+def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> tuple[dict | None, dict[str, Any] | None]:
+    """(the defense configuration with DP-SGD's noise multiplier resolved, the privacy summary); both
+    unchanged / None without a DP-SGD stage."""
+    if not defense:
+        return defense, None
+    resolved = copy.deepcopy(defense)
+    dp = _dpsgd(resolved)
+    if dp is None:
+        return defense, None
+    from opacus.accountants import create_accountant
+    from opacus.accountants.utils import get_noise_multiplier
+
+    accountant = dp.get("accountant", "rdp")
+    delta = float(dp.get("delta", 1e-5))
+    epochs = dp.get("epochs")
+    if dataset_size is None:
+        if dp.get("target_epsilon") is not None:
+            raise ConfigError("client.dataset_size: needed to turn dpsgd.target_epsilon into a noise multiplier (the "
+                              "client's local dataset size; sample rate = batch_size / dataset_size)")
+        return defense, {"epsilon": None, "note": "give client.dataset_size and dpsgd.epochs to account epsilon",
+                         "noise_multiplier": dp["noise_multiplier"], "max_grad_norm": dp.get("max_grad_norm", 1.0)}
+    if dataset_size < batch_size:
+        raise ConfigError(f"client.dataset_size: {dataset_size} is smaller than the batch size {batch_size}; allowed: >= batch size")
+    rate = batch_size / dataset_size
+    if dp.get("target_epsilon") is not None:
+        dp["noise_multiplier"] = float(get_noise_multiplier(target_epsilon=dp["target_epsilon"], target_delta=delta,
+                                                            sample_rate=rate, epochs=epochs, accountant=accountant))
+        dp["target_epsilon"] = None
+    summary = {"noise_multiplier": dp["noise_multiplier"], "max_grad_norm": dp.get("max_grad_norm", 1.0),
+               "sample_rate": rate, "epochs": epochs, "delta": delta, "accountant": accountant, "epsilon": None}
+    if epochs is not None:
+        acc = create_accountant(accountant)
+        acc.history = [(dp["noise_multiplier"], rate, int(epochs * dataset_size // batch_size))]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Optimal order.*")
+            summary["epsilon"] = float(acc.get_epsilon(delta))
+    else:
+        summary["note"] = "give dpsgd.epochs (passes over the local dataset) to account epsilon"
+    return resolved, summary

@@ -1,0 +1,30 @@
+"""DP-SGD accounting of a certified deployment."""
+
+import pytest
+
+from guardfl.errors import ConfigError
+from guardfl.redteam.privacy import resolve
+
+
+def test_target_epsilon_resolves_to_the_noise_that_spends_it():
+    cfg = {"kind": "stack", "defenses": [{"kind": "dpsgd", "target_epsilon": 4.0, "epochs": 5, "delta": 1e-5},
+                                         {"kind": "gradprune", "ratio": 0.5}]}
+    resolved, summary = resolve(cfg, batch_size=32, dataset_size=5000)
+    dp = resolved["defenses"][0]
+    assert dp["target_epsilon"] is None and dp["noise_multiplier"] > 0
+    assert summary["epsilon"] == pytest.approx(4.0, abs=0.05)
+    assert summary["sample_rate"] == 32 / 5000
+    assert cfg["defenses"][0]["target_epsilon"] == 4.0  # the caller's config is left alone
+
+
+def test_more_noise_spends_less_epsilon():
+    eps = [resolve({"kind": "dpsgd", "noise_multiplier": s, "epochs": 3}, 16, 1000)[1]["epsilon"] for s in (0.8, 1.6)]
+    assert eps[1] < eps[0]
+
+
+def test_errors_name_the_field():
+    with pytest.raises(ConfigError, match="client.dataset_size"):
+        resolve({"kind": "dpsgd", "target_epsilon": 1.0, "epochs": 1}, 8, None)
+    with pytest.raises(ConfigError, match="client.dataset_size"):
+        resolve({"kind": "dpsgd", "noise_multiplier": 1.0}, 8, 4)
+    assert resolve({"kind": "gradprune", "ratio": 0.5}, 8, None) == ({"kind": "gradprune", "ratio": 0.5}, None)
