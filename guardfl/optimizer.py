@@ -5,6 +5,10 @@ shares ``param_groups``, ``state`` and ``defaults`` with the wrapped optimizer, 
 ``original_optimizer``. On ``step()`` each ``p.grad`` is replaced, in place, by the defended gradient and
 then the inner optimizer steps, so the local model moves by the defended update: what leaves the client
 (the FedSGD gradient, or the FedAvg model delta) is defended.
+
+Defenses that need the model and the batch inputs (``needs_model``: Soteria, GradDefense) get them through
+``model=``: a forward pre-hook on the model records the first positional input of its latest forward pass
+run with grad enabled (detached, no copy), and ``step()`` hands model and inputs to the defense.
 """
 
 from __future__ import annotations
@@ -68,6 +72,21 @@ class ProxyOptimizer(Optimizer):
         self.__dict__.update(state)
 
 
+class _InputRecorder:
+    """Forward pre-hook: keeps the first positional input of the model's latest forward pass with grad
+    enabled (a training forward; evaluation under ``torch.no_grad()`` is not recorded). Paused while the
+    defense runs its own passes through the model. Holds no reference to the optimizer, so a deep copy
+    of the model records into its own copy."""
+
+    def __init__(self) -> None:
+        self.inputs: Tensor | None = None
+        self.paused = False
+
+    def __call__(self, module: torch.nn.Module, args: tuple) -> None:
+        if not self.paused and torch.is_grad_enabled() and args and isinstance(args[0], Tensor):
+            self.inputs = args[0].detach()
+
+
 class GuardedOptimizer(ProxyOptimizer):
     """Wraps ``optimizer`` so that ``step()`` applies ``defense`` to the gradients first.
 
@@ -76,6 +95,11 @@ class GuardedOptimizer(ProxyOptimizer):
         defense: the defense (a single one or a ``Stack``).
         iteration: local iteration within the current FL round (1-based after the first step).
         last_stats: ``StepStats`` of the last step (None before the first step).
+        model: the model given as ``model=`` (None if none was given).
+
+    ``model`` is required when a leaf of the defense needs the model (Soteria, GradDefense): the inputs of
+    the model's latest forward pass with grad enabled are recorded and handed to the defense at ``step()``
+    (with gradient accumulation over several forward passes, only the last one's inputs).
     """
 
     def __init__(
@@ -84,6 +108,7 @@ class GuardedOptimizer(ProxyOptimizer):
         defense: Defense | Mapping[str, Any] | str,
         *,
         param_names: Mapping[Tensor, str] | Iterable[tuple[str, Tensor]] | None = None,
+        model: torch.nn.Module | None = None,
     ) -> None:
         if isinstance(optimizer, GuardedOptimizer):
             raise UnsupportedOptimizerError(
@@ -106,9 +131,30 @@ class GuardedOptimizer(ProxyOptimizer):
             )
         self.iteration = 0
         self.last_stats: StepStats | None = None
+        if param_names is None and model is not None:
+            param_names = list(model.named_parameters())
         if param_names is not None and not isinstance(param_names, Mapping):
             param_names = {p: n for n, p in param_names}
         self._param_names = dict(param_names) if param_names is not None else {}
+        self.model = model
+        self._recorder: _InputRecorder | None = None
+        self._hook = None
+        needing = [leaf for leaf in self.defense.leaves() if leaf.needs_model]
+        if needing and model is None:
+            kinds = ", ".join(sorted({leaf.kind for leaf in needing}))
+            raise UnsupportedOptimizerError(
+                f"defense: {kinds} needs the model and its batch inputs: pass model= (guardfl.wrap(optimizer, defense, model=model))"
+            )
+        if needing:
+            for leaf in needing:
+                leaf.check_model(model)
+            self._recorder = _InputRecorder()
+            self._hook = model.register_forward_pre_hook(self._recorder)
+
+    def __del__(self) -> None:
+        hook = self.__dict__.get("_hook")
+        if hook is not None:
+            hook.remove()
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus this wrapper's round state under ``"guardfl"``."""
@@ -148,8 +194,17 @@ class GuardedOptimizer(ProxyOptimizer):
                 raise UnsupportedOptimizerError(f"{self._name(p, 0)}: sparse gradients are not supported")
         self.iteration += 1
         names = [self._name(p, i) for i, p in enumerate(params)]
-        ctx = StepContext(iteration=self.iteration, params=[p.detach() for p in params], names=names)
-        stages = self.defense.apply_([p.grad for p in params], ctx)
+        recorder = self._recorder
+        inputs = recorder.inputs if recorder is not None else None
+        ctx = StepContext(iteration=self.iteration, params=[p.detach() for p in params], names=names,
+                          model=self.model, inputs=inputs)
+        if recorder is not None:
+            recorder.paused, recorder.inputs = True, None  # the defense's own passes are not a training batch
+        try:
+            stages = self.defense.apply_([p.grad for p in params], ctx)
+        finally:
+            if recorder is not None:
+                recorder.paused = False
         self.last_stats = StepStats(self.iteration, stages)
         return self.last_stats
 
@@ -174,7 +229,8 @@ def wrap(
 ) -> GuardedOptimizer:
     """Guard ``optimizer`` with ``defense`` (a Defense, or a config dict / YAML for ``from_config``).
 
-    Pass ``model`` to have ``last_stats`` name layers by their parameter names.
+    Pass ``model`` to have ``last_stats`` name layers by their parameter names; defenses that need the
+    model and the batch inputs (Soteria, GradDefense) require it.
     """
     names = list(model.named_parameters()) if model is not None else None
-    return GuardedOptimizer(optimizer, defense, param_names=names)
+    return GuardedOptimizer(optimizer, defense, param_names=names, model=model)

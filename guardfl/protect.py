@@ -186,7 +186,7 @@ def protect(
     else:
         if privacy_state is not None:
             raise ConfigError("privacy_state: given, but the defense has no dpsgd stage")
-        optimizer = GuardedOptimizer(optimizer, grad_defense or Identity(), param_names=list(model.named_parameters()))
+        optimizer = GuardedOptimizer(optimizer, grad_defense or Identity(), param_names=list(model.named_parameters()), model=model)
     if encodings:
         data_loader = EncodedLoader(data_loader, encodings[0], num_classes or _num_classes(model))
     return model, optimizer, data_loader
@@ -219,7 +219,7 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
         raise ConfigError(f"dpsgd: Opacus cannot make this model private: {err}") from None
     guarded = None
     if grad_defense is not None:
-        guarded = GuardedOptimizer(dp_opt.original_optimizer, grad_defense, param_names=list(model.named_parameters()))
+        guarded = GuardedOptimizer(dp_opt.original_optimizer, grad_defense, param_names=list(model.named_parameters()), model=model)
         dp_opt.original_optimizer = guarded  # defend after Opacus has clipped and noised
     return model, dp_opt, engine, data_loader, guarded
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from guardfl.config import StrictModel, validate
 from guardfl.errors import ConfigError, NonFiniteGradientError
@@ -46,11 +46,16 @@ class StepContext:
 
     ``iteration``: 1-based local iteration within the current FL round. ``params``: the parameters the
     gradients belong to (current weights, before the update), same order. ``names``: their names.
+    ``model``: the client's model and ``inputs``: the inputs of its latest forward pass (detached), for the
+    defenses that need them (``Defense.needs_model``: Soteria, GradDefense). No labels: ``GuardedOptimizer``
+    sees the model's inputs, not the loss.
     """
 
     iteration: int = 1
     params: Sequence[Tensor] | None = None
     names: Sequence[str] | None = None
+    model: nn.Module | None = None
+    inputs: Tensor | None = None
 
     def name(self, i: int) -> str:
         return self.names[i] if self.names is not None else f"param{i}"
@@ -87,6 +92,9 @@ class Defense:
     kind: ClassVar[str]
     #: Whether ``_apply_`` reads the current weights (``ctx.params``).
     needs_params: ClassVar[bool] = False
+    #: Whether ``_apply_`` reads the model and the batch inputs (``ctx.model``, ``ctx.inputs``); then
+    #: ``GuardedOptimizer`` needs ``model=`` (it records the inputs with a forward pre-hook).
+    needs_model: ClassVar[bool] = False
     #: Where the defense acts: "gradient" (the optimizer step, ``guardfl.wrap``), "dp" (DP-SGD through
     #: Opacus) or "input" (an input encoding of the data loader); the last two need ``guardfl.protect``.
     stage: ClassVar[str] = "gradient"
@@ -117,6 +125,10 @@ class Defense:
 
     def _check_config(self) -> None:
         """Cross-field checks a subclass needs (raise ConfigError)."""
+
+    def check_model(self, model: nn.Module) -> None:
+        """Checks against the model a ``needs_model`` defense will see (raise ConfigError); called by
+        ``GuardedOptimizer`` when it is built, so a bad layer name fails before training starts."""
 
     @classmethod
     def from_config(cls, config: DefenseConfig | dict) -> "Defense":
@@ -154,6 +166,12 @@ class Defense:
                 raise ConfigError(f"{self.kind} needs the current weights: pass params= (or ctx.params)")
             if len(ctx.params) != len(grads):
                 raise ValueError(f"{self.kind}: got {len(grads)} gradients but {len(ctx.params)} params")
+        if self.needs_model and ctx.model is None:
+            raise ConfigError(f"{self.kind} needs the model and the batch inputs: pass model= to guardfl.wrap / "
+                              "GuardedOptimizer (functional form: model= and inputs=)")
+        if self.needs_model and ctx.inputs is None:
+            raise ConfigError(f"{self.kind} needs the batch inputs: none recorded (the model ran no forward pass "
+                              "with grad enabled since the last step)")
         self._handle_nonfinite(grads, ctx)
         with torch.no_grad():
             return (self._apply_(list(grads), ctx),)
@@ -165,10 +183,14 @@ class Defense:
         *,
         iteration: int = 1,
         names: Sequence[str] | None = None,
+        model: nn.Module | None = None,
+        inputs: Tensor | None = None,
     ) -> tuple[list[Tensor], StepStats]:
         """Functional form: defended copies of ``grads`` and what was done. Inputs are not mutated."""
         out = [g.detach().clone() for g in grads]
-        stages = self.apply_(out, StepContext(iteration=iteration, params=params, names=names))
+        ctx = StepContext(iteration=iteration, params=params, names=names, model=model,
+                          inputs=None if inputs is None else inputs.detach())
+        stages = self.apply_(out, ctx)
         return out, StepStats(iteration, stages)
 
     def _handle_nonfinite(self, grads: Sequence[Tensor], ctx: StepContext) -> None:

@@ -69,6 +69,14 @@ class Stack(Defense):
         return any(m.needs_params for m in self.members)
 
     @property
+    def needs_model(self) -> bool:  # type: ignore[override]
+        return any(m.needs_model for m in self.members)
+
+    def check_model(self, model) -> None:
+        for member in self.members:
+            member.check_model(model)
+
+    @property
     def randomized(self) -> bool:  # type: ignore[override]
         return any(m.randomized for m in self.members)
 
