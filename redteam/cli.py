@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         worst = c.get("worst")
         worst = f"{worst:.3f}" if isinstance(worst, float) else worst
         print(f"  [{status}] {c['metric']} {c.get('rule', '')}: worst {worst} {c.get('note', '')}".rstrip())
+    if cert.privacy and cert.privacy.get("epsilon") is not None:
+        pv = cert.privacy
+        print(f"  [info] DP-SGD spends epsilon {pv['epsilon']:.3g} at delta {pv['delta']:g} (noise multiplier "
+              f"{pv['noise_multiplier']:.3g}, sample rate {pv['sample_rate']:.3g}, {pv['epochs']} epochs)")
     skipped = [a for a in cert.attacks if a["status"] == "not applicable"]
     for a in skipped:
         print(f"  [n/a ] {a['attack']}: {a['reason']}")

@@ -50,6 +50,7 @@ def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> 
     if dataset_size < batch_size:
         raise ConfigError(f"client.dataset_size: {dataset_size} is smaller than the batch size {batch_size}; allowed: >= batch size")
     rate = batch_size / dataset_size
+    warnings.filterwarnings("ignore", message=".*Optimal order is the largest alpha.*")  # Opacus's RDP search note
     if dp.get("target_epsilon") is not None:
         dp["noise_multiplier"] = float(get_noise_multiplier(target_epsilon=dp["target_epsilon"], target_delta=delta,
                                                             sample_rate=rate, epochs=epochs, accountant=accountant))
@@ -59,9 +60,7 @@ def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> 
     if epochs is not None:
         acc = create_accountant(accountant)
         acc.history = [(dp["noise_multiplier"], rate, int(epochs * dataset_size // batch_size))]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Optimal order.*")
-            summary["epsilon"] = float(acc.get_epsilon(delta))
+        summary["epsilon"] = float(acc.get_epsilon(delta))
     else:
         summary["note"] = "give dpsgd.epochs (passes over the local dataset) to account epsilon"
     return resolved, summary

@@ -71,23 +71,27 @@ def write_report(cert: Certificate, out: Path) -> None:
         img_tag = f'<img alt="batch {b}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         legend = " / ".join(html.escape(x) for x in labels)
         table = ["<tr><th>attack</th><th>threat</th><th>SSIM mean</th><th>SSIM best</th><th>PSNR best</th>"
-                 "<th>LPIPS best</th><th>label acc</th><th>time (s)</th></tr>"]
+                 "<th>LPIPS best</th><th>label acc</th><th>images above max SSIM</th><th>time (s)</th></tr>"]
         prior = cert.priors.get(str(b))
         if prior:
             ssims = [p["ssim"] for p in prior]
             table.append(f"<tr><td><i>prior guess</i></td><td>no update used</td><td>{_fmt(sum(ssims) / len(ssims))}</td>"
                          f"<td>{_fmt(max(ssims))}</td><td>{_fmt(max(p['psnr'] for p in prior))}</td><td colspan=3>baseline: "
-                         "what the attacker's auxiliary data alone gives</td></tr>")
+                         "what the attacker's auxiliary data alone gives</td><td></td></tr>")
         for r in cert.results:
             if r["batch"] != b:
                 continue
             threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
+            if r.get("info", {}).get("decode"):
+                threat += f"; decoded: {r['info']['decode']}"
+            rec_ = r.get("recovered") or {}
+            recovered = f"{rec_['above_max_ssim']} of {rec_['of']}" if rec_ else ""
             s = r["metrics"]["summary"]
             get = lambda k, f: None if s.get(k) is None else s[k][f]  # noqa: E731
             table.append(
                 f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td><td>{_fmt(get('ssim', 'mean'))}</td>"
                 f"<td>{_fmt(get('ssim', 'best'))}</td><td>{_fmt(get('psnr', 'best'))}</td><td>{_fmt(get('lpips', 'best'))}</td>"
-                f"<td>{_fmt(s.get('label_acc'))}</td><td>{_fmt(r.get('seconds'))}</td></tr>"
+                f"<td>{_fmt(s.get('label_acc'))}</td><td>{recovered}</td><td>{_fmt(r.get('seconds'))}</td></tr>"
             )
         sections.append(f"<h2>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag}<table>{''.join(table)}</table>")
 
@@ -110,6 +114,18 @@ def write_report(cert: Certificate, out: Path) -> None:
         f"<td>{html.escape(a.get('paper_reference', ''))}</td></tr>"
         for a in cert.attacks
     )
+    privacy_html = ""
+    if cert.privacy:
+        pv = cert.privacy
+        eps = "not accounted (" + html.escape(pv.get("note", "")) + ")" if pv.get("epsilon") is None else f"epsilon = {pv['epsilon']:.3g} at delta = {pv['delta']:g}"
+        privacy_html = (f"<p><b>DP-SGD</b>: {eps}; noise multiplier {_fmt(pv.get('noise_multiplier'))}, clipping norm "
+                        f"{_fmt(pv.get('max_grad_norm'))}, sample rate {_fmt(pv.get('sample_rate'))}, epochs {pv.get('epochs')} "
+                        f"({html.escape(str(pv.get('accountant', '')))} accountant, Opacus).</p>")
+    encoding_html = ""
+    if any(r.get("info", {}).get("decode") for r in cert.results):
+        encoding_html = ("<p>The client encodes its inputs (MixUp / InstaHide): every attack reconstructed the encodings the "
+                         "client trained on, then demixed them blind (k and the coefficient bound known, never the partners "
+                         "or coefficients); the images shown and measured are the estimates of the PRIVATE images.</p>")
     prep_html = ""
     if cert.preparations:
         prep_html = ("<h2>Prepared attacks</h2><p>Once-per-setting preparations (e.g. the inverter trained on auxiliary "
@@ -130,6 +146,7 @@ pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
 Worst case over every attack and image; "best" = the most leaking image. LPIPS: {'available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')'}.</p>
+{privacy_html}{encoding_html}
 <h2>Thresholds</h2>
 <table><tr><th>metric</th><th>rule</th><th>worst measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
 {''.join(sections)}

@@ -144,6 +144,7 @@ def test_every_shipped_config_is_valid():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name, code", [("default.yaml", 0), ("no-defense.yaml", 1), ("cpa-fc2-b64.yaml", 1), ("cpa-fc2-b64-defended.yaml", 0)])
+@pytest.mark.parametrize("name, code", [("default.yaml", 0), ("no-defense.yaml", 1), ("cpa-fc2-b64.yaml", 1), ("cpa-fc2-b64-defended.yaml", 0),
+                                        ("huang2021-instahide-cpu.yaml", 0), ("huang2021-mixup-cpu.yaml", 1), ("dpsgd-eps8.yaml", 0)])
 def test_shipped_default_certifies_and_no_defense_does_not(tmp_path, name, code):
     assert main(["redteam", "--config", str(ROOT / "configs" / name), "--out", str(tmp_path), "--quiet"]) == code

@@ -28,3 +28,13 @@ def test_errors_name_the_field():
     with pytest.raises(ConfigError, match="client.dataset_size"):
         resolve({"kind": "dpsgd", "noise_multiplier": 1.0}, 8, 4)
     assert resolve({"kind": "gradprune", "ratio": 0.5}, 8, None) == ({"kind": "gradprune", "ratio": 0.5}, None)
+
+
+def test_shipped_dp_config_spends_the_epsilon_it_states():
+    from pathlib import Path
+
+    from guardfl.redteam.config import load_config
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "dpsgd-eps8.yaml")
+    _, summary = resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)
+    assert summary["epsilon"] == pytest.approx(8.0, abs=0.1) and summary["delta"] == 1e-5
