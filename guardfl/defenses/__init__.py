@@ -13,6 +13,7 @@ from guardfl.defenses.outpost import Outpost
 from guardfl.defenses.prune import GradPrune
 from guardfl.defenses.registry import available, from_config, parse_config
 from guardfl.defenses.sign import SignCompression
+from guardfl.defenses.soteria import Soteria
 from guardfl.defenses.stack import Stack
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "MixUp",
     "Outpost",
     "SignCompression",
+    "Soteria",
     "Stack",
     "StepContext",
     "available",
