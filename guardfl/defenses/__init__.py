@@ -7,6 +7,7 @@
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.dpsgd import DPSGD
 from guardfl.defenses.encoding import InstaHide, MixUp
+from guardfl.defenses.graddefense import GradDefense
 from guardfl.defenses.identity import Identity
 from guardfl.defenses.noise import GaussianNoise, LaplaceNoise
 from guardfl.defenses.outpost import Outpost
@@ -22,6 +23,7 @@ __all__ = [
     "Defense",
     "DefenseConfig",
     "GaussianNoise",
+    "GradDefense",
     "GradPrune",
     "Identity",
     "InstaHide",
