@@ -23,9 +23,10 @@ Interpretation and deviations (cited against the public code at its latest versi
 - Root set: the reference takes 5 samples per class (50) from the client's training set. The defense sees
   the inputs the model is called with, not the labels, so the root set is the first ``root_size`` inputs
   the client trains on (the first step's batch, grown from later batches up to ``root_size``; kept, on
-  the client, for later rounds), not class-balanced; and the loss is the cross-entropy against the
-  model's own predictions (argmax) instead of the true labels. Inputs whose shape differs from the root
-  set's are not added to it.
+  the client, for later rounds while the model object stays the same: another model object, such as
+  another simulated client's copy, starts a new root set), not class-balanced; and the loss is the
+  cross-entropy against the model's own predictions (argmax) instead of the true labels. Inputs whose
+  shape differs from the root set's are not added to it.
 - When: the reference computes the sensitivity once per training run (plato's ``get_train_loader``, i.e.
   once per FL round, on the model at the start of the round). ``refresh="round"`` (default) does the same
   at the round's first local step (``GuardedOptimizer.new_round()`` restarts the count);
@@ -51,6 +52,7 @@ Interpretation and deviations (cited against the public code at its latest versi
 
 from __future__ import annotations
 
+import weakref
 from typing import Literal
 
 import torch
@@ -124,6 +126,7 @@ class GradDefense(Defense):
             )
         self._root: Tensor | None = None
         self._sens_key: tuple | None = None
+        self._owner: weakref.ref | None = None  # the model the root set was collected for
 
     @property
     def clip_bound(self) -> float | None:
@@ -158,8 +161,10 @@ class GradDefense(Defense):
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
         c = self.config
         require_float_inputs(self.kind, ctx.inputs)
+        if self._owner is None or self._owner() is not ctx.model:  # another model: another client's data
+            self._root, self.last_sensitivity, self._owner = None, None, weakref.ref(ctx.model)
         self._grow_root(ctx.inputs)
-        key = (id(ctx.model), tuple(tuple(g.shape) for g in grads))
+        key = tuple(tuple(g.shape) for g in grads)
         if c.refresh == "step" or ctx.iteration == 1 or self.last_sensitivity is None or key != self._sens_key:
             self.last_sensitivity = self._sensitivity(ctx)
             self._sens_key = key

@@ -236,6 +236,11 @@ def test_root_set_is_the_first_inputs_and_sensitivity_refreshes_per_round(monkey
         F.cross_entropy(model(x), y).backward()
         step.step()
     assert calls == [4, 10, 4, 8, 12]
+    other = _cnn(1)  # the same defense object on another model (another client): a new root set
+    x, y = _batch(9, n=3)
+    grads, params, _ = _grads(other, x, y)
+    d(grads, params, model=other, inputs=x, iteration=3)
+    assert torch.equal(d.root_set, x) and calls[-1] == 3
 
 
 # -- through guardfl.wrap and guardfl.protect --------------------------------------------------------------
