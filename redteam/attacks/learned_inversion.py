@@ -54,7 +54,7 @@ from guardfl.redteam.attacks.base import (
 )
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.augment import TransmitSimulator, config_stages, flatten_update
+from guardfl.redteam.augment import TransmitSimulator, config_stages, defense_leaves, flatten_update
 from guardfl.redteam.auxdata import training_pool
 from guardfl.redteam.client import FedAvg
 from guardfl.redteam.threat import ThreatModel
@@ -134,6 +134,9 @@ class LearnedInversion(Attack):
             return "needs the FedAvg local hyperparameters to simulate the deltas (threat fedavg='unknown')"
         if threat.defense == "known" and config_stages(setting.defense_config) - {"gradient"}:
             return "DP-SGD and input encodings are not simulated as augmentation yet (gradient defenses are)"
+        if threat.defense == "known" and any(leaf.needs_model for leaf in defense_leaves(setting.defense_config)):
+            return ("defenses that read the model and the batch (Soteria, GradDefense) are not simulated as "
+                    "augmentation yet")
         if tuple(threat.aux.shape) != tuple(setting.input_shape):
             return f"auxiliary images have shape {tuple(threat.aux.shape)}, the client's {tuple(setting.input_shape)}"
         return None
