@@ -55,7 +55,7 @@ def feature_input_grad_norms(r: Tensor, x: Tensor, *, batched: bool | None = Non
     batched = x.is_cuda if batched is None else batched
     if batched:
         per_feature = max(1, x.numel())
-        step = chunk or max(1, min(features, (1 << 24) // per_feature))
+        step = chunk or max(1, min(features, (1 << 22) // per_feature))  # bounds the batched backward's memory
         for start in range(0, features, step):
             stop = min(features, start + step)
             c = stop - start
