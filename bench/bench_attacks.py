@@ -5,8 +5,11 @@
 
 ``outpost``: the direction of Wang et al. 2024, Table III, scenario 1 (FedAvg, E=1, n=1, B=1): the LeNet of
 Zhu et al. on CIFAR-10 images, DLG and csDLG (Inverting Gradients) matching the model delta, no defense vs
-gradient compression (GradPrune 0.8), Gaussian perturbation and Outpost (defaults). Reported for PyTorch's
-default initialisation (the realistic case) and for the wide U(-0.5, 0.5) init (worst case).
+gradient compression (GradPrune 0.8), Gaussian perturbation, Soteria, GradDefense and Outpost (defaults), the
+baselines at the paper's settings (Sec. V): Soteria prunes 50% of the FC layer's gradient (LeNet's only
+nn.Linear); GradDefense with clipping on and the settings of its source code (10 slices, 5 perturbed) at
+noise 0.01. Reported for PyTorch's default initialisation (the realistic case) and for the wide
+U(-0.5, 0.5) init (worst case).
 
 ``huang``: the direction of Huang et al. 2021, Table 2: ResNet-18 (CIFAR stem) in train mode, FedSGD,
 the strongest attacker (labels known, BN_exact; GradInversion: IG + BN prior), no defense vs GradPrune 0.9
@@ -26,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from guardfl.defenses import GaussianNoise, GradPrune, Outpost
+from guardfl.defenses import GaussianNoise, GradDefense, GradPrune, Outpost, Soteria
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, metrics, simulate_client
 from guardfl.redteam.attacks.base import resolve_device
 from guardfl.redteam.models import LeNetZhu, resnet18_cifar, wide_init_
@@ -76,6 +79,8 @@ def run_outpost(args, device) -> dict:
         "none": None,
         "GC (prune 0.8)": GradPrune(0.8),
         "DP (gauss 1e-3)": GaussianNoise(1e-3),
+        "Soteria (FC 50%)": Soteria(prune=0.5),
+        "GD (clip, 0.01)": GradDefense(slices=10, perturb_slices=5, noise=0.01, clip=True),
         "Outpost": Outpost(),
     }
     results, grids = [], {}

@@ -1,12 +1,16 @@
 """Utility of each defense: test accuracy and wall time of a small CNN trained with it, relative to no
 defense (the utility half of Huang et al. 2021, Table 2), all trained side by side in one run.
 
-    python bench/bench_utility.py [--epochs 5] [--train 4000] [--test 1000]
+    python bench/bench_utility.py [--epochs 5] [--train 4000] [--test 1000] [--only soteria,graddefense]
 
 Data: the 5,000-image CIFAR-10 sample in ``../shared/data`` (benchmarks only), shuffled with a fixed
 seed: the first ``--train`` for training, the last ``--test`` for testing. Every defense goes through ``guardfl.protect``; input
 encodings train on encoded images with soft labels and are tested on clean images (as InstaHide does).
-Writes ``bench/results/utility.json`` and ``utility.png``.
+Soteria and GradDefense run at the Outpost paper's settings (Wang et al. 2024, Sec. V): Soteria prunes 50%
+of the FC layer's gradient (here the classifier, the model's only nn.Linear), GradDefense 10 slices, 5
+perturbed, noise 0.01, clipping on. ``--only`` (comma-separated substrings of the row names, case-insensitive)
+runs a subset; the no-defense row always runs first, so time ratios are measured in the same run.
+Writes ``bench/results/<out>.json`` and ``<out>.png`` (``--out``, default ``utility``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import guardfl
-from guardfl.defenses import DPSGD, GradPrune, Identity, InstaHide, MixUp, Outpost, SignCompression, Stack
+from guardfl.defenses import DPSGD, GradDefense, GradPrune, Identity, InstaHide, MixUp, Outpost, SignCompression, Soteria, Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"
@@ -44,6 +48,9 @@ DEFENSES = {
     "GradPrune 0.99": lambda: GradPrune(0.99),
     "SignCompression": lambda: SignCompression(),
     "Outpost (defaults)": lambda: Outpost(),
+    "Soteria (prune 0.5 of the FC layer)": lambda: Soteria(prune=0.5),
+    "GradDefense (10 slices, 5 noised, 0.01, clip)": lambda: GradDefense(),
+    "DP-SGD (sigma 0.5, C 1.0)": lambda: DPSGD(noise_multiplier=0.5, max_grad_norm=1.0),
     "DP-SGD (sigma 1.0, C 1.0)": lambda: DPSGD(noise_multiplier=1.0, max_grad_norm=1.0),
     "MixUp k=4": lambda: MixUp(k=4),
     "InstaHide k=4": lambda: InstaHide(k=4),
@@ -58,7 +65,12 @@ def main(argv=None):
     ap.add_argument("--test", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--only", default=None, help="comma-separated substrings of row names (the no-defense row always runs)")
+    ap.add_argument("--out", default="utility", help="name of the result files in bench/results")
     args = ap.parse_args(argv)
+    keys = [k.strip().lower() for k in args.only.split(",")] if args.only else None
+    chosen = {name: make for name, make in DEFENSES.items()
+              if name == "none" or keys is None or any(k in name.lower() for k in keys)}
     d = np.load(DATA)
     order = torch.randperm(len(d["y"]), generator=torch.Generator().manual_seed(0))  # the file is sorted by class
     x = (torch.from_numpy(d["x"]).permute(0, 3, 1, 2).float() / 255.0)[order]
@@ -69,7 +81,7 @@ def main(argv=None):
     xt, yt = x[-args.test :], y[-args.test :]
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, make in DEFENSES.items():
+    for name, make in chosen.items():
         torch.manual_seed(0)
         model = small_cnn()
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -92,14 +104,16 @@ def main(argv=None):
             acc = float((model(xt).argmax(1) == yt).float().mean())
         eps = opt.epsilon(1e-5)
         rows.append({"defense": name, "test_acc": acc, "train_s": seconds, "epsilon@1e-5": eps})
-        print(f"{name:32s} acc {acc:6.3f}  time {seconds:6.1f}s  eps {eps:.2f}", flush=True)
+        print(f"{name:46s} acc {acc:6.3f}  time {seconds:6.1f}s  eps {eps:.2f}", flush=True)
     base = rows[0]
-    print(f"\n{'defense':32s} {'acc':>6s} {'d-acc':>7s} {'time x':>7s}")
+    print(f"\n{'defense':46s} {'acc':>6s} {'d-acc':>7s} {'time x':>7s}")
     for r in rows:
         r["acc_delta"] = r["test_acc"] - base["test_acc"]
         r["time_ratio"] = r["train_s"] / base["train_s"]
-        print(f"{r['defense']:32s} {r['test_acc']:6.3f} {r['acc_delta']:+7.3f} {r['time_ratio']:7.2f}")
-    (OUT / "utility.json").write_text(json.dumps({"epochs": args.epochs, "train": args.train, "test": args.test, "rows": rows}, indent=2))
+        print(f"{r['defense']:46s} {r['test_acc']:6.3f} {r['acc_delta']:+7.3f} {r['time_ratio']:7.2f}")
+    meta = {"epochs": args.epochs, "train": args.train, "test": args.test, "batch": args.batch,
+            "torch_threads": torch.get_num_threads()}
+    (OUT / f"{args.out}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,8 +125,8 @@ def main(argv=None):
     for i, r in enumerate(rows[::-1]):
         ax.text(r["test_acc"] + 0.005, i, f"{r['time_ratio']:.1f}x time", va="center", fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "utility.png", dpi=110)
-    print(f"wrote {OUT / 'utility.json'} and utility.png")
+    fig.savefig(OUT / f"{args.out}.png", dpi=110)
+    print(f"wrote {OUT / (args.out + '.json')} and {args.out}.png")
 
 
 if __name__ == "__main__":
