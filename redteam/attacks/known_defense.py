@@ -45,6 +45,7 @@ def _dpsgd(c: dict) -> dict:
 RULES: dict[str, Callable[[dict], dict]] = {
     "sign": lambda c: {"signed": True},
     "gradprune": lambda c: {"pruned": True},
+    "soteria": lambda c: {"pruned": True},  # zeroed columns of one layer: compare the kept coordinates
     "outpost": _outpost,
     "gaussian": lambda c: {"noise_var": float(c["sigma"]) ** 2},
     "laplace": lambda c: {"noise_var": 2 * float(c["scale"]) ** 2},
