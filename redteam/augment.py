@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from guardfl.defenses import Defense, from_config
+from guardfl.defenses import REGISTRY, Defense, from_config, parse_config
 from guardfl.defenses.base import StepContext
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
 
@@ -39,9 +39,10 @@ def unseeded(config: dict | None) -> dict | None:
     return out
 
 
-def defense_leaves(config: dict | None) -> list:
-    """The leaf defenses of a configuration (a stack expanded at every depth), built without seeds."""
-    return from_config(unseeded(config)).leaves() if config else []
+def defense_leaves(config: dict | None) -> list[type[Defense]]:
+    """The classes of the leaf defenses of a configuration (a stack expanded at every depth); nothing is
+    built, so no randomness is drawn and no public data loaded."""
+    return [REGISTRY[leaf.kind] for leaf in parse_config(config).leaves()] if config else []
 
 
 def config_stages(config: dict | None) -> set[str]:

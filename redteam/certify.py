@@ -285,7 +285,7 @@ def certify(
         attacks=listing,
         preparations=runner.preparations,
         priors={str(b): p for b, p in priors.items()},
-        privacy=privacy.resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)[1],
+        privacy=source.privacy,
         reconstructions=recon,
         originals=originals,
     )
@@ -391,6 +391,8 @@ class _BatchSource:
     def __init__(self, cfg: RedTeamConfig, state: Path | None, aux: AuxData | None = None) -> None:
         self.cfg, self.state, self.aux = cfg, state, aux
         self.target = cfg.target
+        #: the configured defense with DP-SGD's noise resolved for the deployment, and its accounting
+        self.defense_config, self.privacy = privacy.resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)
         self._cache: dict[int, tuple[Observation, torch.Tensor, torch.Tensor]] = {}
         self._runs: dict[int, dict[str, Any]] = {}
         self.x_all = self.y_all = None
@@ -451,8 +453,7 @@ class _BatchSource:
         cfg = self.cfg
         if self.target is None:
             x, y = self._private(b)
-            resolved, _ = privacy.resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)
-            defense = from_config(resolved) if resolved is not None else None
+            defense = from_config(self.defense_config) if self.defense_config is not None else None
             obs = simulate_client(self.model, x, y, defense, _protocol(cfg), train_mode=cfg.client.train_mode)
             self._runs[b] = {"kind": "simulated", "samples": int(x.shape[0])}
         else:

@@ -13,6 +13,7 @@ import guardfl
 from guardfl.defenses import DPSGD, GradDefense, Stack, from_config
 from guardfl.errors import ConfigError, UnsupportedOptimizerError
 from guardfl.ops.sensitivity import layer_sensitivity, slice_bounds, slice_segments
+from tests.errors import assert_config_error
 
 
 def _cnn(seed=0, bn=False):
@@ -62,10 +63,7 @@ def _slice_masks(grads, defense):
     ({"slice": 3}, "graddefense.slice", "slices"),
 ])
 def test_bad_configs_name_the_field_and_range(cfg, field, allowed):
-    with pytest.raises(ConfigError) as info:
-        from_config({"kind": "graddefense", **cfg})
-    msg = str(info.value)
-    assert field in msg and allowed in msg and "\n" not in msg
+    assert_config_error("graddefense", cfg, field, allowed)
 
 
 def test_defaults_are_the_settings_of_the_outpost_paper():

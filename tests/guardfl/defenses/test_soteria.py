@@ -15,6 +15,7 @@ from guardfl.defenses import DPSGD, GradPrune, Soteria, Stack, from_config
 from guardfl.errors import ConfigError, UnsupportedOptimizerError
 from guardfl.ops.representation import feature_input_grad_norms, soteria_scores
 from guardfl.ops.selection import prune_count
+from tests.errors import assert_config_error
 
 
 def _mlp(seed=0, act=nn.ReLU, bn=False):
@@ -45,16 +46,21 @@ def _batch(seed, n=5, shape=(6,)):
     return torch.randn(n, *shape, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _slow_scores(model, layer, x):
-    """The public code's loop, sample by sample: one backward pass per feature of sum_b r[b, f], the
-    per-sample norm of the input gradient, divided by |r[b, f]|; samples with r = 0 left out and the
-    sum rescaled to the batch size (guardfl's documented rule), +inf for a feature that is 0 everywhere."""
+def _layer_input(model, layer, x):
+    """(x as a leaf that requires grad, the input r of ``layer`` in a forward pass of it, with its graph)."""
     box = []
     h = layer.register_forward_pre_hook(lambda m, a: box.append(a[0]))
     xg = x.clone().requires_grad_(True)
     model(xg)
     h.remove()
-    r = box[0]
+    return xg, box[0]
+
+
+def _slow_scores(model, layer, x):
+    """The public code's loop, sample by sample: one backward pass per feature of sum_b r[b, f], the
+    per-sample norm of the input gradient, divided by |r[b, f]|; samples with r = 0 left out and the
+    sum rescaled to the batch size (guardfl's documented rule), +inf for a feature that is 0 everywhere."""
+    xg, r = _layer_input(model, layer, x)
     batch, features = r.shape
     scores = []
     for f in range(features):
@@ -84,10 +90,7 @@ def _chosen(scores, k):
     ({"laer": "fc"}, "soteria.laer", "layer"),
 ])
 def test_bad_configs_name_the_field_and_range(cfg, field, allowed):
-    with pytest.raises(ConfigError) as info:
-        from_config({"kind": "soteria", **cfg})
-    msg = str(info.value)
-    assert field in msg and allowed in msg and "\n" not in msg
+    assert_config_error("soteria", cfg, field, allowed)
 
 
 def test_defaults_are_the_outpost_papers_setting():
@@ -168,13 +171,7 @@ def test_matches_the_public_codes_percentile_rule_when_no_feature_is_zero():
     grads, params, names = _grads(model, x, y)
     d = Soteria(prune=0.5, layer="6")
     d(grads, params, model=model, inputs=x)
-    lin = model[6]
-    box = []
-    h = lin.register_forward_pre_hook(lambda m, a: box.append(a[0]))
-    xg = x.clone().requires_grad_(True)
-    model(xg)
-    h.remove()
-    r = box[0]
+    xg, r = _layer_input(model, model[6], x)
     target = torch.zeros_like(r)
     norms = torch.zeros_like(r)
     for f in range(r.shape[1]):  # the public code's loop
