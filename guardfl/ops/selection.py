@@ -30,8 +30,21 @@ def _fraction_of(ratio: float, numel: int) -> Fraction:
 
 
 def prune_count(ratio: float, numel: int) -> int:
-    """Number of entries a pruning ``ratio`` removes from ``numel`` entries: ``floor(ratio * numel)``."""
-    return math.floor(_fraction_of(ratio, numel))
+    """Number of entries a pruning ``ratio`` removes from ``numel`` entries: ``ceil(ratio * (numel - 1))``.
+
+    This is the count of entries strictly below the ``ratio``-quantile (linear interpolation, as
+    ``torch.quantile`` and ``np.percentile``) when the magnitudes are distinct: the rule of the public code
+    of GradPrune (Huang et al. 2021, GradAttack: ``|g| < quantile(|g|, ratio)``), Outpost (plato:
+    ``np.percentile(|g|, rho)``) and Soteria (``np.percentile`` of its feature scores), made exact (ties are
+    broken by position instead of pruning fewer). For ``ratio < 1`` it is ``floor(ratio * numel)`` or one more, so large
+    layers see the paper's fraction; and any ``ratio > 0`` prunes at least one entry of every layer of two
+    or more entries (``floor`` left every layer under ``1 / ratio`` entries untouched). A one-entry layer
+    is never pruned by a ratio below 1 (the quantile of one value is that value).
+    """
+    if numel <= 0:
+        _fraction_of(ratio, 0)  # still validate the ratio
+        return 0
+    return math.ceil(_fraction_of(ratio, numel - 1))
 
 
 def cover_count(ratio: float, numel: int) -> int:
@@ -145,19 +158,23 @@ def largest_k_mask(values: Tensor, m: int) -> Tensor:
     return mask_below(values, n - m, threshold).logical_not_()
 
 
-def zero_smallest_(x: Tensor, k: int, magnitude: Tensor | None = None) -> None:
+def zero_smallest_(x: Tensor, k: int, magnitude: Tensor | None = None) -> int:
     """Zero, in place, the ``k`` entries of ``x`` with the smallest |x| (ties broken by position).
+    Returns how many entries this changed: the ``k`` less those that were already zero.
 
     ``magnitude``: ``x.abs()`` if the caller already has it. When the k-th magnitude is unique the
     zeroing is one fused ``hardshrink`` pass; when it is 0 the k smallest are already zero.
     """
     if k == 0:
-        return
+        return 0
     magnitude = x.abs() if magnitude is None else magnitude
     threshold, unique = _kth_smallest(magnitude.reshape(-1), k)
     if threshold == 0:  # the k smallest are already zero: zeroing them changes nothing
-        return
+        return 0
+    # threshold > 0, so every zero entry is among the k smallest: k minus the zeros is what changes
+    changed = k - (x.numel() - int(torch.count_nonzero(x)))
     if unique:  # exactly k entries have |x| <= threshold
         torch.ops.aten.hardshrink.out(x, float(threshold), out=x)
     else:
         x.masked_fill_(mask_below(magnitude, k, threshold), 0)
+    return changed

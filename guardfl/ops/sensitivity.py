@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from guardfl.ops.change import add_counting_, to_ints
 from guardfl.ops.model import run
 
 
@@ -102,12 +103,13 @@ def clip_segments_(flats: Sequence[Tensor], segments: Sequence[tuple[int, int, i
 
 
 def noise_segments_(flats: Sequence[Tensor], segments: Sequence[tuple[int, int, int]], std: float,
-                    generator_for: Callable[[torch.device], torch.Generator]) -> int:
+                    generator_for: Callable[[torch.device], torch.Generator]) -> list[int]:
     """Add N(0, std^2), drawn from ``generator_for(device)``, to every entry of ``segments``, in place.
-    Returns the number of entries noised."""
-    count = 0
+    Returns, per segment, the number of entries whose value the noise changed (a draw too small to move
+    an entry in its dtype changes nothing)."""
+    counts = []
     for layer, a, b in segments:
         seg = flats[layer][a:b]
-        seg.add_(torch.randn(b - a, generator=generator_for(seg.device), dtype=seg.dtype, device=seg.device).mul_(std))
-        count += b - a
-    return count
+        noise = torch.randn(b - a, generator=generator_for(seg.device), dtype=seg.dtype, device=seg.device).mul_(std)
+        counts.append(add_counting_(seg, noise))
+    return to_ints(counts)

@@ -61,14 +61,32 @@ def test_kth_smallest_rejects_bad_k():
 
 
 @given(num=st.integers(0, 1000), n=st.integers(0, 10_000))
-def test_prune_count_is_exact_floor_of_the_decimal_ratio(num, n):
+def test_prune_count_is_the_exact_quantile_count_of_the_decimal_ratio(num, n):
     ratio = num / 1000
-    assert prune_count(ratio, n) == (num * n) // 1000
+    expected = -((-num * (n - 1)) // 1000) if n else 0  # ceil(ratio * (n - 1))
+    assert prune_count(ratio, n) == expected
+    if num < 1000:  # a ratio below 1: floor(ratio * n) or one more
+        assert (num * n) // 1000 <= expected <= (num * n) // 1000 + 1
     assert cover_count(ratio, n) == -((-num * n) // 1000)
 
 
+@given(ratio=st.floats(0.0, 0.999), n=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_prune_count_is_what_the_reference_quantile_rule_zeroes_on_distinct_values(ratio, n, seed):
+    """Huang et al.'s GradPrune code zeroes |g| < torch.quantile(|g|, ratio); with distinct magnitudes
+    that is exactly prune_count entries (up to the float rounding of the quantile position)."""
+    values = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).double() + 1
+    reference = int((values < torch.quantile(values, ratio)).sum())
+    assert abs(prune_count(ratio, n) - reference) <= (1 if (ratio * (n - 1)) % 1 < 1e-9 else 0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 99])
+def test_any_positive_ratio_prunes_a_layer_of_two_or_more(n):
+    assert prune_count(0.001, n) == 1 and prune_count(0.999, 1) == 0 and prune_count(0.5, 0) == 0
+
+
 def test_prune_count_known_float_traps():
-    assert prune_count(0.29, 100) == 29  # 0.29 * 100 == 28.999999999999996 in floats
+    assert prune_count(0.29, 100) == 29  # 0.29 * 99 == 28.71: ceil 29
+    assert prune_count(0.3, 11) == 3  # 0.3 * 10 == 3.0000000000000004 in floats: ceil would give 4
     assert prune_count(0.7, 10) == 7
     assert prune_count(0.99, 10) == 9
 

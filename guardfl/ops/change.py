@@ -1,0 +1,42 @@
+"""Counting what a defense actually changed, so that its stats never claim more than it did.
+
+A defense's ``StageStats.fired`` and its per-layer fractions come from these counts, not from its settings:
+noise too small to move an entry in its dtype, pruning of entries that were already zero, or clipping of a
+slice already within the bound change nothing, and are reported as nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+def changed_count(before: Tensor, after: Tensor) -> Tensor:
+    """How many entries differ between ``before`` and ``after`` (a 0-d tensor on their device)."""
+    return torch.count_nonzero(before != after)
+
+
+def add_counting_(x: Tensor, delta: Tensor) -> Tensor:
+    """``x += delta`` in place (bit for bit what ``x.add_(delta)`` gives); returns how many entries of
+    ``x`` changed value, as a 0-d tensor. A delta entry of 0, or one too small to move its entry of ``x``
+    in ``x``'s dtype, changes nothing. ``delta`` is overwritten (it holds ``x + delta`` afterwards)."""
+    new = delta.add_(x)
+    count = changed_count(x, new)
+    x.copy_(new)
+    return count
+
+
+def to_ints(counts: Sequence[Tensor | int]) -> list[int]:
+    """Python ints of 0-d count tensors (ints pass through), with one device sync per device instead of
+    one per tensor."""
+    out: list[int | None] = [c if isinstance(c, int) else None for c in counts]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, c in enumerate(counts):
+        if not isinstance(c, int):
+            by_device.setdefault(c.device, []).append(i)
+    for idx in by_device.values():
+        for i, v in zip(idx, torch.stack([counts[i] for i in idx]).tolist()):
+            out[i] = int(v)
+    return out  # type: ignore[return-value]
