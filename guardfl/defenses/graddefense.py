@@ -46,6 +46,10 @@ Interpretation and deviations (cited against the public code at its latest versi
   same slices and the same noise in every run (an attacker can replay them). Here slices and noise come
   from the defense's own generators, from OS entropy unless ``seed`` is given.
 - The server-side compensation (denoising the aggregate with ``Q``) is not part of the client defense.
+- Settings that never change the gradient are refused (``noise=0`` with ``clip=false``); ``noise=0`` with
+  clipping is a clip-only defense. ``last_stats`` counts what changed: ``fraction_noised`` the entries the
+  noise moved, ``fraction_changed`` those that differ in all (a drawn slice already within the clipping
+  bound is not changed by clipping), and ``fired`` is False when nothing changed.
 - Cost: one forward pass and one backward pass per layer through a double-backward graph on the root
   set per refresh, plus, per step, a clip and noise of the drawn slices.
 """
@@ -56,11 +60,13 @@ import weakref
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.strength import never_changes
 from guardfl.errors import ConfigError
+from guardfl.ops.change import changed_count, to_ints
 from guardfl.ops.model import match_params, model_device, require_float_inputs, side_pass
 from guardfl.ops.sensitivity import clip_segments_, layer_sensitivity, noise_segments_, slice_bounds, slice_segments
 from guardfl.stats import LayerStats, StageStats
@@ -77,6 +83,12 @@ class GradDefenseConfig(DefenseConfig):
     )
     root_size: int = Field(default=50, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     refresh: Literal["round", "step"] = Field(default="round", json_schema_extra={"allowed": "'round' or 'step'"})
+
+    @model_validator(mode="after")
+    def _changes_something(self):
+        if self.noise == 0 and not self.clip:
+            raise never_changes("noise=0 with clip=false", "noise > 0 or clip=true")
+        return self
 
 
 @register
@@ -114,10 +126,6 @@ class GradDefense(Defense):
             raise ConfigError(
                 f"graddefense.perturb_slices: {c.perturb_slices} is more than slices={c.slices}; "
                 "allowed: an integer in [1, slices]"
-            )
-        if c.noise == 0 and not c.clip:
-            raise ConfigError(
-                "graddefense: noise=0 with clip=false never changes the gradient; allowed: noise > 0 or clip=true"
             )
         if c.clip and c.clip_norm is None and c.noise == 0:
             raise ConfigError(
@@ -172,21 +180,20 @@ class GradDefense(Defense):
         drawn = torch.randperm(c.slices, generator=self.generator("cpu"))[: c.perturb_slices]
         self.last_slices = sorted(drawn.tolist())
         flats = [g.view(-1) if g.is_contiguous() else g.reshape(-1).clone() for g in grads]
+        drawn_segments = [slice_segments(bounds, k) for k in self.last_slices]
+        before = {layer: flats[layer].clone() for segments in drawn_segments for layer, _, _ in segments}
         noised = [0] * len(grads)
-        for k in self.last_slices:
-            segments = slice_segments(bounds, k)
+        for segments in drawn_segments:
             if self.clip_bound is not None:
                 clip_segments_(flats, segments, self.clip_bound)
             if c.noise > 0:
-                noise_segments_(flats, segments, c.noise, self.generator)
-            for layer, a, b in segments:
-                noised[layer] += b - a
+                for (layer, _, _), count in zip(segments, noise_segments_(flats, segments, c.noise, self.generator)):
+                    noised[layer] += count
         for g, flat in zip(grads, flats):
             if not g.is_contiguous():
                 g.copy_(flat.view(g.shape))
-        layers = tuple(
-            LayerStats(ctx.name(i), g.numel(), fraction_noised=(noised[i] / g.numel() if c.noise > 0 and g.numel() else 0.0),
-                       noise_std=(c.noise if c.noise > 0 and noised[i] else 0.0))
+        changed = to_ints([changed_count(before[i], flat) if i in before else 0 for i, flat in enumerate(flats)])
+        return StageStats.from_layers(self.kind, tuple(
+            LayerStats.counted(ctx.name(i), g.numel(), changed=changed[i], noised=noised[i], noise_std=c.noise)
             for i, g in enumerate(grads)
-        )
-        return StageStats(self.kind, fired=any(noised), layers=layers)
+        ))

@@ -3,6 +3,10 @@
 These are the "DP" baselines of the Outpost paper (Wang et al. 2024, Sec. V) and of LTI (Wu et al. 2023):
 noise without clipping and without privacy accounting. They give NO differential-privacy guarantee;
 use ``DPSGD`` (Opacus) for that.
+
+``sigma`` / ``scale`` must be > 0 (0 would send the gradient as it is; ``Identity()`` is the deliberate
+undefended baseline). A positive scale too small to move an entry in the gradient's dtype changes nothing
+there: ``last_stats`` counts only the entries whose value changed (``fired`` is False if none did).
 """
 
 from __future__ import annotations
@@ -10,22 +14,28 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.strength import refuse_zero
+from guardfl.ops.change import add_counting_, to_ints
 from guardfl.ops.noise import gaussian_like, laplace_like
 from guardfl.stats import LayerStats, StageStats
 
 
 class GaussianNoiseConfig(DefenseConfig):
     kind: Literal["gaussian"] = "gaussian"
-    sigma: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+    sigma: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, > 0"})
+
+    sigma_not_zero = field_validator("sigma")(refuse_zero("finite, > 0", "adds no noise"))
 
 
 class LaplaceNoiseConfig(DefenseConfig):
     kind: Literal["laplace"] = "laplace"
-    scale: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+    scale: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, > 0"})
+
+    scale_not_zero = field_validator("scale")(refuse_zero("finite, > 0", "adds no noise"))
 
 
 class _AdditiveNoise(Defense):
@@ -37,13 +47,12 @@ class _AdditiveNoise(Defense):
         raise NotImplementedError
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        for g in grads:
-            g.add_(self._sample(g))
+        changed = to_ints([add_counting_(g, self._sample(g)) for g in grads])
         std = self._std()
-        layers = tuple(
-            LayerStats(ctx.name(i), g.numel(), fraction_noised=1.0, noise_std=std) for i, g in enumerate(grads)
-        )
-        return StageStats(self.kind, fired=True, layers=layers)
+        return StageStats.from_layers(self.kind, tuple(
+            LayerStats.counted(ctx.name(i), g.numel(), changed=c, noised=c, noise_std=std)
+            for i, (g, c) in enumerate(zip(grads, changed))
+        ))
 
 
 @register

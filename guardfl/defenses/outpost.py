@@ -21,9 +21,16 @@ Interpretation and deviations (documented because the paper leaves them open):
 - ``Var`` is the population variance (ddof = 0), so a one-element layer has risk 0 rather than NaN.
   A layer whose weights are all equal (a fresh BatchNorm weight, a zero bias) has risk 0 and gets no
   noise; pruning still applies. ``last_stats`` shows the per-layer noise std.
-- Counts are exact: ``floor(prune * n)`` entries zeroed and ``ceil(phi * n)`` entries noised per layer.
-  Rounding the noised count up is our choice: with ``floor``, a small layer (a 10-class bias, which
-  reveals the labels) could receive no noise at all; with ``ceil`` any ``phi > 0`` reaches every layer.
+- Counts are exact: ``ceil(prune * (n - 1))`` entries zeroed (``guardfl.ops.selection.prune_count``: the
+  entries below the ``prune``-quantile, the public code's ``np.percentile`` rule with ties broken by
+  position) and ``ceil(phi * n)`` entries noised per layer. Both reach small layers: any ``prune > 0``
+  prunes at least one entry of a layer of two or more (with ``floor(prune * n)``, ``prune=0.01`` left every
+  layer under 100 entries as it was, a 10-class bias that reveals the labels among them), and any
+  ``phi > 0`` noises at least one entry. A one-entry tensor is never pruned and has risk 0, so Outpost
+  never changes it (``guardfl.defenses.untouched_layers`` lists such tensors).
+- Settings that can never change the gradient are refused: ``prune=0`` with ``noise=0`` or ``phi=0``.
+  ``last_stats`` counts what changed: entries zeroed that were not zero, entries the noise moved; an
+  iteration that changed nothing (risk 0 and nothing to prune) reports ``fired=False``.
 
 Bugs of the public reference implementation that this one does not have (see ``../shared/NOTES.md``):
 the perturbation is written back to the gradient (the reference assigned it to a loop variable); the
@@ -38,11 +45,12 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
-from guardfl.errors import ConfigError
+from guardfl.defenses.strength import never_changes
+from guardfl.ops.change import add_counting_, changed_count
 from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, zero_smallest_
 from guardfl.stats import LayerStats, StageStats
 
@@ -53,6 +61,13 @@ class OutpostConfig(DefenseConfig):
     phi: float = Field(default=0.4, ge=0.0, le=1.0, json_schema_extra={"allowed": "[0, 1]"})
     prune: float = Field(default=0.8, ge=0.0, lt=1.0, json_schema_extra={"allowed": "[0, 1)"})
     noise: float = Field(default=0.8, ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+
+    @model_validator(mode="after")
+    def _changes_something(self):
+        if self.prune == 0 and (self.noise == 0 or self.phi == 0):
+            raise never_changes(f"prune=0 with {'noise' if self.noise == 0 else 'phi'}=0",
+                                "prune in (0, 1), or both noise > 0 and phi > 0")
+        return self
 
 
 def perturb_probability(iteration: int, beta: float) -> float:
@@ -67,18 +82,21 @@ def layer_risk(weight: Tensor) -> float:
     return float(weight.detach().var(unbiased=False)) if weight.numel() else 0.0
 
 
-def outpost_layer_(grad: Tensor, std: float, prune: float, phi: float, generator: torch.Generator) -> tuple[int, int]:
-    """Lines 8-9 of Algorithm 1 on one layer, in place. Returns (entries zeroed, entries noised)."""
+def outpost_layer_(grad: Tensor, std: float, prune: float, phi: float, generator: torch.Generator) -> tuple[int, int, int]:
+    """Lines 8-9 of Algorithm 1 on one layer, in place. Returns the entries (zeroed that were not zero,
+    moved by the noise, changed in all)."""
     n = grad.numel()
     magnitude = grad.abs()  # the diagonal empirical Fisher g^2 ranks entries as |g| does
     k_prune = prune_count(prune, n)
     m_noise = cover_count(phi, n) if std > 0 else 0
     top_fisher = largest_k_mask(magnitude, m_noise) if m_noise else None
-    zero_smallest_(grad, k_prune, magnitude)
-    if top_fisher is not None:
-        values = torch.randn(m_noise, generator=generator, dtype=grad.dtype, device=grad.device).mul_(std)
-        grad.add_(torch.zeros_like(grad).masked_scatter_(top_fisher, values))
-    return k_prune, m_noise
+    before = grad.clone() if top_fisher is not None else None
+    zeroed = zero_smallest_(grad, k_prune, magnitude)
+    if top_fisher is None:
+        return zeroed, 0, zeroed
+    values = torch.randn(m_noise, generator=generator, dtype=grad.dtype, device=grad.device).mul_(std)
+    noised = int(add_counting_(grad, torch.zeros_like(grad).masked_scatter_(top_fisher, values)))
+    return zeroed, noised, int(changed_count(before, grad))
 
 
 @register
@@ -101,14 +119,6 @@ class Outpost(Defense):
     ) -> None:
         super().__init__(beta=beta, phi=phi, prune=prune, noise=noise, seed=seed, nonfinite=nonfinite)
 
-    def _check_config(self) -> None:
-        c = self.config
-        if c.prune == 0 and (c.noise == 0 or c.phi == 0):
-            raise ConfigError(
-                "outpost: prune=0 with noise=0 or phi=0 never changes the gradient; "
-                "allowed: prune in (0, 1) or both noise > 0 and phi > 0"
-            )
-
     def fires(self, iteration: int) -> bool:
         """Draw the coin of Algorithm 1, line 6 (no draw at iteration 1, where it always fires)."""
         if iteration == 1:
@@ -123,9 +133,7 @@ class Outpost(Defense):
         layers = []
         for i, (g, w) in enumerate(zip(grads, ctx.params)):
             std = c.noise * layer_risk(w)
-            zeroed, noised = outpost_layer_(g, std, c.prune, c.phi, self.generator(g.device))
-            n = max(g.numel(), 1)
-            layers.append(
-                LayerStats(ctx.name(i), g.numel(), zeroed / n, noised / n, std if noised else 0.0)
-            )
-        return StageStats(self.kind, True, tuple(layers))
+            zeroed, noised, changed = outpost_layer_(g, std, c.prune, c.phi, self.generator(g.device))
+            layers.append(LayerStats.counted(ctx.name(i), g.numel(), changed=changed, zeroed=zeroed, noised=noised,
+                                             noise_std=std))
+        return StageStats.from_layers(self.kind, tuple(layers))

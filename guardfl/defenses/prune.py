@@ -2,8 +2,17 @@
 Huang et al. 2021, ``../shared/papers/huang2021-...``): zero the ``ratio`` fraction of gradient entries with
 the smallest magnitude, per layer (each parameter tensor) or over the whole model.
 
-The count zeroed is exactly ``floor(ratio * n)`` (n: entries of the layer, or of the model for
-``scope="global"``); ties at the threshold are broken by position. Selection is exact (``guardfl.ops``).
+Count: exactly ``ceil(ratio * (n - 1))`` entries (n: entries of the layer, or of the model for
+``scope="global"``; ``guardfl.ops.selection.prune_count``), the number of entries below the
+``ratio``-quantile that Huang et al.'s public code (GradAttack: ``|g| < torch.quantile(|g|, ratio)``)
+zeroes when magnitudes are distinct; ties at the threshold are broken by position instead of pruning
+fewer. It is ``floor(ratio * n)`` or one more; unlike ``floor`` it prunes at least one entry of every layer
+of two or more entries for any ``ratio > 0`` (``floor`` left every layer under ``1 / ratio`` entries as it
+was). A one-entry tensor is never pruned (ratio < 1): ``guardfl.defenses.untouched_layers`` lists such
+tensors, and ``last_stats`` counts only entries that were not already zero.
+
+``ratio`` must be > 0: ``GradPrune(0)`` would never change anything (``Identity()`` is the deliberate
+undefended baseline).
 """
 
 from __future__ import annotations
@@ -11,18 +20,21 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.strength import refuse_zero
 from guardfl.ops.selection import prune_count, smallest_k_mask, zero_smallest_
 from guardfl.stats import LayerStats, StageStats
 
 
 class GradPruneConfig(DefenseConfig):
     kind: Literal["gradprune"] = "gradprune"
-    ratio: float = Field(ge=0.0, lt=1.0, json_schema_extra={"allowed": "[0, 1)"})
+    ratio: float = Field(ge=0.0, lt=1.0, json_schema_extra={"allowed": "(0, 1)"})
     scope: Literal["layer", "global"] = Field(default="layer", json_schema_extra={"allowed": "'layer' or 'global'"})
+
+    _ratio_not_zero = field_validator("ratio")(refuse_zero("(0, 1)", "prunes nothing"))
 
 
 @register
@@ -42,27 +54,24 @@ class GradPrune(Defense):
             zeroed = [prune_layer_(g, prune_count(ratio, g.numel())) for g in grads]
         else:
             zeroed = prune_global_(grads, ratio)
-        layers = tuple(
-            LayerStats(ctx.name(i), g.numel(), fraction_zeroed=z / max(g.numel(), 1))
-            for i, (g, z) in enumerate(zip(grads, zeroed))
-        )
-        return StageStats(self.kind, fired=True, layers=layers)
+        return StageStats.from_layers(self.kind, tuple(
+            LayerStats.counted(ctx.name(i), g.numel(), changed=z, zeroed=z) for i, (g, z) in enumerate(zip(grads, zeroed))
+        ))
 
 
 def prune_layer_(grad: Tensor, k: int) -> int:
-    """Zero, in place, the ``k`` entries of ``grad`` with the smallest magnitude. Returns ``k``."""
-    zero_smallest_(grad, k)
-    return k
+    """Zero, in place, the ``k`` entries of ``grad`` with the smallest magnitude. Returns how many of them
+    were not zero already (the entries that changed)."""
+    return zero_smallest_(grad, k)
 
 
 def prune_global_(grads: list[Tensor], ratio: float) -> list[int]:
     """Zero, in place, the ``ratio`` fraction of smallest-|g| entries over all ``grads`` together.
-    Returns the count zeroed in each tensor."""
+    Returns, per tensor, how many entries changed (were not zero already)."""
     sizes = [g.numel() for g in grads]
     magnitudes = torch.cat([g.detach().reshape(-1).abs() for g in grads])
     mask = smallest_k_mask(magnitudes, prune_count(ratio, magnitudes.numel()))
-    counts = []
+    changed = torch.stack([torch.count_nonzero(m) for m in (mask & (magnitudes != 0)).split(sizes)]).tolist()
     for g, m in zip(grads, mask.split(sizes)):
         g.masked_fill_(m.view_as(g), 0)
-        counts.append(int(torch.count_nonzero(m)))
-    return counts
+    return changed

@@ -1,6 +1,7 @@
 """Sign compression (signSGD; Bernstein et al. 2018), one of the defenses attacked with a sign-matching
 objective in Wu et al. 2023 (LTI, appendix A): the gradient is replaced by its sign, so what the client
-transmits is in {-1, 0, +1} (times the learning rate, after the optimizer)."""
+transmits is in {-1, 0, +1} (times the learning rate, after the optimizer). Entries already in {-1, 0, +1}
+are left as they are, and ``last_stats`` counts only the others (a gradient of signs: ``fired=False``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.ops.change import changed_count, to_ints
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -27,6 +29,9 @@ class SignCompression(Defense):
         super().__init__(seed=seed, nonfinite=nonfinite)
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        torch._foreach_sign_(grads)
-        layers = tuple(LayerStats(ctx.name(i), g.numel()) for i, g in enumerate(grads))
-        return StageStats(self.kind, fired=True, layers=layers)
+        signs = torch._foreach_sign(grads)
+        changed = to_ints([changed_count(g, s) for g, s in zip(grads, signs)])
+        torch._foreach_copy_(grads, signs)
+        return StageStats.from_layers(self.kind, tuple(
+            LayerStats.counted(ctx.name(i), g.numel(), changed=c) for i, (g, c) in enumerate(zip(grads, changed))
+        ))

@@ -14,9 +14,12 @@ Interpretation and deviations (the public code is written for one LeNet):
 - Layer: the public code hard-codes LeNet's FC layer (plato: ``list_grad[6]``). Here ``layer`` names an
   ``nn.Linear`` of the model; default: the first one in ``named_modules()`` order. A layer called several
   times in one forward pass is scored on its first call. Its input must be (batch, features).
-- Count: exactly ``floor(prune * F)`` features of the layer's ``F`` input features, ties broken by position
-  (``guardfl.ops.selection``), where the public code zeroes the features below ``np.percentile`` (about
-  ``prune * F``, fewer when scores tie).
+- Count: exactly ``ceil(prune * (F - 1))`` features of the layer's ``F`` input features
+  (``guardfl.ops.selection.prune_count``): the number the public code zeroes (the scores below
+  ``np.percentile(scores, prune)``) when scores are distinct; ties are broken by position instead of pruning
+  fewer. Any ``prune > 0`` prunes at least one feature of a layer of two or more features; a one-feature
+  layer is never pruned. ``last_stats`` counts the weight-gradient entries that were not already zero, so
+  a step that changed nothing reports ``fired=False``.
 - ``|r|``: the public code divides by the signed ``r_f`` and takes ``|.|`` of the batch sum; here each
   sample's ratio uses ``|r_{b,f}|``. The same for non-negative features (ReLU, sigmoid); with signed
   features the public code's signed terms could cancel.
@@ -42,10 +45,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+import torch
+from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.strength import refuse_zero
 from guardfl.errors import ConfigError
 from guardfl.ops.model import model_device, require_float_inputs, side_pass, unwrap
 from guardfl.ops.representation import feature_input_grad_norms, linear_input, soteria_scores
@@ -55,10 +60,12 @@ from guardfl.stats import LayerStats, StageStats
 
 class SoteriaConfig(DefenseConfig):
     kind: Literal["soteria"] = "soteria"
-    prune: float = Field(default=0.5, gt=0.0, lt=1.0, json_schema_extra={"allowed": "(0, 1)"})
+    prune: float = Field(default=0.5, ge=0.0, lt=1.0, json_schema_extra={"allowed": "(0, 1)"})
     layer: str | None = Field(
         default=None, json_schema_extra={"allowed": "null (the first nn.Linear) or the name of an nn.Linear module"}
     )
+
+    prune_not_zero = field_validator("prune")(refuse_zero("(0, 1)", "prunes nothing"))
 
 
 @register
@@ -133,10 +140,10 @@ class Soteria(Defense):
         features = r.shape[1]
         k = prune_count(self.config.prune, features)
         mask = smallest_k_mask(scores, k).to(grads[idx].device)
+        zeroed = int(torch.count_nonzero(grads[idx][:, mask]))
         grads[idx][:, mask] = 0
         self.last_pruned = mask.nonzero().flatten().tolist()
-        layers = tuple(
-            LayerStats(ctx.name(i), g.numel(), fraction_zeroed=(k / features if i == idx else 0.0))
+        return StageStats.from_layers(self.kind, tuple(
+            LayerStats.counted(ctx.name(i), g.numel(), changed=zeroed if i == idx else 0, zeroed=zeroed if i == idx else 0)
             for i, g in enumerate(grads)
-        )
-        return StageStats(self.kind, fired=k > 0, layers=layers)
+        ))

@@ -29,4 +29,4 @@ def test_check_good_and_bad_config(tmp_path, capsys):
     bad.write_text("kind: gradprune\nratio: 1.2\n")
     assert main(["check", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "gradprune.ratio" in err and "[0, 1)" in err
+    assert err.count("\n") == 0 and "gradprune.ratio" in err and "(0, 1)" in err

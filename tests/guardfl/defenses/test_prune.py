@@ -6,7 +6,7 @@ from guardfl.defenses import GradPrune
 from guardfl.ops.selection import prune_count
 from tests.strategies import gradient_lists
 
-ratios = st.integers(0, 99).map(lambda x: x / 100)
+ratios = st.integers(1, 99).map(lambda x: x / 100)
 
 
 def _check_pruned(before: torch.Tensor, after: torch.Tensor, k: int):
@@ -28,7 +28,9 @@ def test_layer_scope_prunes_exact_count_per_layer(grads, ratio):
     for g, o, layer in zip(grads, out, stage.layers):
         k = prune_count(ratio, g.numel())
         _check_pruned(g, o, k)
-        assert layer.fraction_zeroed == k / g.numel()
+        changed = int((o != g).sum())  # the k smallest less those already zero
+        assert layer.fraction_zeroed == layer.fraction_changed == changed / g.numel()
+    assert stage.fired == any(not torch.equal(g, o) for g, o in zip(grads, out))
 
 
 @given(grads=gradient_lists(), ratio=ratios)
@@ -38,8 +40,9 @@ def test_global_scope_prunes_exact_count_over_the_model(grads, ratio):
     flat_out = torch.cat([o.reshape(-1) for o in out])
     k = prune_count(ratio, flat_in.numel())
     _check_pruned(flat_in, flat_out, k)
-    zeroed = sum(layer.fraction_zeroed * layer.numel for layer in stats.stages[0].layers)
-    assert round(zeroed) == k
+    for g, o, layer in zip(grads, out, stats.stages[0].layers):
+        assert round(layer.fraction_zeroed * layer.numel) == int((o != g).sum())
+    assert stats.fired == (not torch.equal(flat_in, flat_out))
 
 
 def test_per_layer_threshold_is_per_layer():

@@ -7,11 +7,11 @@ from guardfl.defenses import REGISTRY, from_config, parse_config
 from guardfl.errors import ConfigError
 
 valid_configs = st.one_of(
-    st.builds(lambda r, s: {"kind": "gradprune", "ratio": r, "scope": s}, st.floats(0, 0.999), st.sampled_from(["layer", "global"])),
+    st.builds(lambda r, s: {"kind": "gradprune", "ratio": r, "scope": s}, st.floats(0, 0.999, exclude_min=True), st.sampled_from(["layer", "global"])),
     st.just({"kind": "sign"}),
     st.just({"kind": "identity"}),
-    st.builds(lambda s: {"kind": "gaussian", "sigma": s}, st.floats(0, 10)),
-    st.builds(lambda s: {"kind": "laplace", "scale": s}, st.floats(0, 10)),
+    st.builds(lambda s: {"kind": "gaussian", "sigma": s}, st.floats(0, 10, exclude_min=True)),
+    st.builds(lambda s: {"kind": "laplace", "scale": s}, st.floats(0, 10, exclude_min=True)),
     st.builds(
         lambda b, p, r, n: {"kind": "outpost", "beta": b, "phi": p, "prune": r, "noise": n},
         st.floats(0, 10), st.floats(0.01, 1), st.floats(0.01, 0.99), st.floats(0, 5),
@@ -41,12 +41,12 @@ def test_from_yaml_file(tmp_path):
 @pytest.mark.parametrize(
     "cfg, field, allowed",
     [
-        ({"kind": "gradprune", "ratio": 1.0}, "gradprune.ratio", "[0, 1)"),
-        ({"kind": "gradprune", "ratio": -0.1}, "gradprune.ratio", "[0, 1)"),
+        ({"kind": "gradprune", "ratio": 1.0}, "gradprune.ratio", "(0, 1)"),
+        ({"kind": "gradprune", "ratio": -0.1}, "gradprune.ratio", "(0, 1)"),
         ({"kind": "gradprune", "ratio": 0.5, "scope": "net"}, "gradprune.scope", "'layer' or 'global'"),
-        ({"kind": "gaussian", "sigma": -1}, "gaussian.sigma", ">= 0"),
-        ({"kind": "gaussian", "sigma": float("inf")}, "gaussian.sigma", ">= 0"),
-        ({"kind": "laplace", "scale": -2}, "laplace.scale", ">= 0"),
+        ({"kind": "gaussian", "sigma": -1}, "gaussian.sigma", "> 0"),
+        ({"kind": "gaussian", "sigma": float("inf")}, "gaussian.sigma", "> 0"),
+        ({"kind": "laplace", "scale": -2}, "laplace.scale", "> 0"),
         ({"kind": "outpost", "beta": -0.1}, "outpost.beta", ">= 0"),
         ({"kind": "outpost", "prune": 1.0}, "outpost.prune", "[0, 1)"),
         ({"kind": "sign", "nonfinite": "ignore"}, "sign.nonfinite", "'raise' or 'zero'"),
@@ -55,7 +55,7 @@ def test_from_yaml_file(tmp_path):
         ({"kind": "gradprune", "ratio": 0.5, "rato": 1}, "gradprune.rato", "ratio"),
         ({"kind": "telepathy"}, "defense.kind", "gaussian"),
         ({"kind": "stack", "defenses": []}, "stack.defenses", None),
-        ({"kind": "stack", "defenses": [{"kind": "sign"}, {"kind": "gaussian", "sigma": -1}]}, "[1] gaussian.sigma", ">= 0"),
+        ({"kind": "stack", "defenses": [{"kind": "sign"}, {"kind": "gaussian", "sigma": -1}]}, "[1] gaussian.sigma", "> 0"),
     ],
 )
 def test_bad_configs_name_the_field_and_range(cfg, field, allowed):

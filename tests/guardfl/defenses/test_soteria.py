@@ -155,7 +155,9 @@ def test_zeroes_exactly_the_chosen_columns_and_nothing_else(seed, prune, layer, 
         if i != idx:
             assert torch.equal(g, o)  # the bias and every other layer: untouched
     (stage,) = stats.stages
-    assert [layer_stats.fraction_zeroed for layer_stats in stage.layers] == [k / features if i == idx else 0.0 for i in range(len(grads))]
+    zeroed = int(((out[idx] == 0) & (grads[idx] != 0)).sum())  # entries of the chosen columns not already zero
+    assert [s.fraction_zeroed for s in stage.layers] == [zeroed / grads[idx].numel() if i == idx else 0.0 for i in range(len(grads))]
+    assert stage.fired == (zeroed > 0)
     # the chosen features are those with the smallest ratio, by the slow reference computation
     assert chosen == _chosen(_slow_scores(model, lin, x), k)
 
@@ -248,7 +250,8 @@ def test_through_wrap_the_update_is_the_pruned_gradient():
         assert torch.allclose(p.detach() - b, -0.5 * e, atol=1e-6)
     (stage,) = opt.last_stats.stages
     assert stage.kind == "soteria" and stage.fired
-    assert stage.layers[names.index("3.weight")].fraction_zeroed == 0.5
+    w = names.index("3.weight")
+    assert stage.layers[w].fraction_zeroed == int(((expected[w] == 0) & (grads[w] != 0)).sum()) / grads[w].numel() > 0
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     model.zero_grad()
