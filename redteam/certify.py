@@ -7,16 +7,25 @@ the certificate: ran, or not applicable with the reason), prepare the attacks th
 step (cached under ``OUT/state/prepared``), attack every batch, check the thresholds, write the report.
 
 Each (client batch, attack) pair is one job whose result is written atomically under ``OUT/state/``;
-``resume=True`` reuses finished jobs and prepared attacks (same config hash) and runs only the rest. The
-client's observation for a batch is saved too, so that a resumed run attacks the very update the first
-run saw. An attack that raises fails the run (``AttackFailed``, exit 2): it never drops out of a verdict.
+``resume=True`` reuses finished jobs and prepared attacks and runs only the rest. The client's observation
+for a batch is saved too, so that a resumed run attacks the very update the first run saw. A resume needs
+the same key: the config's hash AND the content of every file the run reads (data, checkpoint, auxiliary
+data, the code of a ``module:callable``; ``fingerprint``); the state holds only JSON and tensors (read
+with ``weights_only=True``), listed in its manifest (``files.StateFolder``). A resumed certificate is the
+uninterrupted one, timings apart. An attack that raises fails the run (``AttackFailed``, exit 2): it never
+drops out of a verdict.
+
+With ``out``, the folder's earlier verdict is deleted before anything else and ``run.json`` says "in
+progress" until ``certificate.json`` (written last, after the report) is there: a run that fails or is
+killed leaves no verdict.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import platform
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,8 +42,9 @@ from guardfl.redteam import metrics, privacy
 from guardfl.redteam.attacks.encoded import attack_view, decode
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers, simulate_client
-from guardfl.redteam.files import atomic_torch_save, atomic_write
+from guardfl.redteam.client import FedAvg, FedSGD, Observation, SideKnowledge, bn_layers, simulate_client
+from guardfl.redteam.files import CERTIFICATE, StateFolder, atomic_write, mark_run, retract_verdict
+from guardfl.redteam.fingerprint import changed_inputs, fingerprint, resume_key, run_inputs
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
 from guardfl.redteam.models import build_model, set_model_state
 from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
@@ -62,6 +72,8 @@ class Certificate:
     privacy: dict[str, Any] | None = None
     #: per batch, the metrics of the attacker's prior guess (mean auxiliary image, no update used)
     priors: dict[str, Any] = field(default_factory=dict)
+    #: sha256 of every file the run read, by config field (``fingerprint``): what was certified
+    inputs: dict[str, str] = field(default_factory=dict)
     reconstructions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     originals: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -223,16 +235,46 @@ def certify(
     strength: str | None = None,
 ) -> Certificate:
     """Run the red team described by ``config``; write results under ``out`` when given.
-    ``strength`` ('quick', 'paper', 'auto') overrides the config's."""
+    ``strength`` ('quick', 'paper', 'auto') overrides the config's.
+
+    With ``out``: before anything else (even reading the config), an earlier verdict there is deleted
+    and ``out/run.json`` says "in progress"; it says "failed" or "interrupted" when the run raises, and
+    "finished" only once ``certificate.json`` is written (last). A run that fails or is killed therefore
+    leaves no ``certificate.json``."""
+    if out is None:
+        return _certify(config, None, device, resume, progress, strength)
+    out_dir = Path(out)
+    retracted = retract_verdict(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = {"resume": resume, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "config": str(config) if isinstance(config, (str, Path)) else None, "retracted": retracted}
+    mark_run(out_dir, "in progress", **started)
+    try:
+        cert = _certify(config, out_dir, device, resume, progress, strength)
+        from guardfl.redteam.report import write_report
+
+        write_report(cert, out_dir)
+        # the verdict last: with it there, everything else of this run is there too
+        atomic_write(out_dir / CERTIFICATE, json.dumps(cert.to_dict(), indent=2, default=str))
+    except BaseException as err:
+        status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        with contextlib.suppress(Exception):  # the run's own error is the one to report
+            line = (str(err).strip().splitlines() or [""])[0]
+            mark_run(out_dir, status, **started, error=f"{type(err).__name__}: {line}".rstrip(": "))
+        raise
+    mark_run(out_dir, "finished", **started, certificate=CERTIFICATE)
+    return cert
+
+
+def _certify(config, out_dir: Path | None, device: str | None, resume: bool, progress: bool,
+             strength: str | None) -> Certificate:
     cfg = config if isinstance(config, RedTeamConfig) else load_config(config)
     started = time.time()
     dev = resolve_device(device or cfg.device)
     level = resolve_strength(strength or cfg.strength, dev)
-    out_dir = Path(out) if out is not None else None
-    state = out_dir / "state" if out_dir is not None else None
     digest = cfg.digest(level)
-    if state is not None:
-        _prepare_state(state, digest, resume)
+    inputs = fingerprint(cfg)
+    state = _open_state(out_dir / "state", cfg, digest, inputs, resume) if out_dir is not None else None
 
     with on_path(cfg.target.app_dir if cfg.target is not None else None):
         aux = load_aux(cfg)
@@ -246,7 +288,9 @@ def certify(
         for b, i, plan in jobs:
             job = f"b{b}-{i}-{plan.name}"
             if b not in originals:
-                originals[b] = source.inputs(b)
+                # through the batch source even when every job of the batch is done: the batch's record
+                # (client.batches) comes with it, from the state of a killed run
+                originals[b] = source.batch(b)[1]
             done = _load_job(state, job) if state is not None else None
             if done is None:
                 obs, x, y = source.batch(b)
@@ -256,7 +300,8 @@ def certify(
             results.append(done[0])
             recon[job] = done[1]
             bar and bar.update(1)
-    bar and bar.close()
+        bar and bar.close()
+        runner.complete(plans)
 
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
     prior = prior_guess(aux)
@@ -267,7 +312,7 @@ def certify(
             priors[b] = metrics.evaluate(guess, x, data_range=source.batch(b)[0].input_range)["per_image"]
             recon[f"b{b}-prior"] = guess
     checks = _checks(cfg, results, lp.available, priors)
-    cert = Certificate(
+    return Certificate(
         certified=all(c["passed"] for c in checks),
         checks=checks,
         results=results,
@@ -286,15 +331,10 @@ def certify(
         preparations=runner.preparations,
         priors={str(b): p for b, p in priors.items()},
         privacy=source.privacy,
+        inputs=inputs,
         reconstructions=recon,
         originals=originals,
     )
-    if out_dir is not None:
-        from guardfl.redteam.report import write_report
-
-        atomic_write(out_dir / "certificate.json", json.dumps(cert.to_dict(), indent=2, default=str))
-        write_report(cert, out_dir)
-    return cert
 
 
 class _AttackRunner:
@@ -303,11 +343,37 @@ class _AttackRunner:
     ``AttackFailed`` (the run fails), never a skipped row."""
 
     def __init__(self, cfg: RedTeamConfig, setting: Setting, aux: AuxData | None, device: torch.device,
-                 progress: bool, state: Path | None) -> None:
+                 progress: bool, state: StateFolder | None) -> None:
         self.cfg, self.setting, self.aux, self.device, self.progress = cfg, setting, aux, device, progress
-        self.cache = PreparedCache(state / "prepared" if state is not None else None)
-        self.prepared: dict[int, Any] = {}
+        self.state = state
+        self.cache = _StateCache(state)
         self.preparations: dict[str, Any] = {}
+
+    def _prepared(self, key: str, info: dict[str, Any]) -> None:
+        """A plan's preparation, as the run that made it recorded it (saved in the state), so that a
+        resumed certificate says what the uninterrupted one says."""
+        if key in self.preparations:
+            return
+        info = json.loads(json.dumps(info, default=str))
+        if self.state is not None:
+            saved = self.state.load_json(f"preparation-{key}.json")
+            if saved is None:
+                self.state.save_json(f"preparation-{key}.json", info)
+            else:
+                info = saved
+        self.preparations[key] = info
+
+    def complete(self, plans: list[AttackSection]) -> None:
+        """After the jobs: the preparations of plans whose every job a killed run finished (this run did
+        not prepare them) come from the state; all in plan order."""
+        for i, plan in enumerate(plans):
+            key = f"{i}-{plan.name}"
+            if key not in self.preparations and self.state is not None:
+                saved = self.state.load_json(f"preparation-{key}.json")
+                if saved is not None:
+                    self.preparations[key] = saved
+        order = {f"{i}-{plan.name}": i for i, plan in enumerate(plans)}
+        self.preparations = dict(sorted(self.preparations.items(), key=lambda kv: order.get(kv[0], len(order))))
 
     def _attack(self, plan: AttackSection, i: int, b: int):
         cls = attack_registry.ATTACKS[plan.name]
@@ -328,7 +394,7 @@ class _AttackRunner:
                 # the first preparation of a plan is the one that trained (or loaded a killed run's state);
                 # later batches reuse it from memory
                 attack.prepare(self.setting, threat, cache=self.cache,
-                               on_done=lambda info: self.preparations.setdefault(f"{i}-{plan.name}", info))
+                               on_done=lambda info: self._prepared(f"{i}-{plan.name}", info))
             known = threat.defense == "known"
             view = attack_view(obs, known)  # an input encoding: the attack reconstructs the encodings
             rec, encodings = decode(attack.reconstruct(view, threat), obs, known)
@@ -344,7 +410,30 @@ class _AttackRunner:
         record["recovered"] = _recovered(m, self.cfg.certify.max_ssim)
         record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
                       info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
-        return record, rec.inputs.detach().cpu()
+        # as the state file holds it: a job read back by a resume is this very record
+        return json.loads(json.dumps(record, default=str)), rec.inputs.detach().cpu()
+
+
+class _StateCache(PreparedCache):
+    """Prepared attack states in the run's state folder (``prepared/NAME-KEY.pt``): listed in its
+    manifest, tensors and plain data only, read back with ``weights_only=True``."""
+
+    def __init__(self, state: StateFolder | None) -> None:
+        super().__init__(None)
+        self.state = state
+
+    def load(self, name: str, key: str) -> Any | None:
+        found = self._memory.get(f"{name}-{key}")
+        if found is None and self.state is not None:
+            found = self.state.load_tensors(f"prepared/{name}-{key}.pt")
+            if found is not None:
+                self._memory[f"{name}-{key}"] = found
+        return found
+
+    def save(self, name: str, key: str, state: Any) -> None:
+        self._memory[f"{name}-{key}"] = state
+        if self.state is not None:
+            self.state.save_tensors(f"prepared/{name}-{key}.pt", state)
 
 
 def _recovered(m: dict, max_ssim: float | None) -> dict[str, Any] | None:
@@ -367,18 +456,67 @@ def _encoding_metrics(encodings: torch.Tensor, obs: Observation, view: Observati
     return {"vs": "the encodings the client trained on (diagnostic)", "ssim": summary["ssim"], "mse": summary["mse"]}
 
 
-def _prepare_state(state: Path, digest: str, resume: bool) -> None:
-    marker = state / "config_hash"
-    if resume and marker.is_file():
-        found = marker.read_text().strip()
-        if found != digest:
-            raise ConfigError(f"--resume: {state} holds a run of another config (hash {found}, this one {digest}); "
-                              "use another --out or drop --resume")
-        return
-    if state.exists():
-        shutil.rmtree(state)
-    state.mkdir(parents=True)
-    atomic_write(marker, digest)
+def _open_state(root: Path, cfg: RedTeamConfig, config_hash: str, inputs: dict[str, str], resume: bool) -> StateFolder:
+    """The run's state folder. ``resume``: the earlier run's, when its key (config hash and the content of
+    every input) is this run's, else a ConfigError of one line naming what changed. Otherwise (or with no
+    earlier state) a fresh one: the files an earlier guardfl run listed are removed, nothing else, and a
+    folder of files guardfl did not write is refused."""
+    key = resume_key(config_hash, inputs)
+    manifest = StateFolder.read_manifest(root) if resume else None
+    if manifest is not None:
+        old = manifest.get("meta") or {}
+        if old.get("key") == key:
+            return StateFolder.reopen(root, manifest)
+        if old.get("config_hash") != config_hash:
+            raise ConfigError(f"--resume: {root} holds a run of another config (hash {old.get('config_hash')}, this one "
+                              f"{config_hash}); use another --out or drop --resume")
+        paths = run_inputs(cfg)
+        changed = [f"{name} ({paths[name][0]})" if name in paths and paths[name][0] else name
+                   for name in changed_inputs(old.get("inputs") or {}, inputs)]
+        raise ConfigError(f"--resume: {', '.join(changed) or 'an input file'} changed since the run in {root} (content "
+                          "hash); resuming would mix two versions in one certificate; use another --out or drop --resume")
+    return StateFolder.fresh(root, {"key": key, "config_hash": config_hash, "inputs": inputs})
+
+
+def _pack_observation(obs: Observation) -> dict[str, Any]:
+    """An observation as tensors and plain data (the global model as its state dict and train flags)."""
+    side = obs.side
+    return {
+        "protocol": asdict(obs.protocol),
+        "model": {"state": dict(obs.model.state_dict()), "training": [m.training for m in obs.model.modules()]},
+        "update": dict(obs.update), "num_samples": obs.num_samples, "input_shape": tuple(obs.input_shape),
+        "num_classes": obs.num_classes, "input_range": tuple(obs.input_range), "defense_config": obs.defense_config,
+        "released_bn_stats": [tuple(p) for p in obs.released_bn_stats],
+        "side": {"labels": side.labels, "bn_batch_stats": [tuple(p) for p in side.bn_batch_stats],
+                 "defense_stats": json.loads(json.dumps(list(side.defense_stats), default=str)),  # logs
+                 "input_hashes": tuple(side.input_hashes),
+                 "trained": [tuple(p) for p in side.trained]},
+        "train_mode": obs.train_mode,
+    }
+
+
+def _unpack_observation(d: dict[str, Any], model: torch.nn.Module) -> Observation:
+    """The observation ``_pack_observation`` saved; ``model``: the run's global model (architecture),
+    copied and given the saved state."""
+    proto = dict(d["protocol"])
+    protocol = FedSGD() if proto.get("name") == "fedsgd" else FedAvg(**proto)
+    global_model = copy.deepcopy(model)
+    global_model.load_state_dict(d["model"]["state"], strict=True)
+    modules = list(global_model.modules())
+    if len(modules) != len(d["model"]["training"]):
+        raise ConfigError("--resume: a saved observation does not match this run's model; drop --resume to start over")
+    for module, training in zip(modules, d["model"]["training"]):
+        module.training = bool(training)
+    side = d["side"]
+    return Observation(
+        protocol=protocol, model=global_model, update=dict(d["update"]), num_samples=d["num_samples"],
+        input_shape=tuple(d["input_shape"]), num_classes=d["num_classes"], input_range=tuple(d["input_range"]),
+        defense_config=d["defense_config"], released_bn_stats=[tuple(p) for p in d["released_bn_stats"]],
+        side=SideKnowledge(labels=side["labels"], bn_batch_stats=[tuple(p) for p in side["bn_batch_stats"]],
+                           defense_stats=list(side["defense_stats"]), input_hashes=tuple(side["input_hashes"]),
+                           trained=[tuple(p) for p in side["trained"]]),
+        train_mode=d["train_mode"],
+    )
 
 
 class _BatchSource:
@@ -388,7 +526,7 @@ class _BatchSource:
     resumed run attacks the very update the first run saw. Auxiliary data that shares an image with any
     private batch is refused (content hashes): up front for simulated clients, per batch for targets."""
 
-    def __init__(self, cfg: RedTeamConfig, state: Path | None, aux: AuxData | None = None) -> None:
+    def __init__(self, cfg: RedTeamConfig, state: StateFolder | None, aux: AuxData | None = None) -> None:
         self.cfg, self.state, self.aux = cfg, state, aux
         self.target = cfg.target
         #: the configured defense with DP-SGD's noise resolved for the deployment, and its accounting
@@ -437,18 +575,14 @@ class _BatchSource:
         lo = self.cfg.data.offset + b * n
         return self.x_all[lo : lo + n], self.y_all[lo : lo + n]
 
-    def inputs(self, b: int) -> torch.Tensor:
-        """The batch's private images (for the report), without simulating the client when not needed."""
-        return self._private(b)[0] if self.target is None else self.batch(b)[1]
-
     def batch(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
         if b in self._cache:
             return self._cache[b]
-        path = self.state / f"observation-b{b}.pt" if self.state is not None else None
-        if path is not None and path.is_file():
-            saved = torch.load(path, map_location="cpu", weights_only=False)  # our own file, from this run
-            self._runs[b] = saved.get("run", {})
-            self._cache[b] = (saved["observation"], saved["inputs"], saved["labels"])
+        name = f"observation-b{b}.pt"
+        saved = self.state.load_tensors(name) if self.state is not None else None
+        if saved is not None:
+            self._runs[b] = saved["run"]
+            self._cache[b] = (_unpack_observation(saved["observation"], self.model), saved["inputs"], saved["labels"])
             return self._cache[b]
         cfg = self.cfg
         if self.target is None:
@@ -460,8 +594,10 @@ class _BatchSource:
             obs, x, y = self._run_target(b)
             if self.aux is not None:
                 self.aux.check_disjoint(x, obs.input_range)
-        if path is not None:
-            atomic_torch_save({"observation": obs, "inputs": x, "labels": y, "run": self._runs[b]}, path)
+        self._runs[b] = json.loads(json.dumps(self._runs[b], default=str))  # as a resume reads it back
+        if self.state is not None:
+            self.state.save_tensors(name, {"observation": _pack_observation(obs), "inputs": x, "labels": y,
+                                           "run": self._runs[b]})
         self._cache[b] = (obs, x, y)
         return self._cache[b]
 
@@ -503,21 +639,20 @@ class _BatchSource:
                 "batches": {str(b): r for b, r in sorted(self._runs.items())}}
 
 
-def _load_job(state: Path, job: str):
-    meta, tensor = state / f"{job}.json", state / f"{job}.pt"
-    if not meta.is_file():
+def _load_job(state: StateFolder, job: str):
+    record = state.load_json(f"{job}.json")
+    if record is None:
         return None
-    record = json.loads(meta.read_text())
-    rec = torch.load(tensor, map_location="cpu") if tensor.is_file() else None
+    rec = state.load_tensors(f"{job}.pt")
     if record.get("metrics") is not None and rec is None:
         return None
     return record, rec
 
 
-def _save_job(state: Path, job: str, record: dict, rec: torch.Tensor | None) -> None:
+def _save_job(state: StateFolder, job: str, record: dict, rec: torch.Tensor | None) -> None:
     if rec is not None:
-        atomic_torch_save(rec, state / f"{job}.pt")
-    atomic_write(state / f"{job}.json", json.dumps(record, default=str))  # written last: marks the job done
+        state.save_tensors(f"{job}.pt", rec)
+    state.save_json(f"{job}.json", record)  # written last: marks the job done
 
 
 def _bar(enabled: bool, total: int):
