@@ -1,17 +1,29 @@
-"""``guardfl redteam --config PATH``: exit 0 certified, 1 not certified, 2 invalid config or failure."""
+"""``guardfl redteam --config PATH``: exit 0 certified, 1 not certified, 2 invalid config or failure.
+
+Exit 0 means exactly: a certificate was written under ``--out`` and it says CERTIFIED. Everything else
+(a bad config, an attack that failed, user code that raised or called ``sys.exit``, Ctrl-C: 130) exits
+non-zero with one line on stderr, and a failed run leaves no verdict in ``--out``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import traceback
+from pathlib import Path
 
 from guardfl.errors import GuardflError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("redteam", help="attack a defended client and certify its settings")
-    p.add_argument("--config", required=True, help="red-team YAML (see configs/)")
+    p = sub.add_parser(
+        "redteam", help="attack a defended client and certify its settings",
+        description="Attack a defended client and certify its settings. Exit status: 0 a certificate was "
+                    "written and says CERTIFIED; 1 NOT CERTIFIED; 2 the run failed (no verdict); 130 interrupted. "
+                    "A config that names code (model.name or target.* as 'module:callable') imports and runs "
+                    "that code: treat such configs as scripts.")
+    p.add_argument("--config", required=True,
+                   help="red-team YAML (see configs/); 'module:callable' references in it are code that runs")
     p.add_argument("--out", default="redteam-out", help="output folder (certificate.json, report.html, PNGs)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="overrides the config's device")
     p.add_argument("--strength", choices=["auto", "quick", "paper"], default=None,
@@ -30,15 +42,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
                        strength=args.strength)
+    except KeyboardInterrupt:
+        print("interrupted: no verdict (continue with --resume)", file=sys.stderr)
+        return 130
     except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
         if args.debug:
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # pragma: no cover - unexpected failures still exit 2
+    except SystemExit as err:  # user code that guardfl did not call through userref.calling
+        print(f"error: the run's code called sys.exit({err.code!r}); no verdict", file=sys.stderr)
+        return 2
+    except Exception as err:  # unexpected failures still exit 2
         if args.debug:
             traceback.print_exc()
         print(f"error: {type(err).__name__}: {err} (run with --debug for the traceback)", file=sys.stderr)
+        return 2
+    if not (Path(args.out) / "certificate.json").is_file():  # exit 0 promises a written certificate
+        print(f"error: no certificate was written to {args.out}", file=sys.stderr)
         return 2
     for c in cert.checks:
         status = "pass" if c["passed"] else "FAIL"

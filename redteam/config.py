@@ -4,26 +4,47 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from guardfl.config import StrictModel, validate
 from guardfl.defenses.registry import parse_config
 from guardfl.errors import ConfigError
+from guardfl.yamlio import load_yaml
 
 
 class ModelSection(StrictModel):
     name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20, vgg16 or module:callable"})
     #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
-    input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3, json_schema_extra={"allowed": "null or [C, H, W]"})
-    num_classes: int = Field(default=10, ge=2, json_schema_extra={"allowed": "an integer >= 2"})
+    input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3,
+                                          json_schema_extra={"allowed": "null or [C, H, W] with C in [1, 16], H and W in [4, 1024]"})
+    num_classes: int = Field(default=10, ge=2, le=100_000, json_schema_extra={"allowed": "an integer in [2, 100000]"})
     state: str = Field(
         default="default",
         json_schema_extra={"allowed": "'default' (PyTorch init), 'wide-init' (worst case) or a checkpoint path"},
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if ":" in name:
+            from guardfl.redteam.userref import UserCodeError, split_ref
+
+            try:
+                split_ref(name, "model.name")
+            except UserCodeError as err:
+                raise ValueError(str(err).removeprefix("model.name: ")) from None
+        return name
+
+    @field_validator("input_shape")
+    @classmethod
+    def _shape(cls, shape: list[int] | None) -> list[int] | None:
+        if shape is not None and not (1 <= shape[0] <= 16 and all(4 <= s <= 1024 for s in shape[1:])):
+            raise ValueError(f"expected [C, H, W] with C in [1, 16], H and W in [4, 1024] (got {shape})")
+        return shape
 
 
 SOURCES = ("lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz")
@@ -37,7 +58,7 @@ class _Source(StrictModel):
     root: str | None = None
     path: str | None = None
     download: bool = False
-    image_size: int | None = Field(default=None, ge=4, json_schema_extra={"allowed": "null or an integer >= 4"})
+    image_size: int | None = Field(default=None, ge=4, le=1024, json_schema_extra={"allowed": "null or an integer in [4, 1024]"})
     offset: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
 
 
@@ -51,7 +72,7 @@ class OODSection(_Source):
 
     source: SourceName = Field(json_schema_extra=_SOURCE_HELP)
     limit: int | None = Field(default=None, ge=2, json_schema_extra={"allowed": "null (all) or an integer >= 2"})
-    samples: int = Field(default=2000, ge=0, json_schema_extra={"allowed": "an integer >= 0 (pseudo-images)"})
+    samples: int = Field(default=2000, ge=0, le=100_000, json_schema_extra={"allowed": "an integer in [0, 100000] (pseudo-images)"})
 
 
 class AuxSection(_Source):
@@ -71,9 +92,9 @@ class AuxSection(_Source):
 
 class ClientSection(StrictModel):
     protocol: Literal["fedsgd", "fedavg"] = Field(default="fedsgd", json_schema_extra={"allowed": "'fedsgd' or 'fedavg'"})
-    batch_size: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    samples: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (= batch_size) or >= 1"})
-    epochs: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    batch_size: int = Field(default=1, ge=1, le=4096, json_schema_extra={"allowed": "an integer in [1, 4096]"})
+    samples: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (= batch_size) or an integer in [1, 100000]"})
+    epochs: int = Field(default=1, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
     weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
@@ -135,10 +156,15 @@ class TargetSection(StrictModel):
     def _exactly_one(self) -> "TargetSection":
         if (self.clientapp is None) == (self.train_fn is None):
             raise ValueError("give exactly one of clientapp ('module:app') or train_fn ('module:callable')")
+        from guardfl.redteam.userref import UserCodeError, split_ref
+
         for name in ("clientapp", "train_fn"):
             ref = getattr(self, name)
-            if ref is not None and ":" not in ref:
-                raise ValueError(f"{name}: expected 'module:attribute' (got {ref!r})")
+            if ref is not None:
+                try:
+                    split_ref(ref, name)
+                except UserCodeError as err:
+                    raise ValueError(str(err)) from None
         return self
 
 
@@ -147,7 +173,7 @@ class CertifySection(StrictModel):
     max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or > 0 (dB)"})
     min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or >= 0"})
     max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    batches: int = Field(default=2, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    batches: int = Field(default=2, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
     lpips_weights: str | None = None
     #: with auxiliary data the attacker's prior guess (the mean auxiliary image, no update used) can
     #: already resemble a private image (aligned faces: SSIM ~0.5); a reconstruction then counts against
@@ -178,8 +204,15 @@ class RedTeamConfig(StrictModel):
     aux: AuxSection | None = None
     #: attack budgets: 'quick' (fits 2 CPU cores), 'paper' (the published budgets), 'auto' (paper on a GPU)
     strength: Literal["auto", "quick", "paper"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'quick' or 'paper'"})
-    seed: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
-    device: str = Field(default="auto", json_schema_extra={"allowed": "'auto', 'cpu' or 'cuda'"})
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, json_schema_extra={"allowed": "an integer in [0, 2**32 - 1]"})
+    device: str = Field(default="auto", json_schema_extra={"allowed": "'auto', 'cpu', 'cuda' or 'cuda:N'"})
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", device):
+            raise ValueError(f"unknown device {device!r}; allowed: 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        return device
 
     @field_validator("defense", mode="before")
     @classmethod
@@ -225,14 +258,7 @@ def load_config(source: str | Path | dict) -> RedTeamConfig:
     if isinstance(source, dict):
         data = source
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
-        data = {} if data is None else data
+        data = load_yaml(source)  # duplicate keys, alias bombs, deep nesting, non-UTF-8, empty: one line
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(data).__name__}")
     return validate(RedTeamConfig, data, prefix="config")

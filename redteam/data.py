@@ -60,10 +60,18 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
     elif source == "npz":
         if not path or not Path(path).is_file():
             raise DataError(f"data.path: npz file not found: {path!r}")
-        with np.load(path) as d:
-            if "x" not in d or "y" not in d:
-                raise DataError(f"data.path: {path} must hold arrays 'x' (images) and 'y' (labels); has {list(d.keys())}")
-            x, y = from_array(d["x"][:limit] if limit else d["x"], d["y"][:limit] if limit else d["y"])
+        try:
+            with np.load(path, allow_pickle=False) as d:
+                if "x" not in d or "y" not in d:
+                    raise DataError(f"data.path: {path} must hold arrays 'x' (images) and 'y' (labels); has {list(d.keys())}")
+                xa, ya = d["x"], d["y"]
+        except DataError:
+            raise
+        except Exception as err:  # object arrays (would need pickle), not a zip, truncated
+            raise DataError(f"data.path: {path} is not an npz of numeric arrays ({str(err).splitlines()[0][:160]})") from None
+        if xa.dtype.kind not in "biuf" or ya.dtype.kind not in "biu":
+            raise DataError(f"data.path: {path}: 'x' must be numeric and 'y' integer (got {xa.dtype}, {ya.dtype})")
+        x, y = from_array(xa[:limit] if limit else xa, ya[:limit] if limit else ya)
     elif source == "imagefolder":
         import torchvision
 

@@ -95,13 +95,19 @@ def set_model_state(
     path = Path(state)
     if not path.is_file():
         raise ValueError(f"model state: {state!r} is neither 'default', 'wide-init' nor an existing checkpoint file")
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a text file, a pickle with code (weights_only refuses it), a truncated file
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"model.state: {path} is not a PyTorch checkpoint of tensors ({first[:160]})") from None
     if isinstance(loaded, dict) and ("state_dict" in loaded or "model" in loaded):
         loaded = loaded.get("state_dict", loaded.get("model"))
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise ValueError(f"model.state: {path} holds {type(loaded).__name__}, not a state dict of tensors")
     loaded = {k.removeprefix("_module."): v for k, v in loaded.items()}  # Opacus GradSampleModule keys
     missing, unexpected = model.load_state_dict(loaded, strict=False)
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+        raise ValueError(f"model.state: checkpoint {path}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
     return model
 
 
@@ -181,17 +187,18 @@ def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> 
         return MODELS[name](in_shape, num_classes)
     if ":" not in name:
         raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))} or 'module:callable'")
-    import importlib
     import inspect
 
-    module_name, attr = name.split(":", 1)
+    from guardfl.redteam.userref import UserCodeError, calling, model_factory
+
+    factory = model_factory(name, "model.name")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"model.name: cannot load {name!r}: {err}") from None
-    params = inspect.signature(factory).parameters
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
     kwargs = {k: v for k, v in (("in_shape", in_shape), ("num_classes", num_classes)) if k in params}
-    model = factory(**kwargs)
+    with calling("model.name", f"calling {name!r}"):
+        model = factory(**kwargs)
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model.name: {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+        raise UserCodeError(f"model.name: {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import math
 import sys
 from dataclasses import dataclass
@@ -36,18 +35,18 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from guardfl.errors import GuardflError
 from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.capture import Step, TrainingCapture
 from guardfl.redteam.auxdata import content_hashes
 from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs
 from guardfl.redteam.threat import defense_kinds
+from guardfl.redteam.userref import UserCodeError, calling, resolve, train_function
 
 #: the attacks reconstruct every distinct sample the client trained on; beyond this the run is refused
 MAX_SAMPLES = 64
 
 
-class TargetError(GuardflError):
+class TargetError(UserCodeError):
     """The user's client could not be run or observed; the red team does not certify it."""
 
 
@@ -67,17 +66,12 @@ def on_path(app_dir: str | Path | None):
 
 
 def load_object(ref: str, field: str) -> Any:
-    """``module:attr`` (attr may be dotted) -> the object; TargetError naming ``field`` otherwise."""
-    if ":" not in ref:
-        raise TargetError(f"{field}: expected 'module:attribute' (got {ref!r})")
-    module_name, attr = ref.split(":", 1)
+    """``module:attr`` (attr may be dotted) -> the object, narrowed to what ``field`` means (a training
+    function for ``target.train_fn``; a ClientApp is checked when it runs); TargetError otherwise."""
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as err:
-        raise TargetError(f"{field}: cannot load {ref!r}: {err} (set target.app_dir to the folder that holds it)") from None
-    return obj
+        return train_function(ref, field) if field.endswith("train_fn") else resolve(ref, field)
+    except UserCodeError as err:
+        raise TargetError(str(err)) from None
 
 
 def flower_run_config(app_dir: str | Path | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,10 +104,8 @@ def run_clientapp(app: Any, global_model: nn.Module, *, config: Mapping[str, Any
     msg = train_message(sent, dict(config), node_id=node_id)
     context = Context(run_id=0, node_id=node_id, node_config=dict(node_config), state=RecordDict(), run_config=dict(run_config))
     with TrainingCapture() as capture:
-        try:
+        with calling("target.clientapp", "running it"):  # the user's code: report, do not certify
             reply = app(msg, context)
-        except Exception as err:  # the user's code: report, do not certify
-            raise TargetError(f"target.clientapp raised {type(err).__name__}: {err}") from None
     if reply.has_error():
         raise TargetError(f"target.clientapp replied with an error (code {reply.error.code}): {reply.error.reason}")
     records = reply.content.array_records
@@ -135,10 +127,8 @@ def run_train_fn(fn: Callable, global_model: nn.Module, inputs: Tensor, labels: 
     sent = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
     loader = DataLoader(TensorDataset(inputs, labels), batch_size=batch_size, shuffle=False)
     with TrainingCapture() as capture:
-        try:
+        with calling("target.train_fn", "running it"):
             out = fn(model, loader)
-        except Exception as err:
-            raise TargetError(f"target.train_fn raised {type(err).__name__}: {err}") from None
     if out is None:
         out = model
     if not isinstance(out, nn.Module):

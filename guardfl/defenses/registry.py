@@ -9,26 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from guardfl.config import validate
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig
 from guardfl.errors import ConfigError
+from guardfl.yamlio import load_yaml, parse_yaml
 
 
 def _load(data: Any) -> Any:
     if isinstance(data, Path) or (isinstance(data, str) and "\n" not in data and data.endswith((".yaml", ".yml"))):
-        path = Path(data)
-        if not path.is_file():
-            raise ConfigError(f"defense config file not found: {path}")
-        data = path.read_text()
-    if isinstance(data, str):
+        if not Path(data).is_file():
+            raise ConfigError(f"defense config file not found: {data}")
+        data = load_yaml(data)  # duplicate keys, alias bombs, deep nesting, non-UTF-8, empty: one line
+    elif isinstance(data, str):
         try:
-            data = yaml.safe_load(data)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"defense config is not valid YAML: {err}") from None
-        if isinstance(data, dict) and set(data) == {"defense"}:
-            data = data["defense"]
+            data = parse_yaml(data)
+        except ConfigError as err:
+            raise ConfigError(f"defense config: {err}") from None
+    if isinstance(data, dict) and set(data) == {"defense"}:
+        data = data["defense"]
     return data
 
 
@@ -41,7 +39,7 @@ def parse_config(data: Any) -> DefenseConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"defense: expected a mapping with a 'kind' key (got {type(data).__name__}); kinds: {allowed}")
     kind = data.get("kind")
-    if kind not in REGISTRY:
+    if not isinstance(kind, str) or kind not in REGISTRY:
         raise ConfigError(f"defense.kind: unknown kind {kind!r}; allowed: {allowed}")
     return validate(REGISTRY[kind].Config, data, prefix=kind)
 

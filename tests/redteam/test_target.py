@@ -172,7 +172,7 @@ def test_a_dp_sgd_client_with_poisson_batches_is_certified_by_running_its_code(t
     ("mse", "cannot see the labels"),
     ("two_epochs", "client ran 2 steps"),
     ("not_a_model", "expected the trained torch.nn.Module"),
-    ("missing", "cannot load"),
+    ("missing", "has no attribute .missing."),
 ])
 def test_a_client_that_cannot_be_observed_is_refused(train_fn_config, fn, message):
     with pytest.raises(TargetError, match=message):
