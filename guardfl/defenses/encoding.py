@@ -25,6 +25,10 @@ Limitation: partners are distinct *indices* of the batch, not distinct contents.
 same sample twice (a sampler with replacement, a dataset with duplicates) can mix that image twice, and
 its total weight can then exceed ``max_coeff``; no content hashing is done.
 
+No setting is zero-strength: k >= 2 and ``max_coeff > 1/k`` give every one of the k distinct images a
+positive weight (almost surely), so an encoded image differs from its private image unless the batch holds
+identical images.
+
 Mixing partners, coefficients and masks are drawn per batch from the defense's own generator, so they are
 re-drawn every epoch and follow whatever order a shuffled loader produces. Encoded images of InstaHide
 lie in [-1, 1] (signs flipped), MixUp's in the input range.
@@ -172,8 +176,7 @@ class InstaHide(_InputEncoding):
             if self._public_tensor is None and self.config.public is None:
                 raise ConfigError("instahide.public: mode 'inter' needs a public dataset (an .npz path or a tensor)")
             if self._public_tensor is None:
-                with np.load(self.config.public) as d:
-                    self._public_tensor = from_array(d["x"], np.zeros(len(d["x"])))[0]
+                self._public_tensor = _load_public(self.config.public)
             self._check_public()
 
     def _check_public(self) -> None:
@@ -196,3 +199,24 @@ class InstaHide(_InputEncoding):
         encoded = mix(pool, partners, coeffs)
         labels = soft * coeffs[:, :1]  # only the private label is mixed in
         return encoded, labels
+
+
+def _load_public(path: str) -> Tensor:
+    """The public images of Inter-InstaHide from an .npz with a numeric array 'x' (no pickle): one line naming
+    ``instahide.public`` for a missing file, a file that is not an npz, object arrays or no 'x'."""
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise ConfigError(f"instahide.public: file not found: {path!r} (an .npz with the public images as 'x')")
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            if "x" not in d:
+                raise ConfigError(f"instahide.public: {path} has no array 'x' (has {list(d.keys())})")
+            x = d["x"]
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"instahide.public: {path} is not an npz of numeric arrays ({str(err).splitlines()[0][:120]})") from None
+    if x.dtype.kind not in "biuf" or x.ndim not in (3, 4):
+        raise ConfigError(f"instahide.public: {path}: 'x' must be numeric images (N, H, W[, C]); got {x.dtype} {x.shape}")
+    return from_array(x, np.zeros(len(x)))[0]

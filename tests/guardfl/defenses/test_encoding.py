@@ -203,3 +203,19 @@ def test_protect_refuses_a_loader_with_too_small_batches_before_training():
     public = torch.rand(5, 1, 4, 4)  # inter mode mixes with public images: any batch size will do
     inter = InstaHide(k=4, mode="inter", public=public)
     assert [len(x) for x, _ in protect(DataLoader(data, batch_size=3), inter)] == [3, 3, 3, 1]
+
+
+def test_inter_instahide_public_file_errors_are_one_line(tmp_path):
+    import numpy as np
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not an npz\n")
+    obj = np.empty(2, dtype=object)
+    obj[:] = [np.zeros((8, 8, 3)), np.zeros((8, 8, 3))]
+    np.savez(tmp_path / "obj.npz", x=obj)
+    np.savez(tmp_path / "nox.npz", images=np.zeros((4, 8, 8, 3), dtype=np.uint8))
+    for path, says in ((tmp_path / "missing.npz", "file not found"), (text, "not an npz"),
+                       (tmp_path / "obj.npz", "not an npz"), (tmp_path / "nox.npz", "no array 'x'")):
+        with pytest.raises(ConfigError) as err:
+            InstaHide(k=4, mode="inter", public=str(path))
+        assert str(err.value).startswith("instahide.public:") and says in str(err.value) and "\n" not in str(err.value)
