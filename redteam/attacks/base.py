@@ -127,7 +127,7 @@ class PreparedCache:
             return self._memory[f"{name}-{key}"]
         path = self._path(name, key)
         if path is not None and path.is_file():
-            state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, from this run
+            state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: loading runs no code
             self._memory[f"{name}-{key}"] = state
             return state
         return None
