@@ -5,6 +5,13 @@ Per-sample gradients are clipped to ``max_grad_norm`` and Gaussian noise of std
 accountant (``rdp`` or ``prv``) tracks epsilon. Give ``noise_multiplier``, or ``target_epsilon`` with
 ``epochs`` (Opacus ``make_private_with_epsilon`` then picks the noise). It needs per-sample gradients, so
 it is applied by ``guardfl.protect(model, optimizer, loader, defense)``, not by ``guardfl.wrap``.
+
+``noise_multiplier=0`` is accepted, as clipping only: per-sample clipping still changes the update whenever
+a sample's gradient norm exceeds ``max_grad_norm`` (and reweights the samples of a batch), but it gives no
+privacy guarantee (epsilon is infinite), and for a batch of one it only rescales the gradient, which a
+cosine-similarity attack ignores. It is the noiseless reference the red team compares DP runs with; for a
+deliberate undefended baseline use ``Identity()``. Unlike the gradient defenses, DP-SGD's effect is not
+reported in ``last_stats`` (Opacus applies it inside its optimizer); its accountant reports epsilon.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The identity defense: sends the gradient as it is. The baseline for benchmarks and the red team."""
+"""The identity defense: sends the gradient as it is. The baseline for benchmarks and the red team.
+
+It is the one deliberate way to train undefended: zero-strength settings of the other defenses
+(``GradPrune(0)``, ``GaussianNoise(0)``...) are refused and point here, and it is refused as a member of a
+stack, where it would do nothing. ``last_stats`` reports ``fired=False``.
+"""
 
 from __future__ import annotations
 

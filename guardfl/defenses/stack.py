@@ -1,4 +1,10 @@
-"""A stack of defenses applied in order (for example GradPrune then GaussianNoise)."""
+"""A stack of defenses applied in order (for example GradPrune then GaussianNoise).
+
+``identity`` is refused as a member: it does nothing in a stack, and a stack of nothing but identities
+(``Stack(Identity(), Identity())``) would be accepted and send the gradient as it is. The deliberate
+undefended baseline is ``Identity()`` alone. A zero-strength member is refused by its own config, and the
+message names its position.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from pydantic import Field, SerializeAsAny, field_validator
 from torch import Tensor
 
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.strength import BASELINE_HINT
 from guardfl.errors import ConfigError
 from guardfl.stats import StageStats
 
@@ -31,6 +38,9 @@ class StackConfig(DefenseConfig):
                 parsed.append(parse_config(item.config if isinstance(item, Defense) else item))
             except ConfigError as err:
                 raise ValueError(f"[{i}] {err}") from None
+            if parsed[-1].kind == "identity":
+                raise ValueError(f"[{i}] identity changes nothing in a stack; allowed: members other than identity; "
+                                 f"{BASELINE_HINT} alone")
         return parsed
 
     def leaves(self) -> list[DefenseConfig]:
