@@ -2,9 +2,11 @@
 
 >>> from guardfl.defenses import GradPrune, Outpost, Stack, from_config
 >>> d = from_config({"kind": "gradprune", "ratio": 0.9})
+>>> untouched_layers(d, model)   # the parameter tensors this setting never changes, with the reason
 """
 
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.coverage import Untouched, untouched_layers
 from guardfl.defenses.dpsgd import DPSGD
 from guardfl.defenses.encoding import InstaHide, MixUp
 from guardfl.defenses.graddefense import GradDefense
@@ -34,8 +36,10 @@ __all__ = [
     "Soteria",
     "Stack",
     "StepContext",
+    "Untouched",
     "available",
     "from_config",
     "parse_config",
     "register",
+    "untouched_layers",
 ]
