@@ -23,16 +23,20 @@ def _cmd_defenses(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from guardfl.defenses import from_config
+    """Exit 0: valid (warnings, if any, on stderr); 1: valid but warnings with --strict; 2: invalid."""
+    from guardfl.check import check_config
     from guardfl.errors import ConfigError
 
     try:
-        defense = from_config(args.config)
+        summary, warnings = check_config(args.config, model=args.model, input_shape=args.input_shape,
+                                         num_classes=args.num_classes)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"ok: {defense!r}")
-    return 0
+    print(f"ok: {summary}")
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    return 1 if warnings and args.strict else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     from guardfl.redteam.cli import add_parser as add_redteam
 
     add_redteam(sub)
-    p = sub.add_parser("check", help="validate a defense config (YAML file)")
-    p.add_argument("config", help="path to a YAML file with a defense config")
+    p = sub.add_parser(
+        "check", help="validate a defense config (YAML file); with --model, warn about layers it never changes",
+        description="Validate a defense config: a defense YAML file, or a red-team config (its 'defense' section, "
+                    "checked against its built-in 'model'). Zero-strength settings are errors. With a model, every "
+                    "parameter tensor the setting never changes is a warning. Exit 0: valid; 1: warnings with "
+                    "--strict; 2: invalid.")
+    p.add_argument("config", help="path to a YAML file with a defense config (or a red-team config)")
+    p.add_argument("--model", help="a built-in model name (lenet, resnet18, ...) to check the setting against; "
+                                    "'module:callable' imports and runs that code")
+    p.add_argument("--input-shape", type=int, nargs=3, metavar=("C", "H", "W"), help="the model's input shape "
+                   "(default: the config's model.input_shape, else 3 32 32)")
+    p.add_argument("--num-classes", type=int, help="the model's classes (default: the config's, else 10)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=_cmd_check)
     return parser
 
