@@ -62,7 +62,9 @@ class StepStats:
 
     @property
     def fired(self) -> bool:
-        """Whether any stage changed the gradient in this step."""
+        """Whether any stage changed the gradient it received in this step. Each stage is counted against
+        its own input, so in a stack whose later stage undoes an earlier one (tiny noise on zero entries, then
+        pruning of exactly those) this can be True while the step's output equals its input."""
         return any(s.fired for s in self.stages)
 
     def to_dict(self) -> dict:
