@@ -2,6 +2,7 @@
 
     python bench/bench_attacks.py outpost [--images 4] [--iterations 300]
     python bench/bench_attacks.py huang   [--images 1] [--iterations 200] [--batches 1,16]
+    python bench/bench_attacks.py redteam [--rows dp,soteria] [--batches 2]
 
 ``outpost``: the direction of Wang et al. 2024, Table III, scenario 1 (FedAvg, E=1, n=1, B=1): the LeNet of
 Zhu et al. on CIFAR-10 images, DLG and csDLG (Inverting Gradients) matching the model delta, no defense vs
@@ -14,6 +15,17 @@ U(-0.5, 0.5) init (worst case).
 ``huang``: the direction of Huang et al. 2021, Table 2: ResNet-18 (CIFAR stem) in train mode, FedSGD,
 the strongest attacker (labels known, BN_exact; GradInversion: IG + BN prior), no defense vs GradPrune 0.9
 and 0.99, batch 1 and 16. InstaHide rows need the data-side defenses (issue 3) and are marked n/a.
+
+``redteam``: the privacy half of the privacy-utility table. Each defense row of ``bench_utility.py`` (Soteria,
+GradDefense, DP-SGD at noise 0.5 and 1.0, InstaHide k=4 + GradPrune 0.9, and no defense) is certified by the
+full red team (``guardfl.redteam.certify``: every applicable attack at the device's strength, defense-aware
+objectives, demixing for encodings), and the row reports the verdict and the worst-case SSIM over attacks,
+batches and images (the certificate's own number, no oracle). The client is LeNet (Zhu) in its wide-init
+worst case on the CIFAR-10 sample, FedSGD; batch 1 for the gradient defenses and DP-SGD (the easiest case
+for the attacker), batch 8 for InstaHide (k=4 mixes need 4 distinct images of the batch), with an undefended
+row at each batch size. DP-SGD rows state epsilon for a client holding 4,000 images over 5 epochs (the
+utility run's data size; at batch 1 the sample rate is 1/4000, so epsilon differs from the utility run's
+batch-64 figure, both are printed). When ``bench/results/utility*.json`` exist, the joined table is printed.
 
 Data: the CIFAR-10 sample in ``../shared/data`` (benchmarks only). Metrics after Hungarian matching;
 LPIPS when AlexNet weights are available. Writes JSON and PNG grids to ``bench/results/``.
@@ -142,32 +154,123 @@ def run_huang(args, device) -> dict:
     return {"scenario": "FedSGD, ResNet-18 (CIFAR stem, train mode), CIFAR-10 sample", "rows": results}
 
 
+REDTEAM_ROWS = {
+    # name: (batch, defense config)
+    "none (B=1)": (1, None),
+    "Soteria (prune 0.5 of the FC layer)": (1, {"kind": "soteria", "prune": 0.5}),
+    "GradDefense (10 slices, 5 noised, 0.01, clip)": (1, {"kind": "graddefense"}),
+    "DP-SGD (sigma 0.5, C 1.0)": (1, {"kind": "dpsgd", "noise_multiplier": 0.5, "max_grad_norm": 1.0, "epochs": 5}),
+    "DP-SGD (sigma 1.0, C 1.0)": (1, {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0, "epochs": 5}),
+    "none (B=8)": (8, None),
+    "InstaHide k=4 + GradPrune 0.9": (8, {"kind": "stack", "defenses": [{"kind": "instahide", "k": 4},
+                                                                       {"kind": "gradprune", "ratio": 0.9}]}),
+}
+
+
+def redteam_config(batch: int, defense: dict | None, batches: int, device: str) -> dict:
+    return {
+        "model": {"name": "lenet", "num_classes": 10, "state": "wide-init"},
+        "data": {"source": "npz", "path": str(DATA)},
+        "client": {"protocol": "fedsgd", "batch_size": batch, "dataset_size": 4000},
+        "defense": defense,
+        "attacks": "all",
+        "strength": "auto",
+        "device": device,
+        "certify": {"max_ssim": 0.4, "batches": batches},
+        "seed": 0,
+    }
+
+
+def run_redteam(args, device) -> dict:
+    from guardfl.redteam.certify import certify
+
+    keys = [k.strip().lower() for k in args.rows.split(",")] if args.rows else None
+    rows = []
+    for name, (batch, defense) in REDTEAM_ROWS.items():
+        if keys is not None and not any(k in name.lower() for k in keys):
+            continue
+        slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+        t0 = time.time()
+        cert = certify(redteam_config(batch, defense, args.batches, str(device)), out=OUT / "redteam" / slug)
+        ssim = next((c for c in cert.checks if c["metric"] == "ssim"), {})
+        where = ssim.get("where") or {}
+        recovered = [r["recovered"] for r in cert.results if r.get("recovered")]
+        row = {
+            "defense": name, "batch": batch, "verdict": cert.verdict, "worst_ssim": ssim.get("worst"),
+            "worst_attack": where.get("attack"), "strength": cert.strength,
+            "attacks_ran": sorted({r["attack"] for r in cert.results if r.get("metrics")}),
+            "epsilon": (cert.privacy or {}).get("epsilon"),
+            "recovered_max": max((r["above_max_ssim"] / max(r["of"], 1) for r in recovered), default=None),
+            "seconds": time.time() - t0,
+        }
+        rows.append(row)
+        eps = "" if row["epsilon"] is None else f"  eps {row['epsilon']:.2f}"
+        print(f"{name:46s} B={batch}  {row['verdict']:13s} worst SSIM {_f(row['worst_ssim'])} ({row['worst_attack']}){eps}  "
+              f"({row['seconds']:.0f}s)", flush=True)
+    joined = join_utility(rows)
+    return {"scenario": "red team (certify), LeNet wide-init, CIFAR-10 sample, FedSGD", "rows": rows, "joined": joined}
+
+
+def _f(v) -> str:
+    return "  n/a" if v is None else f"{v:.3f}"
+
+
+def join_utility(rows: list[dict]) -> list[dict]:
+    """The privacy-utility table: each red-team row beside its utility row (accuracy, time ratio, epsilon of
+    the utility run) from the latest ``bench/results/utility*.json`` that has it."""
+    utility = {}
+    for path in sorted(OUT.glob("utility*.json"), key=lambda p: p.stat().st_mtime):
+        for r in json.loads(path.read_text()).get("rows", []):
+            utility[r["defense"]] = {**r, "source": path.name}
+    joined = []
+    print(f"\n{'defense':46s} {'B':>2s} {'verdict':13s} {'SSIM':>6s} {'acc':>6s} {'time x':>7s} {'eps(utility)':>12s}")
+    for r in rows:
+        u = utility.get(r["defense"]) or (utility.get("none") if r["defense"].startswith("none") else None) or {}
+        j = {**r, "test_acc": u.get("test_acc"), "time_ratio": u.get("time_ratio"),
+             "epsilon_utility_run": u.get("epsilon@1e-5"), "utility_source": u.get("source")}
+        joined.append(j)
+        eps = j["epsilon_utility_run"]
+        print(f"{r['defense']:46s} {r['batch']:2d} {r['verdict']:13s} {_f(r['worst_ssim']):>6s} {_f(j['test_acc']):>6s} "
+              f"{'' if j['time_ratio'] is None else format(j['time_ratio'], '.2f'):>7s} "
+              f"{'' if eps is None else format(eps, '.1f'):>12s}  {j['utility_source'] or ''}")
+    return joined
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("table", choices=["outpost", "huang"])
+    ap.add_argument("table", choices=["outpost", "huang", "redteam"])
+    ap.add_argument("--rows", default=None, help="redteam: comma-separated substrings of row names")
     ap.add_argument("--images", type=int, default=None, help="images (outpost) or batches (huang) per setting")
     ap.add_argument("--iterations", type=int, default=None)
-    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--batches", default=None, help="huang: batch sizes (default 1,16); redteam: batches certified per row (default 2)")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
-    if args.table == "outpost":
+    if args.table == "redteam":
+        args.batches = int(args.batches or 2)
+    elif args.table == "outpost":
         args.images = args.images or (8 if gpu else 4)
         args.iterations = args.iterations or (2000 if gpu else 300)
     else:
+        args.batches = args.batches or "1,16"
         args.images = args.images or (4 if gpu else 1)
         args.iterations = args.iterations or (10_000 if gpu else 200)
     if not DATA.is_file():
         raise SystemExit(f"benchmark data not found: {DATA}")
     OUT.mkdir(parents=True, exist_ok=True)
-    print(f"device {device}, {args.images} image(s)/batch(es) per setting, {args.iterations} iterations", flush=True)
-    result = run_outpost(args, device) if args.table == "outpost" else run_huang(args, device)
+    if args.table == "redteam":
+        print(f"device {device}, {args.batches} client batch(es) per row, every applicable attack", flush=True)
+    else:
+        print(f"device {device}, {args.images} image(s)/batch(es) per setting, {args.iterations} iterations", flush=True)
+    run = {"outpost": run_outpost, "huang": run_huang, "redteam": run_redteam}[args.table]
+    result = run(args, device)
     result.update({"device": str(device), "iterations": args.iterations, "images": args.images,
                    "lpips": metrics.lpips_status().__dict__})
     path = OUT / f"{args.table}.json"
     path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path} and the PNG grid beside it")
+    print(f"wrote {path}" + ("" if args.table == "redteam" else " and the PNG grid beside it")
+          + (f" (certificates and reports under {OUT / 'redteam'})" if args.table == "redteam" else ""))
 
 
 if __name__ == "__main__":
