@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 import guardfl
-from guardfl.defenses import from_config
+from guardfl.defenses import from_config, untouched_layers
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
@@ -49,6 +49,7 @@ from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, 
 from guardfl.redteam.models import build_model, set_model_state
 from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
 from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.workers import Job, RunContext, available_cores, default_workers, job_threads, run_parallel, torch_threads
 
 @dataclass
 class Certificate:
@@ -70,6 +71,8 @@ class Certificate:
     preparations: dict[str, Any] = field(default_factory=dict)
     #: DP-SGD accounting of the deployment (epsilon at delta), None without DP-SGD
     privacy: dict[str, Any] | None = None
+    #: what a reviewer should know that the thresholds do not say, e.g. layers the defense never changes
+    warnings: list[str] = field(default_factory=list)
     #: per batch, the metrics of the attacker's prior guess (mean auxiliary image, no update used)
     priors: dict[str, Any] = field(default_factory=dict)
     #: sha256 of every file the run read, by config field (``fingerprint``): what was certified
@@ -176,6 +179,24 @@ def prior_guess(aux: AuxData | None) -> torch.Tensor | None:
     return (aux.images if len(aux.images) else aux.ood).mean(0)
 
 
+def defense_warnings(defense: dict | None, model: torch.nn.Module) -> list[str]:
+    """Parameter tensors the configured defense never changes (``guardfl.defenses.untouched_layers``): an
+    attack can use them as if there were no defense. Nothing for no defense or the deliberate Identity
+    baseline (the certificate says there is none)."""
+    if defense is None or defense.get("kind") == "identity":
+        return []
+    untouched = untouched_layers(defense, model)
+    if not untouched:
+        return []
+    total = sum(1 for _ in model.parameters())
+    by_reason: dict[str, list[str]] = {}
+    for u in untouched:
+        by_reason.setdefault(u.reason, []).append(u.name)
+    listed = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
+    return [f"the defense never changes {len(untouched)} of the model's {total} parameter tensors, which an "
+            f"attacker can use as if undefended: {listed}"]
+
+
 def _checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool,
             priors: dict[int, list[dict]] | None = None) -> list[dict]:
     """Each threshold against the worst case (most leakage) over attacks and images. With a prior (the
@@ -233,16 +254,21 @@ def certify(
     resume: bool = False,
     progress: bool = False,
     strength: str | None = None,
+    workers: int | None = 1,
+    threads: int | None = None,
 ) -> Certificate:
     """Run the red team described by ``config``; write results under ``out`` when given.
-    ``strength`` ('quick', 'paper', 'auto') overrides the config's.
+    ``strength`` ('quick', 'paper', 'auto') overrides the config's. ``workers``: processes running the
+    jobs (batch x attack, and preparations) side by side (None: one per available core on a CPU, one
+    on a GPU); ``threads``: intra-op threads per job (default:
+    ``workers.job_threads``, one for small models). The certificate does not depend on ``workers``.
 
     With ``out``: before anything else (even reading the config), an earlier verdict there is deleted
     and ``out/run.json`` says "in progress"; it says "failed" or "interrupted" when the run raises, and
     "finished" only once ``certificate.json`` is written (last). A run that fails or is killed therefore
     leaves no ``certificate.json``."""
     if out is None:
-        return _certify(config, None, device, resume, progress, strength)
+        return _certify(config, None, device, resume, progress, strength, workers, threads)
     out_dir = Path(out)
     retracted = retract_verdict(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,7 +276,7 @@ def certify(
                "config": str(config) if isinstance(config, (str, Path)) else None, "retracted": retracted}
     mark_run(out_dir, "in progress", **started)
     try:
-        cert = _certify(config, out_dir, device, resume, progress, strength)
+        cert = _certify(config, out_dir, device, resume, progress, strength, workers, threads)
         from guardfl.redteam.report import write_report
 
         write_report(cert, out_dir)
@@ -267,41 +293,62 @@ def certify(
 
 
 def _certify(config, out_dir: Path | None, device: str | None, resume: bool, progress: bool,
-             strength: str | None) -> Certificate:
+             strength: str | None, workers: int | None = 1, threads: int | None = None) -> Certificate:
     cfg = config if isinstance(config, RedTeamConfig) else load_config(config)
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers: expected an integer >= 1 (got {workers!r})")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads: expected an integer >= 1 (got {threads!r})")
     started = time.time()
     dev = resolve_device(device or cfg.device)
     level = resolve_strength(strength or cfg.strength, dev)
+    workers = workers or default_workers(dev)
     digest = cfg.digest(level)
     inputs = fingerprint(cfg)
     state = _open_state(out_dir / "state", cfg, digest, inputs, resume) if out_dir is not None else None
 
-    with on_path(cfg.target.app_dir if cfg.target is not None else None):
+    app_dir = cfg.target.app_dir if cfg.target is not None else None
+    with on_path(app_dir):
         aux = load_aux(cfg)
         source = _BatchSource(cfg, state, aux)
-        setting = source.setting()
-        plans, listing = plan_attacks(cfg, setting, level, aux)
-        runner = _AttackRunner(cfg, setting, aux, dev, progress, state)
-        results, recon, originals = [], {}, {}
-        jobs = [(b, i, plan) for b in range(cfg.certify.batches) for i, plan in enumerate(plans)]
-        bar = _bar(progress, len(jobs))
-        for b, i, plan in jobs:
-            job = f"b{b}-{i}-{plan.name}"
-            if b not in originals:
-                # through the batch source even when every job of the batch is done: the batch's record
-                # (client.batches) comes with it, from the state of a killed run
-                originals[b] = source.batch(b)[1]
-            done = _load_job(state, job) if state is not None else None
-            if done is None:
-                obs, x, y = source.batch(b)
-                done = runner.run(job, b, i, plan, obs, x, y)
+        threads = threads or job_threads(sum(p.numel() for p in source.model.parameters()), workers)
+        warnings = defense_warnings(cfg.defense, source.model)
+        with torch_threads(threads):
+            setting = source.setting()
+            plans, listing = plan_attacks(cfg, setting, level, aux)
+            runner = _AttackRunner(cfg, setting, aux, dev, progress and workers == 1, state)
+            jobs = [Job(f"b{b}-{i}-{plan.name}", b, i, attack_registry.ATTACKS[plan.name].capabilities.prepares)
+                    for b in range(cfg.certify.batches) for i, plan in enumerate(plans)]
+            # every batch first, through the batch source even when its jobs are done: its observation
+            # (saved for a resume), its record (client.batches) and its ground truth
+            batches = {b: source.batch(b) for b in range(cfg.certify.batches)}
+            originals = {b: x for b, (_, x, _) in batches.items()}
+            done = {job.name: _load_job(state, job.name) if state is not None else None for job in jobs}
+            pending = [job for job in jobs if done[job.name] is None]
+            bar = _bar(progress, len(jobs))
+            bar and bar.update(len(jobs) - len(pending))
+
+            def finished(job: Job, result: tuple[dict, torch.Tensor]) -> None:
+                done[job.name] = result
                 if state is not None:
-                    _save_job(state, job, *done)
-            results.append(done[0])
-            recon[job] = done[1]
-            bar and bar.update(1)
-        bar and bar.close()
+                    _save_job(state, job.name, *result)
+                bar and bar.update(1)
+
+            if workers > 1 and len(pending) > 1:
+                context = RunContext(_AttackRunner(cfg, setting, aux, dev, False, None), plans, batches)
+                run_parallel(context, pending, workers=min(workers, len(pending)), threads=threads,
+                             app_dir=str(Path(app_dir).resolve()) if app_dir else None,
+                             prepared=lambda i: runner.cache.entries_of(plans[i].name) or None,
+                             on_prepared=lambda i, saved, info: runner.adopt_preparation(i, plans[i], saved, info),
+                             on_done=finished)
+            else:
+                for job in pending:
+                    obs, x, y = batches[job.b]
+                    finished(job, runner.run(job.name, job.b, job.i, plans[job.i], obs, x, y))
+            bar and bar.close()
         runner.complete(plans)
+        results = [done[job.name][0] for job in jobs]
+        recon = {job.name: done[job.name][1] for job in jobs}
 
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
     prior = prior_guess(aux)
@@ -322,7 +369,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
         environment={
             "guardfl": guardfl.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-            "threads": torch.get_num_threads(),
+            "threads": threads, "workers": workers, "cores": available_cores(),
         },
         wall_time_s=time.time() - started,
         lpips={"available": lp.available, "reason": lp.reason},
@@ -331,6 +378,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
         preparations=runner.preparations,
         priors={str(b): p for b, p in priors.items()},
         privacy=source.privacy,
+        warnings=warnings,
         inputs=inputs,
         reconstructions=recon,
         originals=originals,
@@ -374,6 +422,25 @@ class _AttackRunner:
                     self.preparations[key] = saved
         order = {f"{i}-{plan.name}": i for i, plan in enumerate(plans)}
         self.preparations = dict(sorted(self.preparations.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+    def prepare_only(self, i: int, plan: AttackSection) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Plan i's once-per-setting preparation alone (a worker's task): its prepared states (memory
+        cache entries) and what it reported."""
+        attack, _ = self._attack(plan, i, 0)
+        cache, info = PreparedCache(), {}
+        try:
+            attack.prepare(self.setting, ThreatModel(**plan.threat.model_dump(), aux=self.aux), cache=cache,
+                           on_done=info.update)
+        except (KeyboardInterrupt, GuardflError):
+            raise
+        except Exception as err:
+            raise AttackFailed(f"attack {plan.name} failed while preparing: {type(err).__name__}: {err}") from err
+        return cache.entries(), info
+
+    def adopt_preparation(self, i: int, plan: AttackSection, saved: dict[str, Any], info: dict[str, Any]) -> None:
+        """A worker prepared plan i: keep its states (in the state folder too) and its record."""
+        self.cache.adopt(saved)
+        self._prepared(f"{i}-{plan.name}", info)
 
     def _attack(self, plan: AttackSection, i: int, b: int):
         cls = attack_registry.ATTACKS[plan.name]
@@ -434,6 +501,25 @@ class _StateCache(PreparedCache):
         self._memory[f"{name}-{key}"] = state
         if self.state is not None:
             self.state.save_tensors(f"prepared/{name}-{key}.pt", state)
+
+    def adopt(self, entries: dict[str, Any]) -> None:
+        for entry, state in entries.items():
+            self._memory[entry] = state
+            if self.state is not None:
+                self.state.save_tensors(f"prepared/{entry}.pt", state)
+
+    def entries_of(self, name: str) -> dict[str, Any]:
+        """Prepared states of attack ``name`` this run holds (memory, or listed in the state folder)."""
+        found = {k: v for k, v in self._memory.items() if k.startswith(f"{name}-")}
+        if self.state is not None:
+            for file in self.state.files:
+                if file.startswith(f"prepared/{name}-") and file.endswith(".pt"):
+                    entry = file.removeprefix("prepared/").removesuffix(".pt")
+                    if entry not in found:
+                        loaded = self.state.load_tensors(file)
+                        if loaded is not None:
+                            found[entry] = loaded
+        return found
 
 
 def _recovered(m: dict, max_ssim: float | None) -> dict[str, Any] | None:

@@ -30,9 +30,28 @@ def add_parser(sub) -> None:
                    help="attack budgets: quick (fits 2 CPU cores), paper (published budgets), auto (paper on a GPU); "
                         "overrides the config's")
     p.add_argument("--resume", action="store_true", help="continue a killed run: finished attacks are kept")
+    p.add_argument("--workers", type=_positive("--workers"), default=None,
+                   help="processes running attacks side by side (default: the cores available to this process "
+                        "on a CPU, 1 on a GPU); the certificate does not depend on it")
+    p.add_argument("--threads", type=_positive("--threads"), default=None,
+                   help="intra-op threads per attack (default: 1 for small models, robust on a busy machine; "
+                        "the worker's share of the cores for large ones)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
+
+
+def _positive(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag}: expected an integer >= 1 (got {text!r})")
+        return value
+
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
-                       strength=args.strength)
+                       strength=args.strength, workers=args.workers, threads=args.threads)
     except KeyboardInterrupt:
         print("interrupted: no verdict (continue with --resume)", file=sys.stderr)
         return 130
@@ -70,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         pv = cert.privacy
         print(f"  [info] DP-SGD spends epsilon {pv['epsilon']:.3g} at delta {pv['delta']:g} (noise multiplier "
               f"{pv['noise_multiplier']:.3g}, sample rate {pv['sample_rate']:.3g}, {pv['epochs']} epochs)")
+    for w in cert.warnings:
+        print(f"  [warn] {w}")
     skipped = [a for a in cert.attacks if a["status"] == "not applicable"]
     for a in skipped:
         print(f"  [n/a ] {a['attack']}: {a['reason']}")

@@ -114,6 +114,7 @@ def write_report(cert: Certificate, out: Path) -> None:
         f"<td>{html.escape(a.get('paper_reference', ''))}</td></tr>"
         for a in cert.attacks
     )
+    warnings_html = "".join(f"<p class=warn><b>Warning</b>: {html.escape(w)}</p>" for w in cert.warnings)
     privacy_html = ""
     if cert.privacy:
         pv = cert.privacy
@@ -138,7 +139,7 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 .banner {{ background: {color}; color: white; padding: 1em 1.5em; font-size: 1.6em; border-radius: 6px; }}
 table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 0.9em; }}
 tr.fail td {{ background: #fde7e7; }} tr.pass td {{ background: #e8f5ea; }}
-img {{ image-rendering: pixelated; border: 1px solid #ddd; }} .legend {{ color: #555; }}
+img {{ image-rendering: pixelated; border: 1px solid #ddd; }} .legend {{ color: #555; }} .warn {{ background: #fff4d6; border-left: 4px solid #d9a400; padding: 6px; }}
 pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 </style></head><body>
 <div class="banner">{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small></div>
@@ -146,7 +147,7 @@ pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
 Worst case over every attack and image; "best" = the most leaking image. LPIPS: {'available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')'}.</p>
-{privacy_html}{encoding_html}
+{warnings_html}{privacy_html}{encoding_html}
 <h2>Thresholds</h2>
 <table><tr><th>metric</th><th>rule</th><th>worst measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
 {''.join(sections)}

@@ -132,6 +132,14 @@ class PreparedCache:
             return state
         return None
 
+    def entries(self) -> dict[str, Any]:
+        """The states held in memory, by ``NAME-KEY`` (to hand to another process)."""
+        return dict(self._memory)
+
+    def adopt(self, entries: dict[str, Any]) -> None:
+        """Take states another process prepared (``entries()`` there)."""
+        self._memory.update(entries)
+
     def save(self, name: str, key: str, state: Any) -> None:
         self._memory[f"{name}-{key}"] = state
         path = self._path(name, key)

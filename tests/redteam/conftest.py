@@ -15,3 +15,11 @@ def faces():
 def wide_lenet():
     torch.manual_seed(0)
     return wide_init_(LeNetZhu((1, 25, 25), 10))
+
+
+@pytest.fixture(autouse=True)
+def _sequential_cli(monkeypatch):
+    """The CLI's default is one worker process per core; tests that go through the CLI run their jobs in
+    this process (tests patch attacks here, and spawning workers costs seconds per run). The worker path
+    has its own tests (test_workers.py), which ask for workers explicitly."""
+    monkeypatch.setattr("guardfl.redteam.certify.default_workers", lambda device: 1)

@@ -148,3 +148,16 @@ def test_every_shipped_config_is_valid():
                                         ("huang2021-instahide-cpu.yaml", 0), ("huang2021-mixup-cpu.yaml", 1), ("dpsgd-eps8.yaml", 0)])
 def test_shipped_default_certifies_and_no_defense_does_not(tmp_path, name, code):
     assert main(["redteam", "--config", str(ROOT / "configs" / name), "--out", str(tmp_path), "--quiet"]) == code
+
+
+def test_the_certificate_warns_about_layers_the_defense_never_changes(tmp_path, capsys):
+    """Soteria perturbs only the FC layer's gradient: the conv layers reach the attacker as if undefended,
+    and the certificate, the report and the CLI say so; a defense that reaches every layer says nothing."""
+    cfg = {**TINY, "defense": {"kind": "soteria", "prune": 0.5}, "certify": {"max_ssim": 0.99, "batches": 1}}
+    main(["redteam", "--config", str(_write(tmp_path, cfg)), "--out", str(tmp_path / "o"), "--quiet"])
+    out = capsys.readouterr().out
+    cert = json.loads((tmp_path / "o" / "certificate.json").read_text())
+    assert len(cert["warnings"]) == 1 and "body.0.weight" in cert["warnings"][0] and "soteria" in cert["warnings"][0]
+    assert "[warn]" in out and "Warning" in (tmp_path / "o" / "report.html").read_text()
+    pruned = certify_mod.certify({**cfg, "defense": {"kind": "gradprune", "ratio": 0.5}})
+    assert pruned.warnings == []
