@@ -176,9 +176,7 @@ def protect(
     elif len(gradient) == 1:
         grad_defense = gradient[0]
     else:
-        grad_defense = Stack(*gradient)
-        for member, original in zip(grad_defense.members, gradient):  # keep the members' own streams
-            member._seed = original._seed
+        grad_defense = Stack._regroup(gradient)  # the same instances, their own streams kept
 
     if dp:
         model, dp_opt, engine, data_loader, guarded = _make_private(model, optimizer, data_loader, dp[0], grad_defense, privacy_state)

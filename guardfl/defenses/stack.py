@@ -4,6 +4,12 @@
 (``Stack(Identity(), Identity())``) would be accepted and send the gradient as it is. The deliberate
 undefended baseline is ``Identity()`` alone. A zero-strength member is refused by its own config, and the
 message names its position.
+
+The members are the instances given, not copies rebuilt from their configs: a user subclass (one that
+overrides ``_apply_``, say) keeps its behaviour inside a stack, and its config is the one the stack reports
+and serialises. A stack built from a config (a dict, YAML) builds its members from their configs. A member
+without its own ``seed`` is reseeded from the stack's seed (reproducible when the stack is seeded), which
+changes the random stream of that instance.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, SerializeAsAny, field_validator
 from torch import Tensor
 
+from guardfl.config import validate
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.strength import BASELINE_HINT
 from guardfl.errors import ConfigError
@@ -55,12 +62,25 @@ class Stack(Defense):
     Config = StackConfig
 
     def __init__(self, *defenses: Defense | DefenseConfig | dict, seed: int | None = None, nonfinite: str = "raise") -> None:
+        # The given instances become the members (set before validation: _init_from_config reads them).
+        self._given: list[Defense | None] = [d if isinstance(d, Defense) else None for d in defenses]
         super().__init__(defenses=list(defenses), seed=seed, nonfinite=nonfinite)
+
+    @classmethod
+    def _regroup(cls, members: list[Defense]) -> "Stack":
+        """A stack of existing defenses that keeps their seeds and random streams as they are (not
+        reseeded): ``guardfl.protect`` regroups the gradient-stage leaves of a larger stack with it."""
+        self = cls.__new__(cls)
+        self._given, self._keep_member_seeds = list(members), True
+        self._init_from_config(validate(cls.Config, {"kind": "stack", "defenses": list(members)}, prefix="stack"))
+        return self
 
     def _init_from_config(self, config: DefenseConfig) -> None:
         super()._init_from_config(config)
-        self.members = [REGISTRY[c.kind].from_config(c) for c in config.defenses]
-        self._seed_members()
+        given = self.__dict__.pop("_given", None) or [None] * len(config.defenses)
+        self.members = [d if d is not None else REGISTRY[c.kind].from_config(c) for d, c in zip(given, config.defenses)]
+        if not self.__dict__.pop("_keep_member_seeds", False):
+            self._seed_members()
 
     def _seed_members(self) -> None:
         for i, member in enumerate(self.members):

@@ -48,3 +48,75 @@ def test_nested_dp_stack_is_refused_at_wrap():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
     with pytest.raises(UnsupportedOptimizerError, match="dpsgd"):
         guardfl.wrap(opt, Stack(Stack(DPSGD(noise_multiplier=1.0))))
+
+
+# -- members are the instances given (issue 13) ------------------------------------------------------------
+class _ZeroAll(GradPrune):
+    """A user subclass: zeroes every entry (its config still says ratio 0.5)."""
+
+    def _apply_(self, grads, ctx):
+        from guardfl.stats import LayerStats, StageStats
+
+        for g in grads:
+            g.zero_()
+        return StageStats.from_layers(self.kind, tuple(
+            LayerStats.counted(ctx.name(i), g.numel(), changed=g.numel()) for i, g in enumerate(grads)))
+
+
+def test_a_subclass_member_keeps_its_behaviour():
+    """The audit's case: the member was rebuilt from its config as a GradPrune, which kept half the entries."""
+    member = _ZeroAll(0.5)
+    stack = Stack(member, GaussianNoise(0.1, seed=0))
+    assert stack.members[0] is member and type(stack.members[0]) is _ZeroAll
+    out, stats = Stack(member)([torch.randn(100), torch.randn(10)])
+    assert all(bool((o == 0).all()) for o in out)
+    assert stats.stages[0].kind == "gradprune"
+
+
+def test_given_instances_are_kept_and_their_configs_reported():
+    a, b = GradPrune(0.9), GaussianNoise(0.2, seed=3)
+    stack = Stack(a, b, seed=1)
+    assert stack.members[0] is a and stack.members[1] is b
+    assert stack.config.defenses[0] == a.config and stack.config.defenses[1] == b.config
+    assert stack.leaves() == [a, b]
+    dumped = stack.config.model_dump(mode="json")
+    assert dumped["defenses"] == [a.config.model_dump(mode="json"), b.config.model_dump(mode="json")]
+    assert b._seed == 3  # a member with its own seed keeps it
+
+
+def test_nested_stack_instances_are_kept():
+    member = _ZeroAll(0.5)
+    inner = Stack(member)
+    outer = Stack(GaussianNoise(0.1), inner)
+    assert outer.members[1] is inner and outer.leaves()[1] is member
+
+
+def test_a_stack_from_a_config_builds_its_members():
+    from guardfl.defenses import from_config
+
+    s = from_config({"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5}]})
+    assert type(s.members[0]) is GradPrune
+
+
+def test_seeded_stack_with_instances_reproduces():
+    g = [torch.zeros(1000)]
+    a, _ = Stack(GaussianNoise(1.0), GradPrune(0.5), seed=5)(g)
+    b, _ = Stack(GaussianNoise(1.0), GradPrune(0.5), seed=5)(g)
+    assert torch.equal(a[0], b[0])
+
+
+def test_protect_regroups_the_same_gradient_instances_without_reseeding():
+    import guardfl
+    from guardfl.defenses import DPSGD
+
+    member = _ZeroAll(0.5)
+    noise = GaussianNoise(0.1)
+    seed_before = noise._seed
+    model = torch.nn.Linear(4, 2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))),
+                                         batch_size=4)
+    outer = Stack(DPSGD(noise_multiplier=1.0, seed=0), member, noise, seed=7)
+    seed_in_stack = noise._seed
+    _, opt, _ = guardfl.protect(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, outer)
+    assert opt.guarded.defense.members == [member, noise]
+    assert noise._seed == seed_in_stack != seed_before  # reseeded once by the seeded stack, not again by protect
