@@ -9,6 +9,10 @@ then the inner optimizer steps, so the local model moves by the defended update:
 Defenses that need the model and the batch inputs (``needs_model``: Soteria, GradDefense) get them through
 ``model=``: a forward pre-hook on the model records the first positional input of its latest forward pass
 run with grad enabled (detached, no copy), and ``step()`` hands model and inputs to the defense.
+
+After the defense and before the inner step, every defended gradient is checked for NaN and inf entries:
+a non-finite one raises ``NonFiniteGradientError`` naming the defense and the parameters, and the weights
+are not updated (fail closed).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from torch.optim import Optimizer
 
 from guardfl.defenses.base import Defense, StepContext
 from guardfl.defenses.registry import from_config
-from guardfl.errors import UnsupportedOptimizerError
+from guardfl.errors import NonFiniteGradientError, UnsupportedOptimizerError
+from guardfl.ops.finite import nonfinite_where
 from guardfl.stats import StepStats
 
 _STATE_KEY = "guardfl"
@@ -70,6 +75,47 @@ class ProxyOptimizer(Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+def check_finite_gradients(grads: list[Tensor], names: list[str], source: str) -> None:
+    """Fail closed before the inner optimizer steps: raise ``NonFiniteGradientError`` naming ``source``
+    (the defense) and the tensors when a defended gradient holds NaN or inf entries."""
+    where = nonfinite_where(grads, names)
+    if where is not None:
+        raise NonFiniteGradientError(
+            f"{source}: the defended gradient has non-finite entries in {where}; the optimizer step is refused "
+            "(the weights are unchanged)"
+        )
+
+
+class FiniteStepGuard(ProxyOptimizer):
+    """Refuses the wrapped optimizer's step when a gradient holds NaN or inf entries, naming ``source``.
+
+    ``guardfl.protect`` puts it inside Opacus's ``DPOptimizer`` when DP-SGD runs without gradient defenses
+    (with them, ``GuardedOptimizer`` does the same check), so a non-finite privatised gradient never
+    reaches the weights (an inf per-sample gradient turns into NaN in Opacus's clipping)."""
+
+    def __init__(self, optimizer: Optimizer, source: str, param_names: Mapping[Tensor, str] | None = None) -> None:
+        super().__init__(optimizer)
+        self.source = source
+        self._param_names = dict(param_names or {})
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        check_finite_gradients([p.grad for p in params], [self._param_names.get(p, f"param{i}")
+                                                          for i, p in enumerate(params)], self.source)
+        self.original_optimizer.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
 
 
 class _InputRecorder:
@@ -131,6 +177,8 @@ class GuardedOptimizer(ProxyOptimizer):
             )
         self.iteration = 0
         self.last_stats: StepStats | None = None
+        #: what produced the gradient before this defense (set by guardfl.protect: "dpsgd"), for messages
+        self._upstream: str | None = None
         if param_names is None and model is not None:
             param_names = list(model.named_parameters())
         if param_names is not None and not isinstance(param_names, Mapping):
@@ -205,8 +253,17 @@ class GuardedOptimizer(ProxyOptimizer):
         finally:
             if recorder is not None:
                 recorder.paused = False
+        check_finite_gradients([p.grad for p in params], names, self._source())
         self.last_stats = StepStats(self.iteration, stages)
         return self.last_stats
+
+    def _source(self) -> str:
+        """What produced the gradient this wrapper hands to the inner step, for error messages: the
+        defense's kind and, for a stack, its leaves (``guardfl.protect`` prefixes ``dpsgd`` under DP-SGD)."""
+        kind = self.defense.kind
+        if len(self.defense.leaves()) > 1 or self.defense.leaves()[0] is not self.defense:
+            kind += f" ({', '.join(leaf.kind for leaf in self.defense.leaves())})"
+        return f"{self._upstream}, then {kind}" if self._upstream else kind
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None

@@ -29,7 +29,7 @@ from torch.optim import Optimizer
 from guardfl.defenses import Defense, Identity, Stack, from_config
 from guardfl.defenses.dpsgd import DPSGD
 from guardfl.errors import ConfigError
-from guardfl.optimizer import GuardedOptimizer, ProxyOptimizer
+from guardfl.optimizer import FiniteStepGuard, GuardedOptimizer, ProxyOptimizer
 
 
 def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -216,8 +216,12 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
     except (NotImplementedError, ValueError) as err:
         raise ConfigError(f"dpsgd: Opacus cannot make this model private: {err}") from None
     guarded = None
+    names = {p: n.removeprefix("_module.") for n, p in model.named_parameters()}
     if grad_defense is not None:
         guarded = GuardedOptimizer(dp_opt.original_optimizer, grad_defense, param_names=list(model.named_parameters()), model=model)
+        guarded._upstream = "dpsgd"
         dp_opt.original_optimizer = guarded  # defend after Opacus has clipped and noised
+    else:  # no gradient defense: still refuse a non-finite privatised gradient before the weights move
+        dp_opt.original_optimizer = FiniteStepGuard(dp_opt.original_optimizer, "dpsgd", names)
     return model, dp_opt, engine, data_loader, guarded
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from guardfl.config import StrictModel, validate
 from guardfl.errors import ConfigError, NonFiniteGradientError
-from guardfl.ops.finite import nonfinite_counts
+from guardfl.ops.finite import nonfinite_counts, nonfinite_where
 from guardfl.stats import StageStats, StepStats
 
 NonFinitePolicy = Literal["raise", "zero"]
@@ -174,7 +174,9 @@ class Defense:
                               "with grad enabled since the last step)")
         self._handle_nonfinite(grads, ctx)
         with torch.no_grad():
-            return (self._apply_(list(grads), ctx),)
+            stats = self._apply_(list(grads), ctx)
+        self._check_output(grads, ctx)
+        return (stats,)
 
     def __call__(
         self,
@@ -206,6 +208,16 @@ class Defense:
             )
         for i, _ in bad:
             torch.nan_to_num_(grads[i], nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _check_output(self, grads: Sequence[Tensor], ctx: StepContext) -> None:
+        """Fail closed when the defense itself made an entry non-finite (noise too large for a 16-bit dtype,
+        a subclass's arithmetic): always raises, whatever ``nonfinite`` says about the input."""
+        where = nonfinite_where(list(grads), [ctx.name(i) for i in range(len(grads))])
+        if where is not None:
+            raise NonFiniteGradientError(
+                f"{self.kind}: the defended gradient has non-finite entries in {where}; refused (noise too large "
+                "for the dtype? float16 ends at 65504: lower the noise, or keep these parameters in float32)"
+            )
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
         raise NotImplementedError

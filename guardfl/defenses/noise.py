@@ -7,6 +7,10 @@ use ``DPSGD`` (Opacus) for that.
 ``sigma`` / ``scale`` must be > 0 (0 would send the gradient as it is; ``Identity()`` is the deliberate
 undefended baseline). A positive scale too small to move an entry in the gradient's dtype changes nothing
 there: ``last_stats`` counts only the entries whose value changed (``fired`` is False if none did).
+
+The noise is drawn in float32 (float64 for float64 gradients) and cast to the gradient's dtype; every draw
+is finite (``guardfl.ops.noise``). A scale that overflows the dtype after the cast (float16 ends at 65504)
+is refused at ``apply_`` with ``NonFiniteGradientError`` naming the defense.
 """
 
 from __future__ import annotations

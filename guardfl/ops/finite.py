@@ -20,3 +20,12 @@ def nonfinite_counts(tensors: list[Tensor]) -> list[int]:
     for i in suspect:
         counts[i] = int(torch.count_nonzero(~torch.isfinite(tensors[i])))
     return counts
+
+
+def nonfinite_where(tensors: list[Tensor], names: list[str]) -> str | None:
+    """``"name (count of numel, dtype)"`` for each tensor holding NaN or inf entries, comma-separated;
+    None when every entry is finite."""
+    counts = nonfinite_counts(tensors)
+    bad = [f"{names[i]} ({c} of {tensors[i].numel()}, {str(tensors[i].dtype).removeprefix('torch.')})"
+           for i, c in enumerate(counts) if c]
+    return ", ".join(bad) if bad else None

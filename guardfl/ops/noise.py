@@ -1,4 +1,11 @@
-"""Noise samplers that draw only from the generator they are given (never the global RNG)."""
+"""Noise samplers that draw only from the generator they are given (never the global RNG).
+
+Every sample is finite, in every dtype. Noise is computed in float32 (float64 for float64 tensors) and
+cast at the end: a 16-bit ``torch.rand`` has only 8 to 11 random bits, so an inverse CDF evaluated in that
+dtype hits its pole (``log(0)``) for a fraction of a percent of the entries (bfloat16: 0.29%). A scale
+large enough to overflow the target dtype after the cast (float16 tops out at 65504) still gives inf there;
+``Defense.apply_`` and ``GuardedOptimizer`` refuse such a defended gradient.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,35 @@ import torch
 from torch import Tensor
 
 
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype noise is computed in: float64 for float64 tensors, float32 for every other one."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def gaussian_like(x: Tensor, std: float, generator: torch.Generator) -> Tensor:
     """Samples of N(0, std^2) with the shape, dtype and device of ``x``."""
-    noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-    return noise.mul_(std)
+    noise = torch.randn(x.shape, generator=generator, dtype=_work_dtype(x.dtype), device=x.device)
+    return noise.mul_(std).to(x.dtype)
 
 
 def laplace_like(x: Tensor, scale: float, generator: torch.Generator) -> Tensor:
-    """Samples of Laplace(0, scale) (std = scale * sqrt(2)) by inverse-CDF from one uniform draw."""
-    u = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device).sub_(0.5)
-    sign = u.sign()
-    # -scale * sign(u) * log(1 - 2|u|); u = -0.5 (probability 2^-24) would give log(0): clamp it.
-    mag = u.abs_().mul_(-2.0).log1p_().clamp_(min=torch.finfo(x.dtype).min)
-    return mag.mul_(sign).mul_(-scale)
+    """Samples of Laplace(0, scale) (std = scale * sqrt(2)) with the shape, dtype and device of ``x``.
+
+    One uniform draw u in [0, 1) per entry gives the sign (u < 1/2) and, from w = 2u mod 1 in [0, 1), the
+    magnitude -log(1 - w) ~ Exp(1). Both steps are exact in binary floating point and w < 1 strictly, so the
+    pole log(0) is never reached: the largest magnitude is about 16.6 * scale (float32 work) or
+    36.7 * scale (float64).
+    """
+    u = torch.rand(x.shape, generator=generator, dtype=_work_dtype(x.dtype), device=x.device)
+    return laplace_from_uniform_(u, scale).to(x.dtype)
+
+
+def laplace_from_uniform_(u: Tensor, scale: float) -> Tensor:
+    """Laplace(0, scale) samples from uniforms ``u`` in [0, 1) (float32 or float64), computed in place
+    in ``u``'s dtype: sign from u < 1/2, magnitude -log(1 - w) * scale with w = 2u mod 1. Finite for every
+    u in [0, 1], the ends included (u = 1, which rand never returns, is clamped just below 1)."""
+    negative = u < 0.5
+    w = u.mul_(2.0).sub_((~negative).to(u.dtype))  # 2u (u < 1/2) or 2u - 1 (u >= 1/2): exact, in [0, 1)
+    w.clamp_(min=0.0, max=1.0 - torch.finfo(u.dtype).eps / 2)  # defensive: strictly below 1
+    mag = w.neg_().log1p_().mul_(-scale)  # -log(1 - w) * scale: finite, >= 0
+    return mag.mul_(negative.to(mag.dtype).mul_(-2.0).add_(1.0))  # negative half: -mag
