@@ -2,17 +2,64 @@
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Annotated, Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from guardfl.errors import ConfigError
 
 
-class StrictModel(BaseModel):
-    """A config model: unknown keys are errors; frozen, so a live defense cannot drift from its config."""
+def _numeric(annotation: Any) -> str | None:
+    """"an integer" / "a number" when ``annotation`` (through ``X | None`` and ``Annotated``) is an int or a
+    float field and not also a bool one; "a list of integers" / "a list of numbers" for ``list[int]`` and
+    ``list[float]``; else None."""
+    if annotation is bool:
+        return None
+    if annotation is int:
+        return "an integer"
+    if annotation is float:
+        return "a number"
+    if get_origin(annotation) is list:
+        inner = _numeric(next(iter(get_args(annotation)), None))
+        return f"a list of {'integers' if inner == 'an integer' else 'numbers'}" if inner else None
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Annotated:
+        args = args[:1]
+    if any(a is bool for a in args):
+        return None
+    for a in args:
+        found = _numeric(a)
+        if found is not None:
+            return found
+    return None
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class StrictModel(BaseModel):
+    """A config model: unknown keys are errors; frozen, so a live defense cannot drift from its config.
+
+    Numbers are taken at face value: ``inf`` and ``nan`` are refused in every float field
+    (``allow_inf_nan=False``), and a boolean is refused where a number is expected (pydantic would read
+    ``batch_size: true`` as 1 and ``sigma: true`` as 1.0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is None:
+            return value
+        field = cls.model_fields[info.field_name]
+        wanted = _numeric(field.annotation)
+        if wanted is None:
+            return value
+        flagged = isinstance(value, bool) or (
+            wanted.startswith("a list") and isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value)
+        )
+        if flagged:
+            extra = field.json_schema_extra
+            allowed = extra.get("allowed") if isinstance(extra, dict) else None
+            raise ValueError(f"expected {wanted}, not a boolean (got {value!r})" + (f"; allowed: {allowed}" if allowed else ""))
+        return value
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:

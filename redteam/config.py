@@ -95,9 +95,9 @@ class ClientSection(StrictModel):
     batch_size: int = Field(default=1, ge=1, le=4096, json_schema_extra={"allowed": "an integer in [1, 4096]"})
     samples: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (= batch_size) or an integer in [1, 100000]"})
     epochs: int = Field(default=1, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
-    lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
+    lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "finite, > 0"})
     momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
-    weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
+    weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": "finite, >= 0"})
     train_mode: bool = True
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
@@ -170,8 +170,8 @@ class TargetSection(StrictModel):
 
 class CertifySection(StrictModel):
     max_ssim: float | None = Field(default=0.4, ge=-1, le=1, json_schema_extra={"allowed": "null or [-1, 1]"})
-    max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or > 0 (dB)"})
-    min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or >= 0"})
+    max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or finite, > 0 (dB)"})
+    min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
     max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     batches: int = Field(default=2, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
     lpips_weights: str | None = None
@@ -179,7 +179,7 @@ class CertifySection(StrictModel):
     #: already resemble a private image (aligned faces: SSIM ~0.5); a reconstruction then counts against
     #: max_ssim / max_psnr only if it also beats that prior on the image by more than this margin.
     #: null: absolute thresholds only.
-    prior_margin: float | None = Field(default=0.05, ge=0, json_schema_extra={"allowed": "null or >= 0"})
+    prior_margin: float | None = Field(default=0.05, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
 
     @model_validator(mode="after")
     def _some_threshold(self) -> "CertifySection":
@@ -229,6 +229,8 @@ class RedTeamConfig(StrictModel):
     def _attack_shorthand(cls, value: Any) -> Any:
         if value == "all":
             return None
+        if isinstance(value, (list, tuple)) and not value:  # ran nothing and exited 1 ("no attack could run")
+            raise ValueError("give at least one attack, or 'all'; allowed: a non-empty list of attack names, 'all' or null")
         if isinstance(value, list):  # "- dlg" is shorthand for "- {name: dlg}"
             return [{"name": v} if isinstance(v, str) else v for v in value]
         return value
