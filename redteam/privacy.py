@@ -5,6 +5,11 @@ Opacus's accountant over ``epochs`` passes of the client's local dataset at samp
 ``batch_size / dataset_size``. ``resolve`` turns a ``target_epsilon`` configuration into the noise
 multiplier Opacus's ``make_private_with_epsilon`` would pick for that deployment (so the simulated client
 adds exactly that noise) and reports the epsilon of a ``noise_multiplier`` configuration.
+
+The DP-SGD config bounds (``guardfl.defenses.dpsgd``: a finite noise multiplier in [0, 1000], a finite
+target epsilon in (0, 100]) keep both accountants quick here: ``noise_multiplier: .inf`` hung the RDP
+accountant and ``target_epsilon: .inf`` silently became noise multiplier 10. A noise multiplier of 0
+(clipping only) has no epsilon: the summary says so instead of asking the accountant.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> 
         dp["target_epsilon"] = None
     summary = {"noise_multiplier": dp["noise_multiplier"], "max_grad_norm": dp.get("max_grad_norm", 1.0),
                "sample_rate": rate, "epochs": epochs, "delta": delta, "accountant": accountant, "epsilon": None}
-    if epochs is not None:
+    if dp["noise_multiplier"] == 0:  # the PRV accountant raised OverflowError here, RDP took 2 s to say inf
+        summary["note"] = "noise_multiplier 0 is clipping only: no privacy guarantee (epsilon is infinite)"
+    elif epochs is not None:
         acc = create_accountant(accountant)
         acc.history = [(dp["noise_multiplier"], rate, int(epochs * dataset_size // batch_size))]
         summary["epsilon"] = float(acc.get_epsilon(delta))

@@ -4,7 +4,9 @@ A defense transforms the list of gradients of one optimizer step. The maths live
 (``guardfl.ops``); a defense class holds its validated config and a private random generator.
 
 Randomness: each defense owns ``torch.Generator`` objects (one per device) seeded from OS entropy
-unless ``seed`` is given. The global RNG is never read or reseeded.
+unless ``seed`` is given. The global RNG is never read or reseeded. A config's ``seed`` is an integer in
+[0, 2**32 - 1]: torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so a larger seed would
+silently repeat the stream of a smaller one (2**64 gave the stream of 0) and is refused.
 """
 
 from __future__ import annotations
@@ -24,13 +26,21 @@ from guardfl.stats import StageStats, StepStats
 
 NonFinitePolicy = Literal["raise", "zero"]
 
+#: The largest ``seed`` a config accepts: every seed in [0, SEED_MAX] gives its own stream on every device.
+SEED_MAX = 2**32 - 1
+#: The largest seed ``reseed`` accepts (derived seeds: per round, per stack member; 63 bits, as the stream
+#: derivations below reduce seeds modulo 2**63).
+RESEED_MAX = 2**63 - 1
+
 
 class DefenseConfig(StrictModel):
     """Fields every defense config has. Subclasses add their parameters and a ``kind`` literal."""
 
     kind: str
+    #: torch's CPU generator (mt19937) keeps only the low 32 bits of a seed: 2**32 and 0 would give one
+    #: stream, so a seed beyond 32 bits is refused rather than silently aliased.
     seed: int | None = Field(
-        default=None, ge=0, json_schema_extra={"allowed": "null (OS entropy) or an integer >= 0"}
+        default=None, ge=0, le=SEED_MAX, json_schema_extra={"allowed": "null (OS entropy) or an integer in [0, 2**32 - 1]"}
     )
     nonfinite: NonFinitePolicy = Field(default="raise", json_schema_extra={"allowed": "'raise' or 'zero'"})
 
@@ -152,7 +162,10 @@ class Defense:
         return gen
 
     def reseed(self, seed: int | None) -> None:
-        """Restart the random streams from ``seed`` (None: fresh OS entropy)."""
+        """Restart the random streams from ``seed`` (None: fresh OS entropy; else an integer in
+        [0, 2**63 - 1], which the stream derivations use as it is)."""
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= RESEED_MAX):
+            raise ConfigError(f"{self.kind}.reseed: seed must be null or an integer in [0, 2**63 - 1] (got {seed!r})")
         self._seed = seed if seed is not None else os_entropy_seed()
         self._generators.clear()
 

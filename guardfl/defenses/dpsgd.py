@@ -26,11 +26,28 @@ from guardfl.errors import ConfigError
 from guardfl.stats import StageStats
 
 
+#: Bounds that keep DP-SGD's arithmetic finite and its accountants quick (every float is also finite):
+#: - noise_multiplier <= 1000: noise_multiplier=inf hung the RDP accountant for minutes; beyond ~100 the RDP
+#:   epsilon no longer decreases (it sits at its floor for the largest order) and the update is pure noise;
+#:   at 1000 both accountants answer in well under a second.
+#: - max_grad_norm <= 1e6: inf gave NaN weights (and a finite epsilon); the noise std is
+#:   noise_multiplier * max_grad_norm <= 1e9, finite in float32.
+#: - target_epsilon <= 100: inf silently became noise multiplier 10 (Opacus's search starts there); an
+#:   epsilon above 100 (a likelihood ratio of e^100) certifies nothing, and the PRV accountant's noise search
+#:   slows sharply for large targets (about 20 s at 100, minutes at 1000). For weaker settings give
+#:   noise_multiplier.
+NOISE_MULTIPLIER_MAX = 1000.0
+MAX_GRAD_NORM_MAX = 1e6
+TARGET_EPSILON_MAX = 100.0
+
+
 class DPSGDConfig(DefenseConfig):
     kind: Literal["dpsgd"] = "dpsgd"
-    noise_multiplier: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or >= 0"})
-    max_grad_norm: float = Field(default=1.0, gt=0, json_schema_extra={"allowed": "> 0"})
-    target_epsilon: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or > 0"})
+    noise_multiplier: float | None = Field(default=None, ge=0, le=NOISE_MULTIPLIER_MAX,
+                                           json_schema_extra={"allowed": "null or finite, in [0, 1000]"})
+    max_grad_norm: float = Field(default=1.0, gt=0, le=MAX_GRAD_NORM_MAX, json_schema_extra={"allowed": "finite, in (0, 1e6]"})
+    target_epsilon: float | None = Field(default=None, gt=0, le=TARGET_EPSILON_MAX,
+                                         json_schema_extra={"allowed": "null or finite, in (0, 100]"})
     delta: float = Field(default=1e-5, gt=0, lt=1, json_schema_extra={"allowed": "(0, 1)"})
     epochs: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
     accountant: Literal["rdp", "prv"] = Field(default="rdp", json_schema_extra={"allowed": "'rdp' or 'prv'"})

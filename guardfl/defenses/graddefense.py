@@ -64,6 +64,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.noise import NOISE_MAX
 from guardfl.defenses.strength import never_changes
 from guardfl.errors import ConfigError
 from guardfl.ops.change import changed_count, to_ints
@@ -76,7 +77,8 @@ class GradDefenseConfig(DefenseConfig):
     kind: Literal["graddefense"] = "graddefense"
     slices: int = Field(default=10, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     perturb_slices: int = Field(default=5, ge=1, json_schema_extra={"allowed": "an integer in [1, slices]"})
-    noise: float = Field(default=0.01, ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+    noise: float = Field(default=0.01, ge=0.0, le=NOISE_MAX, allow_inf_nan=False,
+                         json_schema_extra={"allowed": "finite, in [0, 1e6]"})
     clip: bool = Field(default=True, json_schema_extra={"allowed": "true or false"})
     clip_norm: float | None = Field(
         default=None, gt=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "null (= noise) or finite, > 0"}

@@ -28,18 +28,27 @@ from guardfl.ops.noise import gaussian_like, laplace_like
 from guardfl.stats import LayerStats, StageStats
 
 
+#: The largest noise std / Laplace scale accepted. The noise must stay finite arithmetic in float32: the
+#: largest draw is about 6 sigma (Gaussian) or 16.6 scale (Laplace), so 1e6 keeps every entry below 2e7 and
+#: a squared norm over 1e10 entries below 4e24, far from float32's 3.4e38 (GaussianNoise(1e39) was inf).
+#: Noise of 1e6 already drowns any gradient (entries are rarely above 1e3). float16 layers end at 65504:
+#: there a scale above a few thousand overflows, and ``apply_`` refuses the result naming the defense.
+NOISE_MAX = 1e6
+NOISE_RANGE = "finite, in (0, 1e6]"
+
+
 class GaussianNoiseConfig(DefenseConfig):
     kind: Literal["gaussian"] = "gaussian"
-    sigma: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, > 0"})
+    sigma: float = Field(ge=0.0, le=NOISE_MAX, allow_inf_nan=False, json_schema_extra={"allowed": NOISE_RANGE})
 
-    sigma_not_zero = field_validator("sigma")(refuse_zero("finite, > 0", "adds no noise"))
+    sigma_not_zero = field_validator("sigma")(refuse_zero(NOISE_RANGE, "adds no noise"))
 
 
 class LaplaceNoiseConfig(DefenseConfig):
     kind: Literal["laplace"] = "laplace"
-    scale: float = Field(ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, > 0"})
+    scale: float = Field(ge=0.0, le=NOISE_MAX, allow_inf_nan=False, json_schema_extra={"allowed": NOISE_RANGE})
 
-    scale_not_zero = field_validator("scale")(refuse_zero("finite, > 0", "adds no noise"))
+    scale_not_zero = field_validator("scale")(refuse_zero(NOISE_RANGE, "adds no noise"))
 
 
 class _AdditiveNoise(Defense):

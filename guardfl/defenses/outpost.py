@@ -49,6 +49,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
+from guardfl.defenses.noise import NOISE_MAX
 from guardfl.defenses.strength import never_changes
 from guardfl.ops.change import add_counting_, changed_count
 from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, zero_smallest_
@@ -60,7 +61,8 @@ class OutpostConfig(DefenseConfig):
     beta: float = Field(default=0.1, ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
     phi: float = Field(default=0.4, ge=0.0, le=1.0, json_schema_extra={"allowed": "[0, 1]"})
     prune: float = Field(default=0.8, ge=0.0, lt=1.0, json_schema_extra={"allowed": "[0, 1)"})
-    noise: float = Field(default=0.8, ge=0.0, allow_inf_nan=False, json_schema_extra={"allowed": "finite, >= 0"})
+    noise: float = Field(default=0.8, ge=0.0, le=NOISE_MAX, allow_inf_nan=False,
+                         json_schema_extra={"allowed": "finite, in [0, 1e6] (times the layer's weight variance)"})
 
     @model_validator(mode="after")
     def _changes_something(self):

@@ -38,3 +38,38 @@ def test_shipped_dp_config_spends_the_epsilon_it_states():
     cfg = load_config(Path(__file__).parents[2] / "configs" / "dpsgd-eps8.yaml")
     _, summary = resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)
     assert summary["epsilon"] == pytest.approx(8.0, abs=0.1) and summary["delta"] == 1e-5
+
+
+# -- the audit's DP cases (issue 13) ------------------------------------------------------------------------
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_noise_multiplier_zero_is_clipping_only_without_asking_the_accountant(accountant):
+    """PRV raised OverflowError on noise multiplier 0; RDP took 2 s to answer inf (not valid JSON)."""
+    _, summary = resolve({"kind": "dpsgd", "noise_multiplier": 0.0, "epochs": 2, "accountant": accountant}, 4, 1000)
+    assert summary["epsilon"] is None and "no privacy guarantee" in summary["note"]
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_the_largest_noise_multiplier_accounts_quickly(accountant):
+    import time
+
+    t0 = time.perf_counter()
+    _, summary = resolve({"kind": "dpsgd", "noise_multiplier": 1000.0, "epochs": 2, "accountant": accountant}, 4, 1000)
+    assert 0 < summary["epsilon"] < 1 and time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("noise_multiplier", float("inf"), "dpsgd.noise_multiplier: Input should be a finite number (got inf); allowed: null or finite, in [0, 1000]"),
+    ("noise_multiplier", 1e4, "allowed: null or finite, in [0, 1000]"),
+    ("max_grad_norm", float("inf"), "dpsgd.max_grad_norm: Input should be a finite number (got inf); allowed: finite, in (0, 1e6]"),
+    ("target_epsilon", float("inf"), "dpsgd.target_epsilon: Input should be a finite number (got inf); allowed: null or finite, in (0, 100]"),
+    ("target_epsilon", 1e3, "allowed: null or finite, in (0, 100]"),
+])
+def test_the_red_team_config_refuses_unbounded_dp_settings(field, value, expect):
+    from guardfl.redteam.config import load_config
+
+    dp = {"kind": "dpsgd", "epochs": 1, field: value}
+    if field != "noise_multiplier" and field != "target_epsilon":
+        dp["noise_multiplier"] = 1.0
+    with pytest.raises(ConfigError) as err:
+        load_config({"defense": dp, "client": {"dataset_size": 100}})
+    assert expect in str(err.value) and str(err.value).startswith("config.defense: ") and "\n" not in str(err.value)
