@@ -21,12 +21,12 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from guardfl.defenses import Defense, Identity, Stack, from_config
+from guardfl.defenses.base import make_generator
 from guardfl.defenses.dpsgd import DPSGD
 from guardfl.errors import ConfigError
 from guardfl.optimizer import FiniteStepGuard, GuardedOptimizer, ProxyOptimizer
@@ -204,7 +204,7 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
     if privacy_state is not None:
         engine.accountant.load_state_dict(privacy_state)
     device = next(model.parameters()).device
-    noise = torch.Generator(device=device).manual_seed(dp._seed % (1 << 63))
+    noise = make_generator(device, None if dp._entropy else dp._seed)  # OS entropy: the full mt19937 state
     common = dict(module=model, optimizer=optimizer, data_loader=data_loader, max_grad_norm=c.max_grad_norm,
                   poisson_sampling=c.poisson_sampling, noise_generator=noise)
     try:

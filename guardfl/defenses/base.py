@@ -90,6 +90,38 @@ def os_entropy_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+#: torch's CPU generator state (``get_state``): 8 bytes initial seed, 2 x int32 (left, seeded), 8 bytes
+#: next, then mt19937's 624 state words, each in 8 bytes
+_MT_WORDS, _MT_OFFSET = 624, 24
+
+
+def _mt_layout_ok() -> bool:
+    gen = torch.Generator().manual_seed(1)
+    words = torch.frombuffer(bytearray(gen.get_state().numpy().tobytes()), dtype=torch.int64)
+    return int(words[3]) == 1 and int(words[4]) == 1812433254 and int(words[1]) == (1 << 32) + 1
+
+
+def make_generator(device: torch.device | str, seed: int | None, offset: int = 0) -> torch.Generator:
+    """A generator for ``device``: from ``seed`` (reproducible; ``offset`` derives another stream), or
+    with ``seed=None`` from OS entropy. Seeding alone is not enough there: torch's CPU generator (mt19937)
+    keeps only 32 bits of a seed, so 2**32 candidate streams, few enough for an attacker to try them all
+    against a noised update. Its whole 19,968-bit state is filled from the OS pool instead (CUDA's Philox
+    takes the full 64-bit seed)."""
+    gen = torch.Generator(device=device)
+    if seed is not None:
+        return gen.manual_seed((seed + 0x9E3779B97F4A7C15 * offset) % (1 << 63))
+    gen.manual_seed(os_entropy_seed())
+    if gen.device.type == "cpu":
+        if not _mt_layout_ok():  # a future torch with another state layout: refuse rather than weaken
+            raise RuntimeError("guardfl: torch's CPU generator state layout changed; cannot seed it from OS entropy")
+        raw = bytearray(gen.get_state().numpy().tobytes())
+        words = torch.frombuffer(bytearray(os.urandom(4 * _MT_WORDS)), dtype=torch.int32).to(torch.int64) & 0xFFFFFFFF
+        raw[_MT_OFFSET : _MT_OFFSET + 8 * _MT_WORDS] = words.numpy().astype("<u8").tobytes()
+        raw[8:16] = ((1 << 32) + 1).to_bytes(8, "little")  # left = 1, seeded: the next draw twists the new state
+        gen.set_state(torch.frombuffer(raw, dtype=torch.uint8).clone())
+    return gen
+
+
 class Defense:
     """Base class. Subclasses set ``Config`` and implement ``_apply_``.
 
@@ -130,6 +162,7 @@ class Defense:
     def _init_from_config(self, config: DefenseConfig) -> None:
         self.config = config
         self._seed = config.seed if config.seed is not None else os_entropy_seed()
+        self._entropy = config.seed is None  # streams from OS entropy (not reproducible), see make_generator
         self._generators: dict[torch.device, torch.Generator] = {}
         self._check_config()
 
@@ -154,10 +187,9 @@ class Defense:
         device = torch.device(device)
         gen = self._generators.get(device)
         if gen is None:
-            gen = torch.Generator(device=device)
             # Different devices get different, reproducible streams from the one seed.
             offset = 0 if device.type == "cpu" else 1 + (device.index or 0)
-            gen.manual_seed((self._seed + 0x9E3779B97F4A7C15 * offset) % (1 << 63))
+            gen = make_generator(device, None if self._entropy else self._seed, offset)
             self._generators[device] = gen
         return gen
 
@@ -167,6 +199,7 @@ class Defense:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= RESEED_MAX):
             raise ConfigError(f"{self.kind}.reseed: seed must be null or an integer in [0, 2**63 - 1] (got {seed!r})")
         self._seed = seed if seed is not None else os_entropy_seed()
+        self._entropy = seed is None
         self._generators.clear()
 
     # -- application ------------------------------------------------------------------------------

@@ -84,8 +84,8 @@ class Stack(Defense):
 
     def _seed_members(self) -> None:
         for i, member in enumerate(self.members):
-            if member.config.seed is None:
-                member.reseed((self._seed * 1_000_003 + 7919 * (i + 1)) % (1 << 63))
+            if member.config.seed is None:  # a seeded stack derives its members' seeds; else OS entropy each
+                member.reseed(None if self._entropy else (self._seed * 1_000_003 + 7919 * (i + 1)) % (1 << 63))
 
     def reseed(self, seed: int | None) -> None:
         super().reseed(seed)
