@@ -2,7 +2,7 @@
 sequential vs worker processes, all in one run (issue 14).
 
     python bench/bench_redteam_throughput.py [--config configs/default.yaml] [--workers 1,2] [--loads idle,busy]
-                                             [--legacy] [--timeout 1200]
+                                             [--legacy] [--legacy-loads idle] [--timeout 1200]
 
 Each row is one ``guardfl redteam`` command line, timed from outside (interpreter start, data, client,
 every attack, report): what a user waits for. ``busy``: a neighbour process runs a 2-thread PyTorch loop
@@ -10,7 +10,9 @@ of small matrix products for the whole row (a second red team, a CI neighbour), 
 ``--legacy`` adds the behaviour before threads were chosen per job (one process, PyTorch's default of
 one intra-op thread per core): the cliff the issue reports. A row that passes ``--timeout`` is reported
 as a lower bound. The certificates of every finished row are compared with the first one (timings
-aside): the verdict and every number must not depend on workers or load.
+aside; the defense's seed is pinned in a copy of the config, else its OS-entropy noise would make every run
+attack a different update): the verdict and every number must not depend on workers or load (the legacy
+row runs with other thread counts, so its last bits may differ).
 
 Targets (issue 14): busy no worse than 2x idle; idle, 2 workers at least 1.7x faster than 1 worker on 2
 cores. Writes ``bench/results/throughput.json``.
@@ -90,12 +92,26 @@ def run_row(config: Path, workers: int | None, threads: int | None, load: str, t
     }
 
 
+def pinned_config(config: Path, folder: Path) -> Path:
+    """A copy of ``config`` whose defense has a seed: without one its randomness comes from OS entropy, so
+    two runs attack different updates and their certificates cannot be compared. Same workload."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    if isinstance(data.get("defense"), dict) and data["defense"].get("seed") is None:
+        data["defense"]["seed"] = 0
+    path = folder / config.name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     ap.add_argument("--loads", default="idle,busy")
     ap.add_argument("--legacy", action="store_true", help="also the pre-issue-14 behaviour (1 process, torch's default threads)")
+    ap.add_argument("--legacy-loads", default=None, help="loads for the legacy rows (default: all of --loads)")
     ap.add_argument("--timeout", type=float, default=1200)
     args = ap.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
@@ -103,10 +119,15 @@ def main(argv=None):
     if args.legacy:
         settings.append((1, cores, f"legacy: 1 process, {cores} threads"))
     rows = []
-    print(f"{Path(args.config).name}, {cores} cores available", flush=True)
+    pinned = tempfile.TemporaryDirectory()
+    config = pinned_config(Path(args.config), Path(pinned.name))
+    print(f"{Path(args.config).name} (defense seed pinned to compare certificates), {cores} cores available", flush=True)
+    legacy_loads = (args.legacy_loads or args.loads).split(",")
     for load in args.loads.split(","):
         for workers, threads, label in settings:
-            row = run_row(Path(args.config), workers, threads, load, args.timeout)
+            if label.startswith("legacy") and load not in legacy_loads:
+                continue
+            row = run_row(config, workers, threads, load, args.timeout)
             row["label"] = label
             rows.append(row)
             took = f"> {row['seconds']:.0f}" if row["timed_out"] else f"{row['seconds']:.0f}"
