@@ -18,6 +18,8 @@ from guardfl.yamlio import load_yaml
 #: the input shape and classes a model is built with when neither the config nor the caller gives them
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
 DEFAULT_NUM_CLASSES = 10
+#: top-level sections of a red-team config (``guardfl.redteam.config.RedTeamConfig``)
+_REDTEAM_SECTIONS = {"model", "data", "client", "defense", "target", "attacks", "certify", "aux", "strength", "seed", "device"}
 
 
 def check_config(
@@ -30,10 +32,11 @@ def check_config(
     """``(summary, warnings)`` for the config in ``path``; ConfigError (one line) when it is invalid."""
     data = load_yaml(path)  # strict: duplicate keys, alias bombs, non-UTF-8, empty files are errors
     model_section: dict = {}
-    if isinstance(data, dict) and "defense" in data and "kind" not in data:
+    if isinstance(data, dict) and "kind" not in data and set(data) & _REDTEAM_SECTIONS:  # a red-team config
         model_section = data.get("model") if isinstance(data.get("model"), dict) else {}
-        if data["defense"] is None:
-            return "no defense (defense: null)", ["no defense: every parameter tensor is sent as it is"]
+        if data.get("defense") is None:
+            state = "defense: null" if "defense" in data else "no defense section"
+            return f"no defense ({state})", ["no defense: every parameter tensor is sent as it is"]
         data = data["defense"]
     defense = from_config(data)
     summary = repr(defense)

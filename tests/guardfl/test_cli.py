@@ -103,3 +103,11 @@ def test_check_model_failures_are_one_line(tmp_path, capsys, monkeypatch):
         assert main(["check", str(path), "--model", ref]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: model.name") and "\n" not in err
+
+
+def test_check_a_red_team_config_without_a_defense_section(tmp_path, capsys):
+    cfg = tmp_path / "rt.yaml"
+    cfg.write_text("model: {name: lenet}\nattacks: all\n")
+    assert main(["check", str(cfg)]) == 0
+    captured = capsys.readouterr()
+    assert "no defense section" in captured.out and "unknown kind" not in captured.out + captured.err
