@@ -43,16 +43,10 @@ while True:
 
 
 def _untimed(cert: dict) -> str:
-    drop = {"seconds", "wall_time_s", "train_seconds", "environment", "started"}
+    from guardfl.redteam.certify import untimed
 
-    def clean(obj):
-        if isinstance(obj, dict):
-            return {k: clean(v) for k, v in obj.items() if k not in drop}
-        if isinstance(obj, list):
-            return [clean(v) for v in obj]
-        return obj
-
-    return json.dumps(clean({k: cert[k] for k in ("certified", "checks", "results", "preparations", "client")}), sort_keys=True)
+    chosen = {k: cert[k] for k in ("certified", "checks", "results", "preparations", "client")}
+    return json.dumps(untimed(chosen, ignore=("environment", "started")), sort_keys=True)
 
 
 def run_row(config: Path, workers: int | None, threads: int | None, load: str, timeout: float) -> dict:

@@ -92,6 +92,18 @@ class Certificate:
         return d
 
 
+def untimed(obj: Any, ignore: tuple[str, ...] = ()) -> Any:
+    """A certificate (``to_dict()`` or a part of it) without its timings: ``wall_time_s`` and every key
+    ending in ``seconds``, and the keys in ``ignore``. Two runs of one config with a seeded defense give
+    equal ``untimed`` certificates (resumed or not, any worker count)."""
+    if isinstance(obj, dict):
+        return {k: untimed(v, ignore) for k, v in obj.items()
+                if k != "wall_time_s" and not k.endswith("seconds") and k not in ignore}
+    if isinstance(obj, list):
+        return [untimed(v, ignore) for v in obj]
+    return obj
+
+
 def resolve_strength(strength: str, device: torch.device) -> str:
     """'auto' is 'paper' on a GPU and 'quick' on a CPU."""
     if strength == "auto":

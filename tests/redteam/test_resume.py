@@ -13,6 +13,7 @@ import yaml
 
 from guardfl.cli import main
 from guardfl.redteam import certify as certify_mod
+from guardfl.redteam.certify import untimed
 
 TINY = {
     "model": {"name": "lenet", "state": "wide-init"},
@@ -71,15 +72,6 @@ def _kill_at(monkeypatch, k):
     return lambda: monkeypatch.setattr(certify_mod.attack_registry, "get", real_get)
 
 
-def _untimed(obj):
-    """A certificate without its timings (wall time, seconds of every job and preparation)."""
-    if isinstance(obj, dict):
-        return {k: _untimed(v) for k, v in obj.items() if k != "wall_time_s" and not k.endswith("seconds")}
-    if isinstance(obj, list):
-        return [_untimed(v) for v in obj]
-    return obj
-
-
 @pytest.mark.parametrize("cfg, kill_at", [(TINY, 3), (LTI, 4), (CLIENTAPP, 3)],
                          ids=["batch-finished-before-the-kill", "prepared-attack-finished", "clientapp"])
 def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, cfg, kill_at):
@@ -98,7 +90,7 @@ def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, c
     assert sorted(b["client"]["batches"]) == [str(i) for i in range(cfg["certify"]["batches"])]
     if cfg is LTI:
         assert list(b["preparations"]) == ["0-learned_inversion"] and b["preparations"]["0-learned_inversion"]["cached"] is False
-    assert _untimed(a) == _untimed(b)
+    assert untimed(a) == untimed(b)
     assert a["inputs"] and a["inputs"] == b["inputs"]
     for key, tensor in whole.reconstructions.items():
         assert torch.equal(tensor, resumed.reconstructions[key]), key
@@ -165,7 +157,7 @@ def test_resume_ignores_files_guardfl_did_not_list(tmp_path):
     (out / "state" / "b0-1-dlg.json").write_text(json.dumps({**record, "job": "b0-1-dlg"}))
     resumed = certify_mod.certify(path, out=out, resume=True)
     assert [r["job"] for r in resumed.results] == ["b0-0-dlg"]
-    assert _untimed(resumed.to_dict()) == _untimed(first.to_dict())
+    assert untimed(resumed.to_dict()) == untimed(first.to_dict())
 
 
 def test_a_new_run_removes_only_what_guardfl_wrote(tmp_path, capsys):

@@ -10,7 +10,7 @@ import torch
 
 from guardfl.redteam import certify as certify_mod
 from guardfl.redteam.attacks.base import AttackFailed
-from guardfl.redteam.certify import certify
+from guardfl.redteam.certify import certify, untimed
 from guardfl.redteam.workers import LARGE_MODEL, Job, RunContext, WorkerError, available_cores, job_threads, run_parallel
 
 LTI_AND_OPTIMISATION = {
@@ -27,16 +27,7 @@ LTI_AND_OPTIMISATION = {
 
 
 def _untimed(cert) -> str:
-    drop = {"seconds", "wall_time_s", "train_seconds", "environment"}
-
-    def clean(obj):
-        if isinstance(obj, dict):
-            return {k: clean(v) for k, v in obj.items() if k not in drop}
-        if isinstance(obj, list):
-            return [clean(v) for v in obj]
-        return obj
-
-    return json.dumps(clean(cert.to_dict()), sort_keys=True, default=str)
+    return json.dumps(untimed(cert.to_dict(), ignore=("environment",)), sort_keys=True, default=str)
 
 
 def test_thread_policy():
