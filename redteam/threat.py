@@ -99,6 +99,14 @@ class Knowledge:
     protocol: FedSGD | FedAvg | None
     aux: AuxData | None = None
 
+    def to(self, device) -> "Knowledge":
+        """The same facts with the granted tensors (labels, BatchNorm statistics) on ``device``, where the
+        attack runs (auxiliary data stays where it is: a trained attack streams it)."""
+        from dataclasses import replace
+
+        bn = [(m.to(device), v.to(device)) for m, v in self.bn_target] if self.bn_target is not None else None
+        return replace(self, labels=self.labels.to(device) if self.labels is not None else None, bn_target=bn)
+
 
 def defense_kinds(config: dict | None) -> list[dict]:
     """The leaf defense configs (a stack expanded at every depth, defaults filled in), empty when unknown

@@ -286,7 +286,7 @@ class Attack:
         if self.capabilities.prepares:
             self.prepare(setting, threat)
         device = resolve_device(self.config.device)
-        return self._reconstruct(observation.to(device), knowledge, device, self._generator())
+        return self._reconstruct(observation.to(device), knowledge.to(device), device, self._generator())
 
     def _generator(self) -> torch.Generator:
         return torch.Generator(device="cpu").manual_seed(

@@ -40,7 +40,7 @@ def whiten(g: Tensor, k: int, noise_var: float = 0.0, eps: float = 1e-10) -> tup
     cov = gc @ gc.T / max(d - 1, 1)
     vals, vecs = torch.linalg.eigh(cov)  # ascending
     vals, vecs = vals.flip(0)[:k], vecs.flip(1)[:, :k]
-    vals = (vals - noise_var).clamp_min(eps * float(vals[0].clamp_min(eps)))
+    vals = torch.maximum(vals - noise_var, eps * vals[0].clamp_min(eps))  # a floor, no host sync
     w = vecs.T / vals.sqrt()[:, None]
     return (w @ gc).float(), w.float(), mean.float()
 

@@ -185,15 +185,15 @@ class LearnedInversion(Attack):
                 for group in opt.param_groups:
                     group["lr"] = c.lr * 0.1
             perm = torch.randperm(len(feats), generator=gen).to(device)
-            total = 0.0
+            total = torch.zeros((), device=device)  # summed on the device: no host sync per minibatch
             for lo in range(0, len(perm), c.batch):
                 i = perm[lo : lo + c.batch]
                 loss = matched_mse(net((feats[i] - mu) / sd), targets[i])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                total += float(loss.detach()) * len(i)
-            losses.append(total / len(perm))
+                total += loss.detach() * len(i)
+            losses.append(float(total) / len(perm))
             if bar:
                 bar.update(1)
                 bar.set_postfix(mse=f"{losses[-1]:.4f}")

@@ -1,0 +1,108 @@
+"""The attacks' device plumbing, checked without a GPU: on PyTorch's ``meta`` device.
+
+A meta tensor has a shape and a device but no data. An operation mixing it with a CPU tensor raises the
+same "not on the expected device" error that CUDA raises for a CPU tensor, and anything that reads a value
+back to the host (``.item()``, ``float()``, ``.cpu()``) raises "no data". So running an attack with
+``device="meta"`` shows on a CPU (CI has no GPU) that
+
+- every tensor the attack computes with lives on the attack's device (the observation, the granted labels,
+  soft labels of an encoding, BatchNorm statistics, masks of a known defense), and
+- its inner loop reads nothing back to the host: the batched optimiser runs to the end, and an attack
+  fails only where it reads its final result back (after the loop).
+
+The same code then runs on CUDA (``bench/bench_paper_configs.py`` on a GPU machine).
+"""
+
+import re
+
+import pytest
+import torch
+
+from guardfl.defenses import DPSGD, GradPrune, InstaHide, Outpost
+from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
+from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, optimise_batched
+from guardfl.redteam.models import resnet18_cifar
+
+META = torch.device("meta")
+#: what meta tensors raise when a value is read back to the host (allowed only after the inner loop; a
+#: defense reads back one flag per application: its fail-closed check for non-finite gradients)
+READBACK = re.compile(r"meta tensors|no data|meta tensor|nonzero\(\) raises unimplemented")
+
+
+def _reaches_readback(fn) -> str:
+    """Run ``fn``; it may stop only where it reads a value back, never on a device mismatch."""
+    try:
+        fn()
+    except (RuntimeError, NotImplementedError) as err:
+        message = str(err)
+        assert "device" not in message or READBACK.search(message), message
+        assert READBACK.search(message), message
+        return message
+    return "finished"
+
+
+@pytest.mark.parametrize("name", ["dlg", "idlg", "inverting_gradients", "gradinversion", "cocktail_party"])
+def test_each_attack_computes_on_its_device(name, wide_lenet, faces):
+    obs = simulate_client(wide_lenet, faces[:1], torch.tensor([2]))
+    threat = ThreatModel(labels="inferred" if name == "idlg" else "known")
+    attack = attacks.get(name, device="meta", seed=0, iterations=3,
+                         **({"restarts": 2} if name in ("inverting_gradients", "gradinversion") else {}))
+    _reaches_readback(lambda: attack.reconstruct(obs, threat))
+
+
+@pytest.mark.parametrize("defense", [GradPrune(0.9, seed=0), Outpost(seed=0)], ids=["pruned", "outpost"])
+def test_known_defense_objectives_and_fedavg_run_on_the_device(defense, wide_lenet, faces):
+    obs = simulate_client(wide_lenet, faces[:2], torch.tensor([2, 5]), defense,
+                          protocol=FedAvg(epochs=1, batch_size=1, lr=0.01))
+    attack = attacks.get("inverting_gradients", device="meta", seed=0, iterations=3, restarts=2)
+    _reaches_readback(lambda: attack.reconstruct(obs, ThreatModel(labels="known")))
+
+
+def test_soft_labels_of_an_encoding_and_dp_clipping_run_on_the_device(wide_lenet, faces):
+    from guardfl.redteam.attacks.encoded import attack_view
+
+    obs = simulate_client(wide_lenet, faces[:4], torch.tensor([0, 1, 2, 3]), InstaHide(k=2, seed=0))
+    view = attack_view(obs, True)
+    attack = attacks.get("gradinversion", device="meta", seed=0, iterations=3, restarts=2)
+    _reaches_readback(lambda: attack.reconstruct(view, ThreatModel(labels="known")))
+    dp = simulate_client(wide_lenet, faces[:2], torch.tensor([0, 1]), DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, seed=0))
+    _reaches_readback(lambda: attack.reconstruct(dp, ThreatModel(labels="known")))
+
+
+def test_batchnorm_prior_of_gradinversion_runs_on_the_device(faces):
+    torch.manual_seed(0)
+    model = resnet18_cifar((1, 25, 25), 10)
+    obs = simulate_client(model, faces[:2], torch.tensor([2, 5]))
+    attack = attacks.get("gradinversion", device="meta", seed=0, iterations=3, restarts=2)
+    _reaches_readback(lambda: attack.reconstruct(obs, ThreatModel(labels="known", bn="exact")))
+
+
+def test_the_batched_optimiser_never_syncs_with_the_host(wide_lenet, faces):
+    """The whole inner loop (vmapped objective, backward, Adam, schedule, group anchor) runs on meta."""
+    obs = simulate_client(wide_lenet, faces[:1], torch.tensor([2])).to(META)
+    knowledge = ThreatModel(labels="known").knowledge(obs).to(META)
+    replica = Replica(obs, knowledge, ObjectiveWeights("cosine", tv=1e-2, group=1e-2), META)
+    steps = []
+    x = optimise_batched(lambda x, a: replica.objective(x, knowledge.labels, a), torch.zeros(3, 1, 1, 25, 25, device=META),
+                         iterations=20, lr=0.1, bounds=(0, 1), group_every=5, progress=steps.append)
+    assert x.device == META and len(steps) == 20
+
+
+def test_knowledge_moves_labels_and_batchnorm_statistics(faces):
+    torch.manual_seed(0)
+    obs = simulate_client(resnet18_cifar((1, 25, 25), 10), faces[:2], torch.tensor([2, 5]))
+    k = ThreatModel(labels="known", bn="exact").knowledge(obs)
+    moved = k.to(META)
+    assert moved.labels.device == META and all(m.device == META and v.device == META for m, v in moved.bn_target)
+    assert k.labels.device.type == "cpu"  # the original is untouched
+
+
+@pytest.mark.parametrize("defense", [None, GradPrune(0.5, seed=0)], ids=["none", "pruned"])
+def test_learned_inversion_trains_on_the_device(defense, wide_lenet, faces):
+    """Simulated defended updates of the auxiliary data and a whole epoch of the inverter's training
+    (one readback per epoch, for the loss curve) run on the attack's device."""
+    obs = simulate_client(wide_lenet, faces[:1], torch.tensor([2]), defense)
+    threat = ThreatModel(labels="known", aux=(faces[10:60], torch.arange(50) % 10))
+    attack = attacks.get("learned_inversion", device="meta", hidden=16, epochs=2, batch=8, seed=0)
+    message = _reaches_readback(lambda: attack.reconstruct(obs, threat))
+    assert message != "finished"
