@@ -166,6 +166,30 @@ def lr_at(step: int, total: int, lr: float) -> float:
     return lr * (0.1**drops)
 
 
+ADAM = (0.9, 0.999, 1e-8)  # beta1, beta2, eps (torch's defaults)
+
+
+def adam_step_(x: Tensor, g: Tensor, m: Tensor, v: Tensor, step_size: Tensor, bias2: Tensor,
+               bounds: tuple[float, float], signed: bool) -> None:
+    """One Adam step of every restart, in place, then the box projection. ``step_size`` (the scheduled
+    learning rate over beta1's bias correction) and ``bias2`` (beta2's correction) are 0-dim tensors on
+    ``x``'s device, so that one recorded step (a CUDA graph) replays with each iteration's values."""
+    b1, b2, eps = ADAM
+    if signed:
+        g = g.sign()
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    x.sub_((m / (v / bias2).sqrt_().add_(eps)).mul_(step_size))
+    x.clamp_(*bounds)
+
+
+def _schedule(step: int, iterations: int, lr: float) -> tuple[float, float]:
+    """(step size, beta2 bias correction) of iteration ``step`` (0-based)."""
+    b1, b2, _ = ADAM
+    t = step + 1
+    return lr_at(step, iterations, lr) / (1 - b1**t), 1 - b2**t
+
+
 def optimise_batched(
     objective: Callable[[Tensor, Tensor | None], Tensor],
     x0: Tensor,
@@ -176,34 +200,75 @@ def optimise_batched(
     signed: bool = True,
     group_every: int = 0,
     progress: Callable[[int], None] | None = None,
+    cuda_graph: bool | None = None,
 ) -> Tensor:
     """Adam over all restarts at once: ``x0`` is ``(R, n, ...)``; ``objective(x, anchor)`` is one
     restart's objective. With ``group_every`` the anchor is the restarts' mean image (group consistency,
-    Yin et al. 2021), refreshed every ``group_every`` iterations. Returns the final ``(R, n, ...)``."""
+    Yin et al. 2021), refreshed every ``group_every`` iterations. Returns the final ``(R, n, ...)``.
+
+    The loop never reads a value back to the host (tests run it on the ``meta`` device). On CUDA
+    (``cuda_graph`` None: whenever ``x0`` is on a GPU) one iteration (objective, double backward, Adam
+    step) is recorded once as a CUDA graph and replayed: the same kernels on the same buffers, without
+    Python and dispatcher overhead per operator, which dominates for small batches (ResNet-18: ~75 ms of
+    host work per iteration for ~5 ms of GPU work). If recording fails, the loop runs eagerly instead."""
     x = x0.clone()
     m = torch.zeros_like(x)
     v = torch.zeros_like(x)
-    b1, b2, eps = 0.9, 0.999, 1e-8
     anchor = x.mean(0).detach() if group_every else None
     # Restarts are independent, so d(sum_r f_r)/dx_r = df_r/dx_r: one vmapped forward of the R
     # objectives and one ordinary backward give every restart's gradient.
     per_restart = vmap(objective, in_dims=(0, None))
-    for step in range(iterations):
-        if group_every and step % group_every == 0:
-            anchor = x.mean(0).detach()
+    step_size = torch.zeros((), device=x.device, dtype=x.dtype)
+    bias2 = torch.ones((), device=x.device, dtype=x.dtype)
+
+    def iteration() -> None:
         xr = x.detach().requires_grad_(True)
         (g,) = torch.autograd.grad(per_restart(xr, anchor).sum(), xr)
-        if signed:
-            g = g.sign()
-        m.mul_(b1).add_(g, alpha=1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        t = step + 1
-        step_size = lr_at(step, iterations, lr) / (1 - b1**t)
-        x.addcdiv_(m, (v / (1 - b2**t)).sqrt_().add_(eps), value=-step_size)
-        x.clamp_(*bounds)
+        adam_step_(x, g, m, v, step_size, bias2, bounds, signed)
+
+    use_graph = x.device.type == "cuda" if cuda_graph is None else cuda_graph
+    step = record_cuda_graph(iteration, (x, m, v)) if use_graph and iterations > 1 else None
+    for i in range(iterations):
+        if group_every and i % group_every == 0:
+            anchor.copy_(x.mean(0))
+        a, b = _schedule(i, iterations, lr)
+        step_size.fill_(a)
+        bias2.fill_(b)
+        (step or iteration)()
         if progress is not None:
             progress(1)
     return x
+
+
+def record_cuda_graph(fn: Callable[[], None], state: tuple[Tensor, ...], warmup: int = 3) -> Callable[[], None] | None:
+    """``fn`` (which updates ``state`` in place) recorded as a CUDA graph; returns its replay, or None
+    when recording is not possible (then the caller runs ``fn`` eagerly). ``state`` is restored after the
+    warm-up runs that recording needs (cuDNN/cuBLAS plans, autograd's lazy allocations)."""
+    saved = [t.clone() for t in state]
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        for t, s in zip(state, saved):
+            t.copy_(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as err:  # noqa: BLE001  recording is an optimisation; the eager loop gives the same result
+        import warnings
+
+        warnings.warn(f"CUDA graph recording failed ({type(err).__name__}: {err}); running eagerly", RuntimeWarning)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        for t, s in zip(state, saved):
+            t.copy_(s)
+        return None
+    for t, s in zip(state, saved):  # recording ran nothing, but be explicit about the starting point
+        t.copy_(s)
+    return graph.replay
 
 
 def evaluate_batched(objective: Callable[[Tensor, Tensor | None], Tensor], x: Tensor) -> Tensor:

@@ -4,7 +4,7 @@ import torch
 from guardfl.defenses import GradPrune
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, simulate_client
 from guardfl.redteam.attacks import objectives as obj
-from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, lr_at
+from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, lr_at, optimise_batched
 
 
 @pytest.mark.parametrize(
@@ -66,3 +66,44 @@ def test_replica_reproduces_noiseless_dpsgd_exactly():
         replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights(distance="l2"), torch.device("cpu"))
         for sim, seen in zip(replica.simulate(x, y), replica.observed):
             assert torch.allclose(sim, seen, atol=1e-7)
+
+
+def test_adam_step_is_torch_adam_with_the_step_decay():
+    """The in-place step the (possibly CUDA-graphed) loop replays is Adam (torch's update, betas 0.9/0.999,
+    eps 1e-8) with Geiping et al.'s step decay, then the box projection."""
+    from guardfl.redteam.attacks.engine import _schedule, adam_step_, lr_at
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 1, 5, 5, generator=gen)
+    grads = [torch.randn(2, 1, 5, 5, generator=gen) for _ in range(16)]
+    ref = x.clone().requires_grad_(True)
+    opt = torch.optim.Adam([ref], lr=0.1)
+    ours, m, v = x.clone(), torch.zeros_like(x), torch.zeros_like(x)
+    for i, g in enumerate(grads):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(i, len(grads), 0.1)
+        ref.grad = g.clone()
+        opt.step()
+        with torch.no_grad():
+            ref.clamp_(-0.5, 1.5)
+        a, b = _schedule(i, len(grads), 0.1)
+        adam_step_(ours, g, m, v, torch.tensor(a), torch.tensor(b), (-0.5, 1.5), signed=False)
+    assert torch.allclose(ours, ref.detach(), atol=1e-6)
+
+
+def test_cuda_graph_recording_falls_back_to_the_eager_loop_without_cuda():
+    from guardfl.redteam.attacks.engine import record_cuda_graph
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    state = (torch.arange(4.0),)
+    with pytest.warns(RuntimeWarning, match="CUDA graph recording failed"):
+        assert record_cuda_graph(lambda: state[0].add_(1), state) is None
+    assert state[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    # asked for explicitly on a CPU: the same result as the eager loop, with the warning
+    f = lambda x, a: (x - 0.3).pow(2).sum()  # noqa: E731
+    x0 = torch.zeros(2, 1, 3, 3)
+    eager = optimise_batched(f, x0, iterations=5, lr=0.1, bounds=(0, 1))
+    with pytest.warns(RuntimeWarning):
+        forced = optimise_batched(f, x0, iterations=5, lr=0.1, bounds=(0, 1), cuda_graph=True)
+    assert torch.equal(eager, forced)
