@@ -129,10 +129,10 @@ def build_model(name: str, seed: int) -> torch.nn.Module:
     raise SystemExit(f"--models: unknown model {name!r} (lenet, resnet18)")
 
 
-def private_image(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if not DATA.is_file():
-        raise SystemExit(f"the CIFAR-10 sample is missing: {DATA}")
-    d = np.load(DATA)
+def private_image(index: int, data: Path = DATA) -> tuple[torch.Tensor, torch.Tensor]:
+    if not data.is_file():
+        raise SystemExit(f"the CIFAR-10 sample is missing: {data} (--data)")
+    d = np.load(data)
     x = torch.from_numpy(d["x"][index : index + 1]).permute(0, 3, 1, 2).float() / 255.0
     return x, torch.from_numpy(d["y"][index : index + 1]).long()
 
@@ -314,7 +314,7 @@ def time_to(rows: list[dict], target: float) -> float | None:
 
 def compare(name: str, args, device) -> dict:
     iterations = args.iterations or DEFAULT_ITERATIONS[(name, device.type)]
-    x, y = private_image(args.image)
+    x, y = private_image(args.image, args.data)
     model = build_model(name, args.seed)
     obs = simulate_client(model, x, y, None, FedSGD())
     shape = (args.restarts, obs.num_samples, *obs.input_shape)
@@ -402,6 +402,7 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tv", type=float, default=1e-2, help="TV weight on both sides (guardfl's default; breaching's is 0.2)")
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--data", type=Path, default=DATA, help="the CIFAR-10 sample (npz: x uint8 NHWC, y)")
     ap.add_argument("--image", type=int, default=0, help="index of the private image in the CIFAR-10 sample")
     ap.add_argument("--seed", type=int, default=0, help="model weights and starting images")
     ap.add_argument("--snapshots", type=int, default=25, help="samples of the iterate per restart")
