@@ -25,7 +25,6 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from guardfl.defenses import REGISTRY, Defense, from_config, parse_config
-from guardfl.defenses.base import StepContext
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
 
 
@@ -86,14 +85,13 @@ class TransmitSimulator:
         return F.cross_entropy(logits, y)
 
     def _defend(self, grads: dict[str, Tensor], iteration: int, params: dict[str, Tensor], batched_params: bool) -> None:
-        """The real defense on each batch's gradient (in place, one draw each)."""
+        """The real defense on each batch's gradient (in place, one draw each): ``Defense.apply_batch_``,
+        vectorised over the batches for the defenses that support it (Outpost, pruning), row by row otherwise."""
         if self.defense is None:
             return
-        n = next(iter(grads.values())).shape[0]
-        for i in range(n):
-            g = [grads[name][i] for name in self.names]
-            p = [params[name][i] if batched_params else params[name] for name in self.names]
-            self.defense.apply_(g, StepContext(iteration=iteration, params=p, names=self.names))
+        self.defense.apply_batch_([grads[name] for name in self.names], iteration=iteration,
+                                  params=[params[name] for name in self.names], names=self.names,
+                                  batched_params=batched_params)
 
     def _chunk(self, x: Tensor, y: Tensor) -> Tensor:
         n = x.shape[0]

@@ -268,6 +268,36 @@ class Defense:
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
         raise NotImplementedError
 
+    # -- many clients at once (the attacker's simulation of the defense) ------------------------------
+    def apply_batch_(self, grads: Sequence[Tensor], *, iteration: int = 1, params: Sequence[Tensor] | None = None,
+                     names: Sequence[str] | None = None, batched_params: bool = False) -> None:
+        """Defend N clients' gradients at once, in place: ``grads[j]`` is ``(N, *shape_j)``, row i the
+        gradient of client i, which gets its own draw of the randomness (as N separate ``apply_`` calls
+        would; only the streams differ). ``params``: the weights, ``(N, *shape_j)`` per client when
+        ``batched_params`` else shared. No statistics are returned: this serves the red team's simulation
+        of the defense over thousands of auxiliary batches (``guardfl.redteam.augment``).
+
+        The default applies ``apply_`` row by row. Defenses whose maths is per entry or per row override
+        ``_apply_batch_`` with the same computation over the leading axis (one pass instead of N)."""
+        n = grads[0].shape[0] if grads else 0
+        if self.needs_params and params is None:
+            raise ConfigError(f"{self.kind} needs the current weights: pass params=")
+        if type(self)._apply_batch_ is Defense._apply_batch_:
+            for i in range(n):
+                p = None if params is None else [w[i] if batched_params else w for w in params]
+                self.apply_(list(g[i] for g in grads), StepContext(iteration=iteration, params=p, names=names))
+            return
+        ctx = StepContext(iteration=iteration, params=params, names=names)
+        self._handle_nonfinite(grads, ctx)
+        with torch.no_grad():
+            self._apply_batch_(list(grads), iteration, params, batched_params)
+        self._check_output(grads, ctx)
+
+    def _apply_batch_(self, grads: list[Tensor], iteration: int, params: Sequence[Tensor] | None,
+                      batched_params: bool) -> None:
+        """Override with a vectorised version of ``_apply_`` over the leading (client) axis."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         fields = self.config.model_dump(exclude={"kind"}, exclude_defaults=True)
         inner = ", ".join(f"{k}={v!r}" for k, v in fields.items())

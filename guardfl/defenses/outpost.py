@@ -52,7 +52,8 @@ from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.noise import NOISE_MAX
 from guardfl.defenses.strength import never_changes
 from guardfl.ops.change import add_counting_, changed_count
-from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, zero_smallest_
+from guardfl.ops.selection import (cover_count, largest_k_mask, largest_k_mask_rows, prune_count,
+                                    smallest_k_mask_rows, zero_smallest_)
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -139,3 +140,31 @@ class Outpost(Defense):
             layers.append(LayerStats.counted(ctx.name(i), g.numel(), changed=changed, zeroed=zeroed, noised=noised,
                                              noise_std=std))
         return StageStats.from_layers(self.kind, tuple(layers))
+
+    def _apply_batch_(self, grads: list[Tensor], iteration: int, params, batched_params: bool) -> None:
+        """``_apply_`` for N clients at once: one coin per client (Algorithm 1, line 6), then per layer
+        and client the same masks (the ``prune`` smallest and the ``phi`` largest of the ORIGINAL
+        magnitudes, ties by position) and N(0, (lambda * Var(w))^2) noise on the latter; ``Var(w)`` per
+        client when each has its own weights (FedAvg), else shared. Each noised entry gets an independent
+        draw, as in ``outpost_layer_`` (which draws only the ``phi`` share it needs)."""
+        c = self.config
+        n = grads[0].shape[0]
+        fire = None
+        if iteration != 1:
+            u = torch.rand(n, generator=self.generator("cpu"))
+            fire = u <= perturb_probability(iteration, c.beta)
+        for g, w in zip(grads, params):
+            rows = g.reshape(n, -1)
+            size = rows.shape[1]
+            weights = w.reshape(n, -1) if batched_params else w.reshape(1, -1)
+            std = c.noise * weights.var(dim=1, unbiased=False) if weights.numel() else torch.zeros(1, device=g.device)
+            magnitude = rows.abs()
+            defended = rows.masked_fill(smallest_k_mask_rows(magnitude, prune_count(c.prune, size)), 0.0)
+            m_noise = cover_count(c.phi, size)
+            if m_noise and c.noise > 0:
+                top = largest_k_mask_rows(magnitude, m_noise)
+                noise = torch.randn(rows.shape, generator=self.generator(g.device), dtype=g.dtype, device=g.device)
+                defended.add_(noise.mul_(top).mul_(std.to(g.dtype)[:, None]))
+            if fire is not None:
+                defended = torch.where(fire.to(g.device)[:, None], defended, rows)
+            g.copy_(defended.view_as(g))

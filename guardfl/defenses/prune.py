@@ -25,7 +25,7 @@ from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.strength import refuse_zero
-from guardfl.ops.selection import prune_count, smallest_k_mask, zero_smallest_
+from guardfl.ops.selection import prune_count, smallest_k_mask, smallest_k_mask_rows, zero_smallest_
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -57,6 +57,20 @@ class GradPrune(Defense):
         return StageStats.from_layers(self.kind, tuple(
             LayerStats.counted(ctx.name(i), g.numel(), changed=z, zeroed=z) for i, (g, z) in enumerate(zip(grads, zeroed))
         ))
+
+    def _apply_batch_(self, grads: list[Tensor], iteration: int, params, batched_params: bool) -> None:
+        """``_apply_`` for N clients at once: the same entries of each row (ties by position)."""
+        n = grads[0].shape[0]
+        ratio = self.config.ratio
+        if self.config.scope == "layer":
+            for g in grads:
+                rows = g.reshape(n, -1)
+                g.copy_(rows.masked_fill(smallest_k_mask_rows(rows.abs(), prune_count(ratio, rows.shape[1])), 0.0).view_as(g))
+            return
+        flat = torch.cat([g.reshape(n, -1) for g in grads], 1)
+        flat = flat.masked_fill(smallest_k_mask_rows(flat.abs(), prune_count(ratio, flat.shape[1])), 0.0)
+        for g, part in zip(grads, flat.split([g[0].numel() for g in grads], 1)):
+            g.copy_(part.reshape(g.shape))
 
 
 def prune_layer_(grad: Tensor, k: int) -> int:

@@ -118,5 +118,11 @@ class Stack(Defense):
             stages.extend(member.apply_(grads, ctx))
         return tuple(stages)
 
+    def apply_batch_(self, grads, *, iteration: int = 1, params=None, names=None, batched_params: bool = False) -> None:
+        """Each member in order on all N clients (rows are independent, so this is each client's stack)."""
+        self._handle_nonfinite(grads, StepContext(iteration=iteration, params=params, names=names))
+        for member in self.members:
+            member.apply_batch_(grads, iteration=iteration, params=params, names=names, batched_params=batched_params)
+
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:  # pragma: no cover
         raise AssertionError("Stack.apply_ dispatches to its members")

@@ -178,3 +178,32 @@ def zero_smallest_(x: Tensor, k: int, magnitude: Tensor | None = None) -> int:
     else:
         x.masked_fill_(mask_below(magnitude, k, threshold), 0)
     return changed
+
+
+def smallest_k_mask_rows(values: Tensor, k: int) -> Tensor:
+    """``smallest_k_mask`` of each row of ``values`` ``(N, n)`` at once: exactly ``k`` entries per row,
+    ties broken by position (lower index first). One ``kthvalue`` per row (linear time), then the entries
+    below it and the first of those equal to it (a running count of the ties)."""
+    if values.dim() != 2:
+        raise ValueError(f"smallest_k_mask_rows expects (N, n) values (got shape {tuple(values.shape)})")
+    n = values.shape[1]
+    if not 0 <= k <= n:
+        raise ValueError(f"k must be in [0, {n}] (got {k})")
+    mask = torch.zeros_like(values, dtype=torch.bool)
+    if k == n:
+        return mask.fill_(True)
+    if k == 0:
+        return mask
+    threshold = values.kthvalue(k, dim=1, keepdim=True).values
+    torch.lt(values, threshold, out=mask)
+    need = k - mask.sum(1, keepdim=True)  # how many of the ties at the threshold each row still takes
+    ties = values == threshold
+    return mask.logical_or_(ties.logical_and_(ties.cumsum(1) <= need))
+
+
+def largest_k_mask_rows(values: Tensor, m: int) -> Tensor:
+    """``largest_k_mask`` of each row: the complement of ``smallest_k_mask_rows(values, n - m)``."""
+    n = values.shape[1] if values.dim() == 2 else 0
+    if not 0 <= m <= n:
+        raise ValueError(f"m must be in [0, {n}] (got {m})")
+    return smallest_k_mask_rows(values, n - m).logical_not_()
