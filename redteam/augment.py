@@ -8,8 +8,11 @@ statistics; eval mode: the running statistics), the FedSGD gradient or the FedAv
 weight decay then momentum, torch's order). The defense is the REAL guardfl defense code, built from the
 configuration the attacker knows with its seed removed (the attacker knows the configuration, never the
 randomness): ``Defense.apply_`` runs on each batch's gradient of each local step, exactly where
-``GuardedOptimizer`` runs it, with the step's iteration number and that batch's current weights. Its
-private generator runs on from OS entropy, so every draw gets fresh randomness.
+``GuardedOptimizer`` runs it, with the step's iteration number and that batch's current weights
+(``Defense.apply_batch_``: vectorised over the batches where the defense allows). Its private generator
+runs on from ``seed`` (the attacker's own, e.g. drawn from the attack's seed, so that a red-team run is
+reproducible and does not depend on its worker count) or from OS entropy, never from the client's
+seed; every draw continues the stream, so each gets fresh randomness.
 
 The batch gradient is defended, as a real client does. (The public LTI code defends each per-sample
 gradient and then averages them: a weaker, different threat that we do not copy.)
@@ -58,7 +61,8 @@ class TransmitSimulator:
     """
 
     def __init__(self, model: nn.Module, defense_config: dict | None, protocol: FedSGD | FedAvg, *,
-                 train_mode: bool = True, device: torch.device | str = "cpu", chunk: int = 256) -> None:
+                 train_mode: bool = True, device: torch.device | str = "cpu", chunk: int = 256,
+                 seed: int | None = None) -> None:
         if config_stages(defense_config) - {"gradient"}:
             raise ValueError("defense: DP-SGD and input encodings are not simulated as augmentation yet; "
                              "gradient defenses (and their stacks) are")
@@ -66,6 +70,8 @@ class TransmitSimulator:
         self.protocol = protocol
         self.chunk = chunk
         self.defense: Defense | None = from_config(unseeded(defense_config)) if defense_config else None
+        if self.defense is not None and seed is not None:
+            self.defense.reseed(seed)  # the attacker's own stream: a reproducible red team
         replica = copy.deepcopy(model).to(self.device)
         replica.train(train_mode)
         if train_mode:

@@ -154,7 +154,10 @@ class LearnedInversion(Attack):
             raise ValueError(f"aux: {len(images)} auxiliary images cannot fill one training batch of {b} after the holdout")
         val_idx, train_idx = order[:n_val], order[n_val:]
         defense = setting.defense_config if threat.defense == "known" else None
-        sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device)
+        # the simulated defense's randomness: the attacker's own stream, from the attack's generator (the
+        # client's seed is dropped), so the same run seed gives the same inverter
+        sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
+                                seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
         random_defense = sim.defense is not None and sim.defense.randomized
         ratio = c.hash_ratio if c.hash_ratio is not None else (0.5 if sim.dim > AUTO_HASH_ABOVE else 1.0)
         sketch = CountSketch(sim.dim, max(1, int(sim.dim * ratio)), seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if ratio < 1 else None

@@ -152,3 +152,23 @@ def test_threat_accepts_a_dataset_or_a_tensor_pair(faces):
     assert a.digest() == b.digest() and len(a.images) == 10
     with pytest.raises(ValueError, match="aux: expected"):
         ThreatModel(aux=42)
+
+
+def test_the_simulated_defense_draws_from_the_attackers_seed(faces, lenet):
+    """The same attack seed trains the same inverter against a random defense (a reproducible red team,
+    the same with any worker count); the client's seed is never used."""
+    from guardfl.redteam.attacks.base import Setting
+
+    x, y = faces
+    obs = simulate_client(lenet, x[:1], y[:1], {"kind": "outpost", "seed": 0})
+    threat = ThreatModel(labels="known", aux=(x[10:60], y[10:60]))
+
+    def prepared(seed):
+        a = attacks.get("learned_inversion", hidden=16, epochs=2, batch=16, refresh_every=1, seed=seed, device="cpu")
+        return a.prepare(Setting.of(obs), threat)
+
+    first, again, other = prepared(0), prepared(0), prepared(1)
+    assert all(torch.equal(first["net"][k], again["net"][k]) for k in first["net"])
+    assert not all(torch.equal(first["net"][k], other["net"][k]) for k in first["net"])
+    seeded = TransmitSimulator(lenet, {"kind": "outpost", "seed": 0}, FedSGD(), seed=0).updates(x[:1, None], y[:1, None])
+    assert not torch.equal(seeded[0], _flat(obs))  # the attacker's seed 0 is not the client's seed 0
