@@ -57,9 +57,9 @@ class Replica:
         self.known = known_defense(knowledge.defense_config)
         self.signed = self.known.signed
         self.pruned = self.known.pruned
-        self.observed_flat = obj.flatten(self.observed)
-        self.observed_norm = self.observed_flat.norm()
-        self.mask = (self.observed_flat != 0) if self.pruned else None
+        # the update stays a list of layers: the distances sum layer by layer (no flat 11M-entry copies)
+        self.observed_norm = obj.layers_norm(self.observed)
+        self.masks = [o != 0 for o in self.observed] if self.pruned else None
         self.protocol = knowledge.protocol
         self.batch_size = observation.batch_size
         self.n = observation.num_samples
@@ -135,14 +135,13 @@ class Replica:
         return [params[n] - self.params[n] for n in self.names]
 
     def distance(self, sim: list[Tensor]) -> Tensor:
-        flat = obj.flatten(sim)
         if self.hinge:
-            return obj.sign_hinge_distance(flat, self.observed_flat)
+            return obj.sign_hinge_distance_layers(sim, self.observed)
         if self.weights.distance == "l2":
             # divided by ||observed||^2: same minimiser as DLG's L2, but scale-free, so that a tiny update
             # (a FedAvg delta at lr 0.01) does not fall under the optimiser's tolerances
-            return obj.l2_distance(flat, self.observed_flat, self.mask) / (self.observed_norm.pow(2) + 1e-30)
-        return obj.cosine_distance(flat, self.observed_flat, self.mask, self.observed_norm)
+            return obj.l2_distance_layers(sim, self.observed, self.masks) / (self.observed_norm.pow(2).to(sim[0].dtype) + 1e-30)
+        return obj.cosine_distance_layers(sim, self.observed, self.masks, self.observed_norm)
 
     def objective(self, x: Tensor, y: Tensor, anchor: Tensor | None = None) -> Tensor:
         """Distance to the observed update plus the weighted priors, for one guess."""
@@ -201,6 +200,7 @@ def optimise_batched(
     group_every: int = 0,
     progress: Callable[[int], None] | None = None,
     cuda_graph: bool | None = None,
+    vmap_restarts: bool = True,
 ) -> Tensor:
     """Adam over all restarts at once: ``x0`` is ``(R, n, ...)``; ``objective(x, anchor)`` is one
     restart's objective. With ``group_every`` the anchor is the restarts' mean image (group consistency,
@@ -210,14 +210,22 @@ def optimise_batched(
     (``cuda_graph`` None: whenever ``x0`` is on a GPU) one iteration (objective, double backward, Adam
     step) is recorded once as a CUDA graph and replayed: the same kernels on the same buffers, without
     Python and dispatcher overhead per operator, which dominates for small batches (ResNet-18: ~75 ms of
-    host work per iteration for ~5 ms of GPU work). If recording fails, the loop runs eagerly instead."""
+    host work per iteration for ~5 ms of GPU work). If recording fails, the loop runs eagerly instead.
+
+    ``vmap_restarts``: the R objectives as one vmapped forward (one set of larger kernels: fast for small
+    models, where per-operator overhead dominates) or as R ordinary forwards summed (the same gradients:
+    restarts are independent; faster for large models on a CPU, where vmap's batched convolution
+    gradients cost more than R plain ones). ``restarts_vmapped`` chooses."""
     x = x0.clone()
     m = torch.zeros_like(x)
     v = torch.zeros_like(x)
     anchor = x.mean(0).detach() if group_every else None
     # Restarts are independent, so d(sum_r f_r)/dx_r = df_r/dx_r: one vmapped forward of the R
     # objectives and one ordinary backward give every restart's gradient.
-    per_restart = vmap(objective, in_dims=(0, None))
+    if vmap_restarts:
+        per_restart = vmap(objective, in_dims=(0, None))
+    else:  # one ordinary forward per restart (large models on a CPU: see ``vmap_restarts``)
+        per_restart = lambda xs, a: torch.stack([objective(xs[r], a) for r in range(xs.shape[0])])  # noqa: E731
     step_size = torch.zeros((), device=x.device, dtype=x.dtype)
     bias2 = torch.ones((), device=x.device, dtype=x.dtype)
 
@@ -238,6 +246,14 @@ def optimise_batched(
         if progress is not None:
             progress(1)
     return x
+
+
+def restarts_vmapped(model: nn.Module, device: torch.device) -> bool:
+    """Whether ``optimise_batched`` should vmap the restarts of an attack on ``model``: always on a GPU
+    (measured there with vmap only), and on a CPU for models under ``LARGE_MODEL`` parameters."""
+    from guardfl.redteam.workers import LARGE_MODEL
+
+    return device.type != "cpu" or sum(p.numel() for p in model.parameters()) < LARGE_MODEL
 
 
 def record_cuda_graph(fn: Callable[[], None], state: tuple[Tensor, ...], warmup: int = 3) -> Callable[[], None] | None:

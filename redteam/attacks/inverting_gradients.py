@@ -15,7 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from guardfl.redteam.attacks.base import Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, progress_bar, random_inputs
-from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched
+from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched, restarts_vmapped
 from guardfl.redteam.attacks.registry import register
 
 
@@ -55,6 +55,7 @@ class InvertingGradients(Attack):
         x = optimise_batched(
             objective, x0, iterations=c.iterations, lr=c.lr, bounds=observation.input_range,
             group_every=c.group_every, progress=bar.update if bar else None,
+            vmap_restarts=restarts_vmapped(observation.model, device),
         )
         if bar:
             bar.close()

@@ -40,6 +40,50 @@ def cosine_distance(sim: Tensor, obs: Tensor, mask: Tensor | None = None, obs_no
     return (1.0 - dot / (sim_norm * obs_norm + 1e-12)).to(sim.dtype)
 
 
+def cosine_distance_layers(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: Sequence[Tensor] | None = None,
+                           obs_norm: Tensor | None = None) -> Tensor:
+    """``cosine_distance`` of the flattened update, computed layer by layer: the same value (sums in
+    float64), without concatenating the update into one vector. On ResNet-18 (11M entries) the flat
+    vector, its float64 copy and their gradients cost as much as the double backward itself on a CPU
+    (one objective + gradient at B=1: 800 ms flat vs 390 ms by layer, one thread)."""
+    dot = sim_sq = None
+    for i, (s, o) in enumerate(zip(sim, obs)):
+        if masks is not None:
+            s = s * masks[i]
+        d, q = (s * o).sum(dtype=torch.float64), s.square().sum(dtype=torch.float64)
+        dot, sim_sq = (d, q) if dot is None else (dot + d, sim_sq + q)
+    if obs_norm is None:
+        obs_norm = layers_norm(obs)
+    return (1.0 - dot / (sim_sq.sqrt() * obs_norm.to(torch.float64) + 1e-12)).to(sim[0].dtype)
+
+
+def l2_distance_layers(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: Sequence[Tensor] | None = None) -> Tensor:
+    """``l2_distance`` of the flattened update, layer by layer."""
+    total = None
+    for i, (s, o) in enumerate(zip(sim, obs)):
+        d = s - o
+        if masks is not None:
+            d = d * masks[i]
+        t = d.pow(2).sum()
+        total = t if total is None else total + t
+    return total
+
+
+def sign_hinge_distance_layers(sim: Sequence[Tensor], obs_sign: Sequence[Tensor]) -> Tensor:
+    """``sign_hinge_distance`` of the flattened update, layer by layer."""
+    total = None
+    for s, o in zip(sim, obs_sign):
+        t = torch.relu(-s * o).pow(2).sum()
+        total = t if total is None else total + t
+    return total
+
+
+def layers_norm(tensors: Sequence[Tensor]) -> Tensor:
+    """The Euclidean norm of all entries of ``tensors`` together, accumulated in float64 (a float32 norm
+    of ResNet-18's 11M-entry update is ~0.2% off)."""
+    return sum(t.square().sum(dtype=torch.float64) for t in tensors).sqrt()
+
+
 def sign_hinge_distance(sim: Tensor, obs_sign: Tensor) -> Tensor:
     """Wu et al. 2023, Eq. 4: sum_i max(-g_i * sign_i, 0)^2; zero when every sign agrees."""
     return torch.relu(-sim * obs_sign).pow(2).sum()

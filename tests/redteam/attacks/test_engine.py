@@ -23,7 +23,7 @@ def test_pruned_update_is_matched_on_its_nonzero_coordinates(wide_lenet, faces):
     x, y = faces[:1], torch.tensor([3])
     obs = simulate_client(wide_lenet, x, y, GradPrune(0.9))
     replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
-    assert replica.mask is not None
+    assert replica.masks is not None
     # at the truth the kept coordinates agree exactly, so the masked cosine distance is ~0
     assert float(replica.objective(x, y)) == pytest.approx(0.0, abs=1e-5)
     unaware = Replica(obs, ThreatModel(labels="known", defense="unknown").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
@@ -107,3 +107,21 @@ def test_cuda_graph_recording_falls_back_to_the_eager_loop_without_cuda():
     with pytest.warns(RuntimeWarning):
         forced = optimise_batched(f, x0, iterations=5, lr=0.1, bounds=(0, 1), cuda_graph=True)
     assert torch.equal(eager, forced)
+
+
+def test_restarts_as_separate_forwards_give_the_vmapped_result(wide_lenet, faces):
+    """``vmap_restarts=False`` (large models on a CPU) sums R ordinary objectives: the same gradients."""
+    from guardfl.redteam.attacks.engine import restarts_vmapped
+
+    obs = simulate_client(wide_lenet, faces[:2], torch.tensor([2, 4]))
+    knowledge = ThreatModel(labels="known").knowledge(obs)
+    replica = Replica(obs, knowledge, ObjectiveWeights("cosine", tv=1e-2, group=1e-2), torch.device("cpu"))
+    f = lambda x, a: replica.objective(x, knowledge.labels, a)  # noqa: E731
+    x0 = torch.rand(3, 2, 1, 25, 25, generator=torch.Generator().manual_seed(0))
+    kw = dict(iterations=20, lr=0.1, bounds=(0, 1), group_every=5)
+    assert torch.allclose(optimise_batched(f, x0, **kw), optimise_batched(f, x0, vmap_restarts=False, **kw), atol=1e-5)
+    assert restarts_vmapped(wide_lenet, torch.device("cpu")) and restarts_vmapped(wide_lenet, torch.device("cuda"))
+    from guardfl.redteam.models import resnet18_cifar
+
+    big = resnet18_cifar((3, 32, 32), 10)
+    assert not restarts_vmapped(big, torch.device("cpu")) and restarts_vmapped(big, torch.device("cuda"))
