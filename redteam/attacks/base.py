@@ -17,6 +17,7 @@ default; ``budgets["paper"]``: the published budget) and ``paper_budget``, a sen
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 from pydantic import Field
@@ -259,7 +260,8 @@ class Attack:
         cached = state is not None
         if state is None:
             device = resolve_device(self.config.device)
-            state = self._prepare(setting, threat, device, self._generator())
+            with exact_float32():
+                state = self._prepare(setting, threat, device, self._generator())
             if cache is not None:
                 cache.save(self.name, key, state)
         self._prepared = (key, state)
@@ -286,7 +288,8 @@ class Attack:
         if self.capabilities.prepares:
             self.prepare(setting, threat)
         device = resolve_device(self.config.device)
-        return self._reconstruct(observation.to(device), knowledge.to(device), device, self._generator())
+        with exact_float32():
+            return self._reconstruct(observation.to(device), knowledge.to(device), device, self._generator())
 
     def _generator(self) -> torch.Generator:
         return torch.Generator(device="cpu").manual_seed(
@@ -312,6 +315,22 @@ def first_linear(model: nn.Module, names: list[str], layer: str | None = None) -
             if layer is None or layer == weight:
                 return weight, module
     return None
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """float32 that is float32 on CUDA while an attack runs: PyTorch lets cuDNN convolutions (and, where
+    enabled, matrix products) use TF32, a 10-bit mantissa, by default. That changes the attack's objective
+    by ~1e-3 relative, as much as the flat float32 norm whose error once tilted the input gradient, and a
+    weaker attack on a GPU than on a CPU could certify what the CPU run would not. No effect on a CPU; the
+    caller's settings are restored afterwards."""
+    conv, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
 
 
 def resolve_device(name: str) -> torch.device:

@@ -106,3 +106,28 @@ def test_learned_inversion_trains_on_the_device(defense, wide_lenet, faces):
     attack = attacks.get("learned_inversion", device="meta", hidden=16, epochs=2, batch=8, seed=0)
     message = _reaches_readback(lambda: attack.reconstruct(obs, threat))
     assert message != "finished"
+
+
+def test_attacks_run_in_exact_float32_and_restore_the_callers_settings(wide_lenet, faces):
+    """TF32 (cuDNN's default for float32 convolutions on CUDA) is off while an attack prepares and
+    reconstructs, and the caller's flags come back afterwards (the flags exist on a CPU build too)."""
+    from guardfl.redteam.attacks import inverting_gradients as ig
+
+    seen = []
+    original = ig.optimise_batched
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return original(*args, **kwargs)
+
+    obs = simulate_client(wide_lenet, faces[:1], torch.tensor([2]))
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, True
+    try:
+        ig.optimise_batched = spy
+        attacks.get("inverting_gradients", iterations=2, restarts=2, seed=0, device="cpu").reconstruct(obs, ThreatModel(labels="known"))
+        assert seen == [(False, False)]
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        ig.optimise_batched = original
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
