@@ -69,7 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as err:
+        if (err.name or "").startswith("guardfl."):
+            # redteam/ and integrations/ become guardfl.redteam / guardfl.integrations only when installed:
+            # running from a source folder that shadows the installed package (or with none installed) lands here
+            print(f"error: {err.name} is not importable: install guardfl (pip install -e . in the repository) "
+                  "and run it from outside a source checkout that is not the installed one", file=sys.stderr)
+            return 2
+        raise
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

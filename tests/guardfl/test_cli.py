@@ -111,3 +111,16 @@ def test_check_a_red_team_config_without_a_defense_section(tmp_path, capsys):
     assert main(["check", str(cfg)]) == 0
     captured = capsys.readouterr()
     assert "no defense section" in captured.out and "unknown kind" not in captured.out + captured.err
+
+
+def test_a_missing_redteam_package_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """From a source folder that shadows the installed package, guardfl.redteam does not exist (redteam/
+    maps into the namespace only when installed): say so and exit 2."""
+    import sys
+
+    from guardfl.cli import main
+
+    monkeypatch.setitem(sys.modules, "guardfl.redteam.cli", None)
+    assert main(["defenses"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "guardfl.redteam.cli is not importable" in err and "pip install -e ." in err
