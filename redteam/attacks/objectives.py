@@ -21,23 +21,13 @@ def flatten(tensors: Sequence[Tensor]) -> Tensor:
 
 def l2_distance(sim: Tensor, obs: Tensor, mask: Tensor | None = None) -> Tensor:
     """||sim - obs||^2 over the flattened update (only where ``mask`` is True, when given)."""
-    d = sim - obs
-    if mask is not None:
-        d = d * mask
-    return d.pow(2).sum()
+    return l2_distance_layers([sim], [obs], None if mask is None else [mask])
 
 
 def cosine_distance(sim: Tensor, obs: Tensor, mask: Tensor | None = None, obs_norm: Tensor | None = None) -> Tensor:
     """1 - cos(sim, obs) of the flattened update (only over ``mask`` when given: ``obs`` is already zero
     off the mask for a pruned update, so masking ``sim`` suffices)."""
-    if mask is not None:
-        sim = sim * mask
-    # reductions accumulate in float64: over ResNet-18's 11M entries a float32 norm is ~0.1% off, enough
-    # to put cos(true image) at 1.002 and tilt the input gradient (0.4%) against a per-layer sum
-    dot = (sim * obs).sum(dtype=torch.float64)
-    sim_norm = sim.square().sum(dtype=torch.float64).sqrt()
-    obs_norm = obs.square().sum(dtype=torch.float64).sqrt() if obs_norm is None else obs_norm.to(torch.float64)
-    return (1.0 - dot / (sim_norm * obs_norm + 1e-12)).to(sim.dtype)
+    return cosine_distance_layers([sim], [obs], None if mask is None else [mask], obs_norm)
 
 
 def cosine_distance_layers(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: Sequence[Tensor] | None = None,
@@ -45,7 +35,9 @@ def cosine_distance_layers(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: 
     """``cosine_distance`` of the flattened update, computed layer by layer: the same value (sums in
     float64), without concatenating the update into one vector. On ResNet-18 (11M entries) the flat
     vector, its float64 copy and their gradients cost as much as the double backward itself on a CPU
-    (one objective + gradient at B=1: 800 ms flat vs 390 ms by layer, one thread)."""
+    (one objective + gradient at B=1: 800 ms flat vs 390 ms by layer, one thread). Reductions accumulate
+    in float64: over 11M entries a float32 norm is ~0.1% off, enough to put cos(true image) at 1.002 and
+    tilt the input gradient (0.4%)."""
     dot = sim_sq = None
     for i, (s, o) in enumerate(zip(sim, obs)):
         if masks is not None:
@@ -70,7 +62,7 @@ def l2_distance_layers(sim: Sequence[Tensor], obs: Sequence[Tensor], masks: Sequ
 
 
 def sign_hinge_distance_layers(sim: Sequence[Tensor], obs_sign: Sequence[Tensor]) -> Tensor:
-    """``sign_hinge_distance`` of the flattened update, layer by layer."""
+    """Wu et al. 2023, Eq. 4 over the layers of the update (see ``sign_hinge_distance``)."""
     total = None
     for s, o in zip(sim, obs_sign):
         t = torch.relu(-s * o).pow(2).sum()
@@ -86,7 +78,7 @@ def layers_norm(tensors: Sequence[Tensor]) -> Tensor:
 
 def sign_hinge_distance(sim: Tensor, obs_sign: Tensor) -> Tensor:
     """Wu et al. 2023, Eq. 4: sum_i max(-g_i * sign_i, 0)^2; zero when every sign agrees."""
-    return torch.relu(-sim * obs_sign).pow(2).sum()
+    return sign_hinge_distance_layers([sim], [obs_sign])
 
 
 def soft_sign(g: Tensor) -> Tensor:

@@ -23,3 +23,28 @@ def _sequential_cli(monkeypatch):
     this process (tests patch attacks here, and spawning workers costs seconds per run). The worker path
     has its own tests (test_workers.py), which ask for workers explicitly."""
     monkeypatch.setattr("guardfl.redteam.certify.default_workers", lambda device: 1)
+
+
+@pytest.fixture
+def kill_attack_at(monkeypatch):
+    """``kill_attack_at(k)``: the run is killed (KeyboardInterrupt) as its k-th attack job starts (config
+    validation builds attacks without a device and does not count). Returns a function that puts the real
+    attack registry back."""
+    from guardfl.redteam import certify as certify_mod
+
+    real_get = certify_mod.attack_registry.get
+
+    def arm(k: int):
+        calls = []
+
+        def get(name, **budget):
+            if "device" in budget:
+                calls.append(name)
+                if len(calls) == k:
+                    raise KeyboardInterrupt
+            return real_get(name, **budget)
+
+        monkeypatch.setattr(certify_mod.attack_registry, "get", get)
+        return lambda: monkeypatch.setattr(certify_mod.attack_registry, "get", real_get)
+
+    return arm

@@ -50,26 +50,16 @@ def test_outputs_hold_what_a_reviewer_needs(tmp_path):
     assert (tmp_path / "o" / "grid-batch0.png").stat().st_size > 100
 
 
-def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, monkeypatch):
+def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, monkeypatch, kill_attack_at):
     cfg = {**TINY, "attacks": [{"name": "dlg", "budget": {"iterations": 20}}, {"name": "idlg", "budget": {"iterations": 20}}]}
     path = _write(tmp_path, cfg)
-    calls = []
-    real_get = certify_mod.attack_registry.get
-
-    def killed_after_first(name, **budget):
-        if "device" not in budget:  # config validation checking a budget, not an attack run
-            return real_get(name, **budget)
-        calls.append(name)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # the run is killed while the second attack starts
-        return real_get(name, **budget)
-
-    monkeypatch.setattr(certify_mod.attack_registry, "get", killed_after_first)
+    restore = kill_attack_at(2)  # the run is killed while the second attack starts
     with pytest.raises(KeyboardInterrupt):
         certify_mod.certify(path, out=tmp_path / "r")
+    restore()
     first = tmp_path / "r" / "state" / "b0-0-dlg.json"
     stamp = first.stat().st_mtime_ns
-    calls.clear()
+    calls, real_get = [], certify_mod.attack_registry.get
     def counting(name, **budget):
         if "device" in budget:
             calls.append(name)

@@ -56,19 +56,9 @@ def test_a_run_failing_in_user_code_leaves_no_earlier_certificate(tmp_path, monk
     assert run["status"] == "failed" and "the factory broke" in run["error"]
 
 
-def test_a_killed_run_leaves_no_earlier_certificate(tmp_path, monkeypatch):
+def test_a_killed_run_leaves_no_earlier_certificate(tmp_path, monkeypatch, kill_attack_at):
     out = _certified(tmp_path)
-    real_get = certify_mod.attack_registry.get
-    calls = []
-
-    def killed_on_second_job(name, **budget):
-        if "device" in budget:
-            calls.append(name)
-            if len(calls) == 2:
-                raise KeyboardInterrupt
-        return real_get(name, **budget)
-
-    monkeypatch.setattr(certify_mod.attack_registry, "get", killed_on_second_job)
+    kill_attack_at(2)
     with pytest.raises(KeyboardInterrupt):
         certify_mod.certify(_write(tmp_path, TINY), out=out)
     assert _no_verdict(out, "interrupted")["status"] == "interrupted"

@@ -56,31 +56,15 @@ def _write(tmp_path, cfg, name="c.yaml"):
     return p
 
 
-def _kill_at(monkeypatch, k):
-    """The run is killed as its k-th attack job starts."""
-    real_get = certify_mod.attack_registry.get
-    calls = []
-
-    def get(name, **budget):
-        if "device" in budget:  # an attack run (config validation builds attacks without a device)
-            calls.append(name)
-            if len(calls) == k:
-                raise KeyboardInterrupt
-        return real_get(name, **budget)
-
-    monkeypatch.setattr(certify_mod.attack_registry, "get", get)
-    return lambda: monkeypatch.setattr(certify_mod.attack_registry, "get", real_get)
-
-
 @pytest.mark.parametrize("cfg, kill_at", [(TINY, 3), (LTI, 4), (CLIENTAPP, 3)],
                          ids=["batch-finished-before-the-kill", "prepared-attack-finished", "clientapp"])
-def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, cfg, kill_at):
+def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, cfg, kill_at, kill_attack_at):
     if cfg is CLIENTAPP:
         pytest.importorskip("flwr")
         monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     path = _write(tmp_path, cfg)
     whole = certify_mod.certify(path, out=tmp_path / "whole")
-    restore = _kill_at(monkeypatch, kill_at)
+    restore = kill_attack_at(kill_at)
     with pytest.raises(KeyboardInterrupt):
         certify_mod.certify(path, out=tmp_path / "resumed")
     restore()
@@ -101,12 +85,12 @@ def _npz(path, seed):
     np.savez(path, x=rng.integers(0, 256, (4, 25, 25), dtype=np.uint8), y=np.arange(4) % 2)
 
 
-def test_resume_refuses_a_data_file_replaced_after_the_kill(tmp_path, monkeypatch, capsys):
+def test_resume_refuses_a_data_file_replaced_after_the_kill(tmp_path, monkeypatch, capsys, kill_attack_at):
     data = tmp_path / "private.npz"
     _npz(data, 0)
     path = _write(tmp_path, {**TINY, "data": {"source": "npz", "path": str(data)}})
     out = tmp_path / "r"
-    restore = _kill_at(monkeypatch, 2)
+    restore = kill_attack_at(2)
     with pytest.raises(KeyboardInterrupt):
         certify_mod.certify(path, out=out)
     restore()

@@ -49,20 +49,12 @@ def test_two_workers_give_the_sequential_certificate():
     assert list(two.preparations) == ["0-learned_inversion"] and two.preparations["0-learned_inversion"]["cached"] is False
 
 
-def test_a_sequential_run_killed_midway_resumes_with_workers(tmp_path, monkeypatch):
+def test_a_sequential_run_killed_midway_resumes_with_workers(tmp_path, monkeypatch, kill_attack_at):
     whole = certify(LTI_AND_OPTIMISATION, workers=1)
-    real_get, calls = certify_mod.attack_registry.get, []
-
-    def killed_at_third(name, **budget):
-        calls.append(name)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_get(name, **budget)
-
-    monkeypatch.setattr(certify_mod.attack_registry, "get", killed_at_third)
+    restore = kill_attack_at(3)
     with pytest.raises(KeyboardInterrupt):
         certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=1)
-    monkeypatch.setattr(certify_mod.attack_registry, "get", real_get)
+    restore()
     resumed = certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=2, resume=True)
     assert _untimed(resumed) == _untimed(whole)
     for key, tensor in whole.reconstructions.items():

@@ -31,6 +31,14 @@ def _params(seed: int = 1) -> list[torch.Tensor]:
     return [torch.randn(*shape, generator=gen) * 0.1 for shape in SHAPES]
 
 
+def _assert_batch_is_rowwise(make, grads):
+    """A fresh ``make()`` defending all rows at once equals another defending them one by one."""
+    expected = _rowwise(make(), grads, _params())
+    got = [g.clone() for g in grads]
+    make().apply_batch_(got)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
 def _rowwise(defense, grads, params, iteration=1, batched=False):
     out = [g.clone() for g in grads]
     for i in range(grads[0].shape[0]):
@@ -51,11 +59,7 @@ def test_row_masks_are_the_single_tensor_masks_of_each_row(k):
 
 @pytest.mark.parametrize("scope", ["layer", "global"])
 def test_gradprune_batch_is_exactly_rowwise(scope):
-    grads = _grads(8)
-    expected = _rowwise(GradPrune(0.7, scope=scope), grads, _params())
-    got = [g.clone() for g in grads]
-    GradPrune(0.7, scope=scope).apply_batch_(got)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    _assert_batch_is_rowwise(lambda: GradPrune(0.7, scope=scope), _grads(8))
 
 
 def test_outpost_batch_prunes_and_picks_the_same_entries_and_noises_at_the_configured_scale():
@@ -98,21 +102,12 @@ def test_outpost_batch_uses_each_clients_own_weights_under_fedavg():
 
 
 def test_defenses_without_a_vectorised_form_run_row_by_row_with_the_same_draws():
-    grads = _grads(5)
     for make in (lambda: GaussianNoise(0.1, seed=3), lambda: SignCompression()):
-        expected = _rowwise(make(), grads, _params())
-        got = [g.clone() for g in grads]
-        make().apply_batch_(got)
-        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        _assert_batch_is_rowwise(make, _grads(5))
 
 
 def test_a_stack_applies_its_members_in_order_to_every_client():
-    grads = _grads(6)
-    stack = lambda: Stack(GradPrune(0.5), GaussianNoise(0.01, seed=1))  # noqa: E731
-    expected = _rowwise(stack(), grads, _params())
-    got = [g.clone() for g in grads]
-    stack().apply_batch_(got)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    _assert_batch_is_rowwise(lambda: Stack(GradPrune(0.5), GaussianNoise(0.01, seed=1)), _grads(6))
 
 
 def test_non_finite_gradients_are_refused_in_a_batch_too():

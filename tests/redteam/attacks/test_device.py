@@ -35,8 +35,7 @@ def _reaches_readback(fn) -> str:
         fn()
     except (RuntimeError, NotImplementedError) as err:
         message = str(err)
-        assert "device" not in message or READBACK.search(message), message
-        assert READBACK.search(message), message
+        assert READBACK.search(message), message  # a device mismatch, or any other failure, fails here
         return message
     return "finished"
 
