@@ -126,12 +126,14 @@ class Observation:
     def param_names(self) -> list[str]:
         return list(self.update)
 
-    def to(self, device: torch.device | str) -> "Observation":
-        """A copy with every tensor on ``device``."""
+    def to(self, device: torch.device | str, model: nn.Module | None = None) -> "Observation":
+        """A copy with every tensor on ``device``. ``model``: the copy's model, taken as it is (already on
+        ``device``, shared: several observations of one setting need one copy of the global model)
+        instead of a deep copy of this observation's."""
         mv = lambda pairs: [(a.to(device), b.to(device)) for a, b in pairs]  # noqa: E731
         return Observation(
             protocol=self.protocol,
-            model=copy.deepcopy(self.model).to(device),
+            model=copy.deepcopy(self.model).to(device) if model is None else model,
             update={k: v.to(device) for k, v in self.update.items()},
             num_samples=self.num_samples,
             input_shape=self.input_shape,

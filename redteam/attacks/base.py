@@ -9,7 +9,11 @@ The lifecycle of an attack (what ``certify`` does, and what a Python user can do
    depends on; ``certify`` keeps that cache under ``OUT/state/prepared`` so ``--resume`` never redoes it.
    Attacks without a preparation (the optimisation attacks) do nothing here.
 3. ``attack.reconstruct(observation, threat)``: one private batch. An error here is a failure of the run,
-   never a silent skip.
+   never a silent skip. ``attack.reconstruct_many(observations, threat, seeds)``: several private batches
+   of the same setting (each its own client update), one ``Reconstruction`` each, in order; observation
+   i's result depends on it and ``seeds[i]`` only. Every attack has it (the default is a loop over
+   ``reconstruct``'s path); attacks with ``capabilities.batches_samples`` run a chunk as one batched
+   computation, cheaper per sample (a planner chooses the chunk size from that flag).
 
 Budgets: every attack declares its budgets per strength (``budgets["quick"]``: what fits the 2-core
 default; ``budgets["paper"]``: the published budget) and ``paper_budget``, a sentence naming the source.
@@ -58,7 +62,11 @@ class Capabilities:
     ``prepare`` step. max_samples_inferred_labels: with labels inferred rather than granted, the most
     samples it can restore labels for ("classes": one per class; None: any). needs_linear_layer: the
     model must have a linear layer among the updated parameters with at least as many neurons as samples
-    (analytic / ICA attacks on a layer's update).
+    (analytic / ICA attacks on a layer's update). batches_samples: ``reconstruct_many`` attacks a chunk of
+    observations (private samples of one setting) in one batched computation, cheaper per sample than
+    one call each, with each sample's result that of its own call up to float32 reduction order (so a
+    planner should hand it chunks of many samples); False: ``reconstruct_many`` is the loop of
+    ``reconstruct`` and the chunk size does not matter.
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -67,6 +75,7 @@ class Capabilities:
     prepares: bool = False
     max_samples_inferred_labels: int | str | None = None
     needs_linear_layer: bool = False
+    batches_samples: bool = False
 
 
 @dataclass(frozen=True)
@@ -278,22 +287,58 @@ class Attack:
 
     # -- 3. reconstruction ------------------------------------------------------------------------------
     def reconstruct(self, observation: Observation, threat: ThreatModel | None = None) -> Reconstruction:
+        """One private batch, with the attack's ``config.seed`` (OS entropy when None)."""
+        return self.reconstruct_many([observation], threat, [self.config.seed])[0]
+
+    def reconstruct_many(self, observations: list[Observation], threat: ThreatModel | None = None,
+                         seeds: list[int | None] | None = None) -> list[Reconstruction]:
+        """One ``Reconstruction`` per observation, in order. Every observation is one private client update
+        of the same setting (the same model and weights, protocol, batch geometry and defense
+        configuration: ``setting_mismatch``; else ``ValueError``). ``seeds[i]`` seeds observation i's
+        randomness (initial guesses, restarts); None (or ``seeds`` None): ``config.seed``, OS entropy when
+        that is None. Observation i's result depends on it and ``seeds[i]`` only, never on the other
+        observations of the call: exactly for the loop (the default, ``_reconstruct_many``), up to
+        float32 reduction order for attacks that batch samples (``capabilities.batches_samples``); a
+        chunk of one is exactly ``reconstruct`` with that seed."""
         threat = threat or ThreatModel()
-        knowledge = threat.knowledge(observation)
-        setting = Setting.of(observation)
+        observations = list(observations)
+        seeds = [None] * len(observations) if seeds is None else list(seeds)
+        if len(seeds) != len(observations):
+            raise ValueError(f"{self.name}.reconstruct_many: {len(seeds)} seeds for {len(observations)} observations")
+        if not observations:
+            return []
+        for i, other in enumerate(observations[1:], 1):
+            why = setting_mismatch(observations[0], other)
+            if why is not None:
+                raise ValueError(f"{self.name}.reconstruct_many: observation {i} is not of observation 0's setting "
+                                 f"({why}); attack observations of different settings in separate calls")
+        knowledges = [threat.knowledge(o) for o in observations]
+        setting = Setting.of(observations[0])
         reason = self.applicable(setting, threat)
         if reason is not None:
             raise NotApplicable(f"{self.name}: {reason}")
-        self.check(observation, knowledge)
+        for observation, knowledge in zip(observations, knowledges):
+            self.check(observation, knowledge)
         if self.capabilities.prepares:
             self.prepare(setting, threat)
         device = resolve_device(self.config.device)
+        gens = [self._generator(seed) for seed in seeds]
         with exact_float32():
-            return self._reconstruct(observation.to(device), knowledge.to(device), device, self._generator())
+            return self._reconstruct_many(observations, knowledges, device, gens)
 
-    def _generator(self) -> torch.Generator:
+    def _reconstruct_many(self, observations: list[Observation], knowledges: list[Knowledge], device: torch.device,
+                          gens: list[torch.Generator]) -> list[Reconstruction]:
+        """The checked observations (still where the caller has them) with their knowledge and generators:
+        by default one ``_reconstruct`` each, moved to ``device`` one at a time (``reconstruct``'s path).
+        Attacks that batch samples override this."""
+        return [self._reconstruct(o.to(device), k.to(device), device, g) for o, k, g in zip(observations, knowledges, gens)]
+
+    def _generator(self, seed: int | None = None) -> torch.Generator:
+        """A CPU generator seeded with ``seed``, else ``config.seed``, else OS entropy."""
+        if seed is None:
+            seed = self.config.seed
         return torch.Generator(device="cpu").manual_seed(
-            self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         )
 
     def check(self, observation: Observation, knowledge: Knowledge) -> None:
@@ -304,6 +349,55 @@ class Attack:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.model_dump(exclude_defaults=True)})"
+
+
+def setting_mismatch(a: Observation, b: Observation) -> str | None:
+    """Why ``b`` is not an observation of ``a``'s setting (``Setting``), or None when it is. Compared
+    directly, no hashing (cheap for 60 observations of an 11M-parameter model): the protocol, batch
+    geometry, input range, defense configuration and train mode, the model's class and its weights and
+    buffers by value, the updated layers and their shapes. The defense configurations are compared
+    without their ``seed``s: the defense's randomness is never the attacker's to use (``known_defense``
+    reads no seed), so clients whose defenses differ only in their seed are one setting to an attack."""
+    if a is b:
+        return None
+    fields = {
+        "protocol": (a.protocol, b.protocol),
+        "num_samples": (a.num_samples, b.num_samples),
+        "input_shape": (tuple(a.input_shape), tuple(b.input_shape)),
+        "num_classes": (a.num_classes, b.num_classes),
+        "input_range": (tuple(a.input_range), tuple(b.input_range)),
+        "defense_config": (_without_seeds(a.defense_config), _without_seeds(b.defense_config)),
+        "train_mode": (getattr(a, "train_mode", True), getattr(b, "train_mode", True)),
+        "model class": (type(a.model), type(b.model)),
+        "updated layers": ([(k, tuple(v.shape)) for k, v in a.update.items()],
+                           [(k, tuple(v.shape)) for k, v in b.update.items()]),
+    }
+    for name, (x, y) in fields.items():
+        if x != y:
+            return f"its {name} differs"
+    if a.model is not b.model:
+        sa, sb = a.model.state_dict(), b.model.state_dict()
+        if list(sa) != list(sb) or any(sa[k].shape != sb[k].shape or not torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa):
+            return "its model's weights or buffers differ"
+    return None
+
+
+def _without_seeds(config: Any) -> Any:
+    """A defense configuration without its ``seed`` entries, at any depth (a stack's too)."""
+    if isinstance(config, dict):
+        return {k: _without_seeds(v) for k, v in config.items() if k != "seed"}
+    if isinstance(config, (list, tuple)):
+        return [_without_seeds(v) for v in config]
+    return config
+
+
+def on_device(observations: list[Observation], knowledges: list[Knowledge], device: torch.device,
+              ) -> tuple[list[Observation], list[Knowledge]]:
+    """Observations of one setting and their knowledge moved to ``device``, the observations sharing one
+    copy of the global model (for an attack that batches samples: S deep copies would be wasted)."""
+    first = observations[0].to(device)
+    moved = [first] + [o.to(device, model=first.model) for o in observations[1:]]
+    return moved, [k.to(device) for k in knowledges]
 
 
 def first_linear(model: nn.Module, names: list[str], layer: str | None = None) -> tuple[str, nn.Linear] | None:

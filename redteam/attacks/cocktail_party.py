@@ -22,6 +22,10 @@ linear mix of the batch's inputs to that layer, by independent component analysi
 5. CNNs (the layer reads embeddings): feature inversion (Sec. 4.2): images whose embedding has the highest
    cosine similarity to each recovered embedding, plus TV, on the shared batched optimiser (``engine``).
 
+``reconstruct_many``: the ICA runs per sample (small B x B problems; for one sample it is skipped, being a
+no-op: see ``unmix``), the feature inversion of all samples as one optimisation over samples x restarts
+(the costly part on a CNN), each sample against its own embeddings, from its own generator.
+
 Labels come from the threat model as for every attack; ICA's order is arbitrary, metrics match
 reconstructions to the private images by the Hungarian method. Limits (the paper's): the layer needs at
 least as many neurons as the batch has samples (m >= B), a linear layer must exist, and the update must
@@ -31,6 +35,7 @@ be finite. CPA needs no FedAvg hyperparameters (the unmixing is blind), so it ap
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -40,8 +45,8 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks import ica
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, first_linear, labels_for, progress_bar,
-    random_inputs,
+    Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, first_linear, labels_for, on_device,
+    progress_bar, random_inputs,
 )
 from guardfl.redteam.attacks.engine import evaluate_batched, optimise_batched
 from guardfl.redteam.attacks.objectives import total_variation
@@ -76,6 +81,19 @@ class CocktailPartyConfig(AttackConfig):
     fi_restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
 
 
+@dataclass
+class _Unmixed:
+    """One observation after the ICA (steps 1-4): its sources and what its reconstruction reports."""
+
+    sources: Tensor  # (n, d): images (FC models) or the attacked layer's input embeddings (CNNs)
+    module: nn.Module  # the attacked linear layer
+    loss: float  # the winning ICA loss
+    labels: Tensor
+    info: dict
+    reads_image: bool
+    has_bias: bool
+
+
 class _Stop(Exception):
     def __init__(self, value: Tensor) -> None:
         self.value = value
@@ -102,7 +120,7 @@ class CocktailParty(Attack):
 
     name = "cocktail_party"
     Config = CocktailPartyConfig
-    capabilities = Capabilities(needs_linear_layer=True)
+    capabilities = Capabilities(needs_linear_layer=True, batches_samples=True)
     budgets = {"quick": {"iterations": 2000, "lr": 1e-2, "restarts": 4, "fi_iterations": 500},
                "paper": {"iterations": 25000, "lr": 1e-3, "restarts": 4, "fi_iterations": 25000}}
     paper_budget = ("Kariyappa et al. 2023: 25,000 Adam steps (lr 1e-3) of ICA; feature inversion 25,000 steps "
@@ -136,10 +154,17 @@ class CocktailParty(Attack):
         return known_defense(knowledge.defense_config).pruned
 
     def unmix(self, g: Tensor, n: int, image_shape: tuple[int, ...] | None, noise_var: float, gen: torch.Generator,
-              progress: bool = False) -> tuple[Tensor, float]:
+              progress: bool = False, skip_trivial: bool = True) -> tuple[Tensor, float]:
         """The total unmixing matrix ``M`` (n x m; sources = M G) and its final ICA loss. ``restarts``
         unmixing matrices (the identity, then random rotations from the attack's generator) are optimised
-        together; the one with the lowest ICA loss wins (the attack's own objective, never the truth)."""
+        together; the one with the lowest ICA loss wins (the attack's own objective, never the truth).
+
+        One sample (n == 1, ``skip_trivial``): the Adam loop is skipped, with the same result. The 1 x 1
+        unmixing matrix is used through ``F.normalize``, which maps u to u / |u|; its derivative
+        1/|u| - u^2/|u|^3 is exactly 0 in float32 at u = +-1, where every start is (the identity, and the
+        Q of a 1 x 1 QR), so the loss's gradient is exactly 0 and Adam never moves u (its step is
+        0 / (0 + eps)). The final losses of the starts are computed and the winner chosen as after the
+        loop. ``skip_trivial=False`` runs the loop anyway (tests compare the two)."""
         c = self.config
         defaults = IMAGE_DEFAULTS if image_shape is not None else EMBEDDING_DEFAULTS
         decor = c.decor if c.decor is not None else defaults["decor"]
@@ -147,8 +172,6 @@ class CocktailParty(Attack):
         z, w, _ = ica.whiten(g, n, noise_var)
         starts = [torch.eye(n)] + [torch.linalg.qr(torch.randn(n, n, generator=gen))[0] for _ in range(c.restarts - 1)]
         u = torch.stack(starts).to(g.device).requires_grad_(True)  # (R, n, n)
-        opt = torch.optim.Adam([u], lr=c.lr)
-        bar = progress_bar(progress, c.iterations, f"{self.name}: ICA")
 
         def losses(un: Tensor) -> Tensor:  # (R,)
             out = []
@@ -163,6 +186,19 @@ class CocktailParty(Attack):
                 out.append(loss)
             return torch.stack(out)
 
+        if n > 1 or not skip_trivial:
+            self._adam(u, losses, progress)
+        with torch.no_grad():
+            un = F.normalize(u, dim=2)
+            final = losses(un)
+        best = int(final.argmin())
+        return un[best].detach() @ w, float(final[best])
+
+    def _adam(self, u: Tensor, losses, progress: bool) -> None:
+        """The ICA's Adam loop over the unmixing matrices ``u`` (R, n, n), in place."""
+        c = self.config
+        opt = torch.optim.Adam([u], lr=c.lr)
+        bar = progress_bar(progress, c.iterations, f"{self.name}: ICA")
         for _ in range(c.iterations):
             loss = losses(F.normalize(u, dim=2)).sum()  # restarts are independent: one backward for all
             opt.zero_grad(set_to_none=True)
@@ -172,11 +208,6 @@ class CocktailParty(Attack):
                 bar.update(1)
         if bar:
             bar.close()
-        with torch.no_grad():
-            un = F.normalize(u, dim=2)
-            final = losses(un)
-        best = int(final.argmin())
-        return un[best].detach() @ w, float(final[best])
 
     def _sources(self, m: Tensor, g: Tensor, g_bias: Tensor | None, mask: Tensor | None) -> tuple[Tensor, str]:
         """The sources in the layer's input units: bias ratio (exact for a perfect unmixing), then, for a
@@ -199,7 +230,9 @@ class CocktailParty(Attack):
         return x, how
 
     # -- reconstruction ----------------------------------------------------------------------------------
-    def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
+    def _unmixed(self, observation, knowledge, device, gen) -> _Unmixed:
+        """Steps 1-4 for one observation: the attacked layer, the ICA, the sources in the layer's input
+        units (images for FC models; embeddings for CNNs, which feature inversion turns into images)."""
         c = self.config
         model = observation.model
         weight, module = first_linear(model, list(observation.update), c.layer)
@@ -220,37 +253,104 @@ class CocktailParty(Attack):
         labels, source = labels_for(observation, knowledge)
         info = {"labels": source, "layer": weight, "scale_and_sign": how,
                 "sources": "the input image" if reads_image else "the layer's input embedding (then feature inversion)"}
-        lo, hi = observation.input_range
         lo_, hi_ = observation.input_range
         info["out_of_range"] = float((x - x.clamp(lo_, hi_)).abs().mean()) if g_bias is not None else None
-        if reads_image:
-            if g_bias is None:  # affine map of each component onto the input range
-                x = (x - x.amin(1, keepdim=True)) / (x.amax(1, keepdim=True) - x.amin(1, keepdim=True)).clamp_min(1e-12)
-                x = lo + (hi - lo) * x
-            images = x.view(n, *observation.input_shape).clamp(lo, hi)
-            return Reconstruction(images, labels, loss, [loss], info)
-        images, fi_loss = self._invert_features(observation, module, x, device, gen)
-        info["feature_inversion_objective"] = fi_loss
-        return Reconstruction(images, labels, loss, [loss], info)
+        return _Unmixed(x, module, loss, labels, info, reads_image, g_bias is not None)
 
-    def _invert_features(self, observation, module: nn.Module, z: Tensor, device, gen) -> tuple[Tensor, float]:
-        """Images whose embeddings point like ``z`` (cosine) plus TV (Sec. 4.2), batched over restarts."""
+    def _image_sources(self, observation, u: _Unmixed) -> Reconstruction:
+        """The reconstruction when the layer reads the image itself (FC models)."""
+        lo, hi = observation.input_range
+        x = u.sources
+        if not u.has_bias:  # affine map of each component onto the input range
+            x = (x - x.amin(1, keepdim=True)) / (x.amax(1, keepdim=True) - x.amin(1, keepdim=True)).clamp_min(1e-12)
+            x = lo + (hi - lo) * x
+        images = x.view(observation.num_samples, *observation.input_shape).clamp(lo, hi)
+        return Reconstruction(images, u.labels, u.loss, [u.loss], u.info)
+
+    def _inverted(self, u: _Unmixed, images: Tensor, fi_loss: float) -> Reconstruction:
+        info = {**u.info, "feature_inversion_objective": fi_loss}
+        return Reconstruction(images, u.labels, u.loss, [u.loss], info)
+
+    def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
+        u = self._unmixed(observation, knowledge, device, gen)
+        if u.reads_image:
+            return self._image_sources(observation, u)
+        images, fi_loss = self._invert_features(observation, u.module, u.sources, device, gen)
+        return self._inverted(u, images, fi_loss)
+
+    def _reconstruct_many(self, observations, knowledges, device, gens) -> list[Reconstruction]:
+        """The ICA per sample (each from its own generator), then ONE feature inversion for every sample
+        whose layer reads embeddings (CNNs): samples x restarts in one ``optimise_batched``, each sample
+        against its own recovered embeddings. Each result is its own call's up to float32 reduction order."""
+        if len(observations) == 1:
+            return super()._reconstruct_many(observations, knowledges, device, gens)
+        observations, knowledges = on_device(observations, knowledges, device)
+        staged = [self._unmixed(o, k, device, g) for o, k, g in zip(observations, knowledges, gens)]
+        out: list[Reconstruction | None] = [self._image_sources(o, u) if u.reads_image else None
+                                            for o, u in zip(observations, staged)]
+        embedded = [i for i, u in enumerate(staged) if not u.reads_image]
+        if embedded:
+            found = self._invert_features_many(observations[embedded[0]], staged[embedded[0]].module,
+                                               [staged[i].sources for i in embedded], device, [gens[i] for i in embedded])
+            for i, (images, fi_loss) in zip(embedded, found):
+                out[i] = self._inverted(staged[i], images, fi_loss)
+        return out
+
+    def _fi_objective(self, model: nn.Module, module: nn.Module):
+        """Feature inversion's objective of one guess against recovered embeddings ``z`` (n x d): cosine
+        distance of the guess's embeddings plus TV (Sec. 4.2)."""
         c = self.config
-        model = observation.model
-        model.eval()  # a fixed embedding map: BatchNorm on running statistics, dropout off
 
-        def objective(x, _anchor):
+        def objective(x, _anchor, z):
             emb = layer_input(model, module, x).flatten(1)
             return (1 - F.cosine_similarity(emb, z, dim=1)).mean() + c.fi_tv * total_variation(x)
 
-        shape = (c.fi_restarts, observation.num_samples, *observation.input_shape)
-        x0 = random_inputs(shape, observation.input_range, gen, device)
+        return objective
+
+    def _fi_optimise(self, observation, objective, x0, targets=None) -> Tensor:
+        c = self.config
         bar = progress_bar(c.progress, c.fi_iterations, f"{self.name}: feature inversion")
         x = optimise_batched(objective, x0, iterations=c.fi_iterations, lr=c.fi_lr, bounds=observation.input_range,
-                             progress=bar.update if bar else None) if c.fi_iterations else x0
+                             progress=bar.update if bar else None, targets=targets) if c.fi_iterations else x0
         if bar:
             bar.close()
+        return x
+
+    @staticmethod
+    def _fi_choose(objective, x: Tensor) -> tuple[Tensor, float]:
+        """The lowest-objective restart of one sample's ``(R, n, ...)``."""
         scores = evaluate_batched(objective, x).cpu()
         best = int(scores.argmin())
-        model.train(observation.train_mode)
         return x[best], float(scores[best])
+
+    def _fi_initial(self, observation, gen, device) -> Tensor:
+        shape = (self.config.fi_restarts, observation.num_samples, *observation.input_shape)
+        return random_inputs(shape, observation.input_range, gen, device)
+
+    def _invert_features(self, observation, module: nn.Module, z: Tensor, device, gen) -> tuple[Tensor, float]:
+        """Images whose embeddings point like ``z`` (cosine) plus TV (Sec. 4.2), batched over restarts."""
+        model = observation.model
+        model.eval()  # a fixed embedding map: BatchNorm on running statistics, dropout off
+        f = self._fi_objective(model, module)
+
+        def objective(x, anchor):
+            return f(x, anchor, z)
+
+        x = self._fi_optimise(observation, objective, self._fi_initial(observation, gen, device))
+        found = self._fi_choose(objective, x)
+        model.train(observation.train_mode)
+        return found
+
+    def _invert_features_many(self, observation, module: nn.Module, zs: list[Tensor], device,
+                              gens: list[torch.Generator]) -> list[tuple[Tensor, float]]:
+        """``_invert_features`` of several samples of ``observation``'s setting (``zs[s]``, ``gens[s]``) in
+        one optimisation over samples x restarts; each sample's winner among its own restarts."""
+        model = observation.model
+        model.eval()
+        f = self._fi_objective(model, module)
+        targets = torch.stack(zs)
+        x0 = torch.stack([self._fi_initial(observation, g, device) for g in gens])
+        x = self._fi_optimise(observation, f, x0, targets)
+        found = [self._fi_choose(lambda xi, a, z=targets[s]: f(xi, a, z), x[s]) for s in range(len(zs))]
+        model.train(observation.train_mode)
+        return found

@@ -7,6 +7,15 @@ differentiable surrogate of the known defense inside each step. ``Replica.object
 to the observed update and the priors. ``optimise_batched`` runs all restarts at once: ``torch.func.vmap``
 over the restart axis and an elementwise optimiser (Adam, signed gradients), which is exactly equivalent to
 running the restarts one after another.
+
+Several private samples of one setting (the same model, protocol and defense; different client updates)
+run in one loop too: what differs between them is their ``target`` (``observation_target``: the observed
+update, its norm, a pruned update's mask, the BatchNorm statistics; the attack adds the labels), a pytree
+that ``stack_targets`` stacks along a leading sample axis S. ``Replica.objective(x, y, anchor, target)`` reads
+the sample's target instead of its own, and ``optimise_batched(..., targets=...)`` vmaps the objective
+over samples (outer) and restarts (inner): S independent attacks, the same maths per sample, the
+optimiser state and the group-consistency anchor of each sample its own. Only the reduction order of the
+larger batched kernels differs from running the samples one after another (float32 rounding).
 """
 
 from __future__ import annotations
@@ -14,12 +23,13 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
+from torch.utils import _pytree as pytree
 
 from guardfl.redteam.attacks import objectives as obj
 from guardfl.redteam.client import FedAvg, Observation, bn_layers, sgd_step
@@ -35,8 +45,44 @@ class ObjectiveWeights:
     group: float = 0.0
 
 
+def observation_target(observation: Observation, knowledge: Knowledge, pruned: bool, device: torch.device) -> dict[str, Any]:
+    """What of one observation its objective compares with (a pytree of tensors on ``device``, no model):
+    ``observed`` (the update, layer by layer, in ``observation.param_names`` order), ``observed_norm``,
+    ``masks`` (a pruned update's non-zero coordinates; only when ``pruned``), ``bn`` (the granted
+    BatchNorm statistics of the prior: ``bn_mode`` exact or infer only). The labels are the attack's to
+    add (granted or restored: ``labels_for``), as ``labels``."""
+    observed = [observation.update[n].to(device) for n in observation.param_names]
+    # the update stays a list of layers: the distances sum layer by layer (no flat 11M-entry copies)
+    target: dict[str, Any] = {"observed": observed, "observed_norm": obj.layers_norm(observed)}
+    if pruned:
+        target["masks"] = [o != 0 for o in observed]
+    if knowledge.bn_mode in ("exact", "infer") and knowledge.bn_target is not None:
+        target["bn"] = [(m.to(device), v.to(device)) for m, v in knowledge.bn_target]
+    return target
+
+
+def stack_targets(targets: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The samples' targets as one pytree whose every tensor has a leading sample axis; None when they
+    do not stack (different keys, or tensors of different shapes or dtypes: e.g. hard and soft labels)."""
+    flat = [pytree.tree_flatten(t) for t in targets]
+    spec = flat[0][1]
+    if any(other != spec for _, other in flat[1:]):
+        return None
+    leaves = list(zip(*(leaves for leaves, _ in flat)))
+    if any(len({(t.shape, t.dtype) for t in group}) > 1 for group in leaves):
+        return None
+    return pytree.tree_unflatten([torch.stack(group) for group in leaves], spec)
+
+
+def target_of(targets: dict[str, Any], s: int) -> dict[str, Any]:
+    """Sample ``s``'s target out of stacked ``targets`` (views, no copies)."""
+    return pytree.tree_map(lambda t: t[s], targets)
+
+
 class Replica:
-    """The attacker's functional copy of the client (see module docstring)."""
+    """The attacker's functional copy of the client (see module docstring). Its own observation's target
+    is ``self.target``; ``distance`` and ``objective`` take another sample's target of the same setting
+    (``observation_target``), so that one replica serves a batch of private samples."""
 
     def __init__(self, observation: Observation, knowledge: Knowledge, weights: ObjectiveWeights, device: torch.device):
         self.obs = observation
@@ -52,22 +98,20 @@ class Replica:
         self.params = {n: named[n].detach() for n in self.names}
         self.frozen = {n: p.detach() for n, p in model.named_parameters() if n not in self.params}
         self.buffers = {n: b for n, b in model.named_buffers()}
-        self.observed = [observation.update[n].to(device) for n in self.names]
 
         self.known = known_defense(knowledge.defense_config)
         self.signed = self.known.signed
         self.pruned = self.known.pruned
-        # the update stays a list of layers: the distances sum layer by layer (no flat 11M-entry copies)
-        self.observed_norm = obj.layers_norm(self.observed)
-        self.masks = [o != 0 for o in self.observed] if self.pruned else None
+        self.target = observation_target(observation, knowledge, self.pruned, device)
+        self.observed = self.target["observed"]
+        self.observed_norm = self.target["observed_norm"]
+        self.masks = self.target.get("masks")
         self.protocol = knowledge.protocol
         self.batch_size = observation.batch_size
         self.n = observation.num_samples
         # Eq. 4 of Wu et al. for one sample; a tanh surrogate of sign inside each simulated step otherwise
         self.hinge = self.signed and not isinstance(self.protocol, FedAvg) and self.protocol is not None and self.n == 1
-        self.bn_target = knowledge.bn_target if knowledge.bn_mode in ("exact", "infer") else None
-        if self.bn_target is not None:
-            self.bn_target = [(m.to(device), v.to(device)) for m, v in self.bn_target]
+        self.bn_target = self.target.get("bn")
 
     # -- BatchNorm --------------------------------------------------------------------------------------
     def _configure_bn(self, model: nn.Module, knowledge: Knowledge) -> None:
@@ -134,25 +178,31 @@ class Replica:
                 params, momentum = sgd_step(params, g, momentum, p)
         return [params[n] - self.params[n] for n in self.names]
 
-    def distance(self, sim: list[Tensor]) -> Tensor:
+    def distance(self, sim: list[Tensor], target: dict[str, Any] | None = None) -> Tensor:
+        """Distance of a simulated update to the observed one (``target``'s; default: this replica's)."""
+        t = self.target if target is None else target
+        observed, norm, masks = t["observed"], t["observed_norm"], t.get("masks")
         if self.hinge:
-            return obj.sign_hinge_distance_layers(sim, self.observed)
+            return obj.sign_hinge_distance_layers(sim, observed)
         if self.weights.distance == "l2":
             # divided by ||observed||^2: same minimiser as DLG's L2, but scale-free, so that a tiny update
             # (a FedAvg delta at lr 0.01) does not fall under the optimiser's tolerances
-            return obj.l2_distance_layers(sim, self.observed, self.masks) / (self.observed_norm.pow(2).to(sim[0].dtype) + 1e-30)
-        return obj.cosine_distance_layers(sim, self.observed, self.masks, self.observed_norm)
+            return obj.l2_distance_layers(sim, observed, masks) / (norm.pow(2).to(sim[0].dtype) + 1e-30)
+        return obj.cosine_distance_layers(sim, observed, masks, norm)
 
-    def objective(self, x: Tensor, y: Tensor, anchor: Tensor | None = None) -> Tensor:
-        """Distance to the observed update plus the weighted priors, for one guess."""
+    def objective(self, x: Tensor, y: Tensor, anchor: Tensor | None = None, target: dict[str, Any] | None = None) -> Tensor:
+        """Distance to the observed update plus the weighted priors, for one guess (against ``target``,
+        another observation of the same setting, when given: ``observation_target``)."""
+        t = self.target if target is None else target
         self._bn_records.clear()
-        value = self.distance(self.simulate(x, y))
+        value = self.distance(self.simulate(x, y), t)
         w = self.weights
         if w.tv:
             value = value + w.tv * obj.total_variation(x.abs() if self.known.abs_tv else x)
-        if w.bn and self.bn_target is not None:
-            first_pass = self._bn_records[: len(self.bn_target)]
-            value = value + w.bn * obj.bn_prior(first_pass, self.bn_target)
+        bn_target = t.get("bn")
+        if w.bn and bn_target is not None:
+            first_pass = self._bn_records[: len(bn_target)]
+            value = value + w.bn * obj.bn_prior(first_pass, bn_target)
         if w.group and anchor is not None:
             value = value + w.group * (x - anchor).pow(2).mean()
         self._bn_records.clear()
@@ -190,7 +240,7 @@ def _schedule(step: int, iterations: int, lr: float) -> tuple[float, float]:
 
 
 def optimise_batched(
-    objective: Callable[[Tensor, Tensor | None], Tensor],
+    objective: Callable[..., Tensor],
     x0: Tensor,
     *,
     iterations: int,
@@ -201,10 +251,18 @@ def optimise_batched(
     progress: Callable[[int], None] | None = None,
     cuda_graph: bool | None = None,
     vmap_restarts: bool = True,
+    targets: Any = None,
 ) -> Tensor:
     """Adam over all restarts at once: ``x0`` is ``(R, n, ...)``; ``objective(x, anchor)`` is one
     restart's objective. With ``group_every`` the anchor is the restarts' mean image (group consistency,
     Yin et al. 2021), refreshed every ``group_every`` iterations. Returns the final ``(R, n, ...)``.
+
+    Several samples at once: with ``targets`` (a pytree of tensors with a leading sample axis S, see
+    ``stack_targets``), ``x0`` is ``(S, R, n, ...)``, ``objective(x, anchor, target)`` is one restart's
+    objective against one sample's target, and each sample's anchor is the mean of ITS restarts (never
+    across samples). Returns ``(S, R, n, ...)``. Each sample's trajectory is the one the loop gives for
+    that sample alone (``x0[s]``, ``target_of(targets, s)``): the objectives are independent, Adam is
+    elementwise and the schedule is shared; only the kernels' reduction order differs (float32 rounding).
 
     The loop never reads a value back to the host (tests run it on the ``meta`` device). On CUDA
     (``cuda_graph`` None: whenever ``x0`` is on a GPU) one iteration (objective, double backward, Adam
@@ -212,20 +270,18 @@ def optimise_batched(
     Python and dispatcher overhead per operator, which dominates for small batches (ResNet-18: ~75 ms of
     host work per iteration for ~5 ms of GPU work). If recording fails, the loop runs eagerly instead.
 
-    ``vmap_restarts``: the R objectives as one vmapped forward (one set of larger kernels: fast for small
-    models, where per-operator overhead dominates) or as R ordinary forwards summed (the same gradients:
-    restarts are independent; faster for large models on a CPU, where vmap's batched convolution
-    gradients cost more than R plain ones). ``restarts_vmapped`` chooses."""
+    ``vmap_restarts``: the R (or S x R) objectives as one vmapped forward (one set of larger kernels:
+    fast for small models, where per-operator overhead dominates) or as ordinary forwards summed (the
+    same gradients: restarts are independent; faster for large models on a CPU, where vmap's batched
+    convolution gradients cost more than R plain ones). ``restarts_vmapped`` chooses."""
     x = x0.clone()
     m = torch.zeros_like(x)
     v = torch.zeros_like(x)
-    anchor = x.mean(0).detach() if group_every else None
-    # Restarts are independent, so d(sum_r f_r)/dx_r = df_r/dx_r: one vmapped forward of the R
-    # objectives and one ordinary backward give every restart's gradient.
-    if vmap_restarts:
-        per_restart = vmap(objective, in_dims=(0, None))
-    else:  # one ordinary forward per restart (large models on a CPU: see ``vmap_restarts``)
-        per_restart = lambda xs, a: torch.stack([objective(xs[r], a) for r in range(xs.shape[0])])  # noqa: E731
+    restart_axis = 0 if targets is None else 1
+    anchor = x.mean(restart_axis).detach() if group_every else None
+    # Restarts (and samples) are independent, so d(sum_r f_r)/dx_r = df_r/dx_r: one vmapped forward of
+    # the objectives and one ordinary backward give every restart's gradient.
+    per_restart = _batched_objective(objective, targets, vmap_restarts)
     step_size = torch.zeros((), device=x.device, dtype=x.dtype)
     bias2 = torch.ones((), device=x.device, dtype=x.dtype)
 
@@ -238,7 +294,7 @@ def optimise_batched(
     step = record_cuda_graph(iteration, (x, m, v)) if use_graph and iterations > 1 else None
     for i in range(iterations):
         if group_every and i % group_every == 0:
-            anchor.copy_(x.mean(0))
+            anchor.copy_(x.mean(restart_axis))
         a, b = _schedule(i, iterations, lr)
         step_size.fill_(a)
         bias2.fill_(b)
@@ -246,6 +302,29 @@ def optimise_batched(
         if progress is not None:
             progress(1)
     return x
+
+
+def _batched_objective(objective: Callable[..., Tensor], targets: Any, vmap_restarts: bool) -> Callable[[Tensor, Tensor | None], Tensor]:
+    """``(x, anchor) -> objectives`` of every restart: ``(R,)`` for ``x`` ``(R, n, ...)`` (``targets``
+    None), else ``(S, R)`` for ``x`` ``(S, R, n, ...)`` and a per-sample ``anchor`` ``(S, n, ...)``."""
+    if targets is None:
+        if vmap_restarts:
+            return vmap(objective, in_dims=(0, None))
+        # one ordinary forward per restart (large models on a CPU: see ``vmap_restarts``)
+        return lambda xs, a: torch.stack([objective(xs[r], a) for r in range(xs.shape[0])])  # noqa: E731
+    if vmap_restarts:
+        # samples outer (their own target and anchor), restarts inner (sharing them)
+        restarts = vmap(objective, in_dims=(0, None, None))
+        return lambda xs, a: vmap(restarts, in_dims=(0, None if a is None else 0, 0))(xs, a, targets)  # noqa: E731
+    per_sample = [target_of(targets, s) for s in range(pytree.tree_leaves(targets)[0].shape[0])]
+
+    def loop(xs: Tensor, a: Tensor | None) -> Tensor:
+        return torch.stack([
+            torch.stack([objective(xs[s, r], None if a is None else a[s], t) for r in range(xs.shape[1])])
+            for s, t in enumerate(per_sample)
+        ])
+
+    return loop
 
 
 def restarts_vmapped(model: nn.Module, device: torch.device) -> bool:

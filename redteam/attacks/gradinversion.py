@@ -8,6 +8,9 @@ restarts and their consensus (the mean); the ground truth is never consulted.
 
 Deviation: Yin et al. register the restarts to each other before averaging; we average them unregistered
 (at 32x32 and a shared initial scale the misalignment is small), which can only weaken the consensus.
+
+``reconstruct_many`` is Inverting Gradients' (samples x restarts in one optimisation): each sample's
+group-consistency anchor is the mean of its own restarts, and its consensus candidate too.
 """
 
 from __future__ import annotations

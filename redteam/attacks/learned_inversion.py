@@ -13,7 +13,8 @@ input range is trained with Adam on the MSE (Hungarian-matched over the batch fo
 ``linear_sum_assignment``), learning rate x0.1 at 75% of the epochs (the paper: 150 of 200).
 
 Reconstruction: one forward pass of the observed update through the trained network. Labels come from
-the threat model as for every attack (granted, or restored from the output layer).
+the threat model as for every attack (granted, or restored from the output layer). ``reconstruct_many``:
+one forward pass for all the observations.
 
 Deviations and choices, stated:
 - Fresh defense draws: the paper draws a new defended gradient for every minibatch; we regenerate the
@@ -50,7 +51,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, progress_bar,
+    Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device, progress_bar,
 )
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.registry import register
@@ -116,7 +117,7 @@ class LearnedInversion(Attack):
 
     name = "learned_inversion"
     Config = LearnedInversionConfig
-    capabilities = Capabilities(needs_aux=True, prepares=True)
+    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True)
     budgets = {
         "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4},
         "paper": {"epochs": 200, "batch": 256, "lr": 1e-4, "refresh_every": 1},
@@ -227,19 +228,33 @@ class LearnedInversion(Attack):
 
     # -- reconstruction: one forward pass ---------------------------------------------------------------
     def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
+        return self._invert([observation], [knowledge], device)[0]
+
+    def _reconstruct_many(self, observations, knowledges, device, gens) -> list[Reconstruction]:
+        """One forward of the inverter for all observations (the same hashing and standardisation per
+        row); each row is its own call's up to the reduction order of the larger matrix products."""
+        if len(observations) == 1:
+            return super()._reconstruct_many(observations, knowledges, device, gens)
+        observations, knowledges = on_device(observations, knowledges, device)
+        return self._invert(observations, knowledges, device)
+
+    def _invert(self, observations, knowledges, device) -> list[Reconstruction]:
+        """The inverter's answer for observations of the prepared setting (already on ``device``)."""
         state = self._prepared[1]
-        setting = Setting.of(observation)
+        setting = Setting.of(observations[0])
         dim_in, hidden, b = state["dims"]
         net = Inverter(dim_in, hidden, b, setting.input_shape, setting.input_range).to(device)
         net.load_state_dict(state["net"])
         net.eval()
-        flat = flatten_update(observation.update, setting.param_names).to(device)[None]
+        flat = torch.cat([flatten_update(o.update, setting.param_names).to(device)[None] for o in observations])
         if state["sketch"] is not None:
             flat = CountSketch(**state["sketch"])(flat)
         with torch.no_grad():
-            x = net((flat - state["mu"].to(device)) / state["sd"].to(device))[0]
-        labels, source = labels_for(observation, knowledge)
-        objective = state["info"].get("holdout_mse", state["info"]["final_train_mse"])
-        return Reconstruction(x, labels, float(objective), [float(objective)],
-                              {"labels": source, "objective": "the inverter's held-out auxiliary MSE (no private data)"})
-
+            x = net((flat - state["mu"].to(device)) / state["sd"].to(device))
+        objective = float(state["info"].get("holdout_mse", state["info"]["final_train_mse"]))
+        out = []
+        for i, (o, k) in enumerate(zip(observations, knowledges)):
+            labels, source = labels_for(o, k)
+            out.append(Reconstruction(x[i], labels, objective, [objective],
+                                      {"labels": source, "objective": "the inverter's held-out auxiliary MSE (no private data)"}))
+        return out

@@ -130,3 +130,34 @@ def test_attacks_run_in_exact_float32_and_restore_the_callers_settings(wide_lene
     finally:
         ig.optimise_batched = original
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("name", ["inverting_gradients", "gradinversion", "cocktail_party"])
+def test_samples_batched_in_one_call_run_on_the_device(name, wide_lenet, faces):
+    """``reconstruct_many``'s batched loop (samples x restarts, each sample's own target and anchor;
+    CPA's feature inversion of every sample) moves every target to the device and reads nothing back."""
+    observations = [simulate_client(wide_lenet, faces[i : i + 1], torch.tensor([i])) for i in range(3)]
+    attack = attacks.get(name, device="meta", iterations=3, restarts=2,
+                         **({"group_every": 2} if name == "gradinversion" else {}))
+    if name == "cocktail_party":  # its ICA reads values back per sample: the batched part on its own
+        moved = observations[0].to(META)
+        zs = [torch.rand(1, moved.model.fc.in_features, device=META) for _ in observations]
+        gens = [torch.Generator().manual_seed(s) for s in range(3)]
+        message = _reaches_readback(lambda: attack._invert_features_many(moved, moved.model.fc, zs, META, gens))
+        assert message != "finished"
+        return
+    message = _reaches_readback(lambda: attack.reconstruct_many(observations, ThreatModel(labels="known"), [0, 1, 2]))
+    assert message != "finished"  # it stopped where it reads its winners back, after the loop
+
+
+def test_the_batched_optimiser_over_samples_never_syncs_with_the_host(wide_lenet, faces):
+    from guardfl.redteam.attacks.engine import observation_target, stack_targets
+
+    observations = [simulate_client(wide_lenet, faces[i : i + 1], torch.tensor([i])).to(META) for i in range(3)]
+    knowledge = [ThreatModel(labels="known").knowledge(o).to(META) for o in observations]
+    replica = Replica(observations[0], knowledge[0], ObjectiveWeights("cosine", tv=1e-2, group=1e-2), META)
+    targets = stack_targets([{**observation_target(o, k, False, META), "labels": k.labels} for o, k in zip(observations, knowledge)])
+    steps = []
+    x = optimise_batched(lambda x, a, t: replica.objective(x, t["labels"], a, t), torch.zeros(3, 2, 1, 1, 25, 25, device=META),
+                         iterations=20, lr=0.1, bounds=(0, 1), group_every=5, progress=steps.append, targets=targets)
+    assert x.device == META and x.shape == (3, 2, 1, 1, 25, 25) and len(steps) == 20
