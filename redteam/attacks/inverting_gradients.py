@@ -10,8 +10,8 @@ coordinates of a pruned update, a sign-matching loss (or tanh surrogate) against
 |x| against InstaHide. With ``bn > 0`` and a threat that grants BatchNorm statistics, the BN prior joins.
 
 Several private samples of one setting (``reconstruct_many``) run as one batched optimisation over
-samples x restarts (measured on LeNet 25x25, 2 cores, one thread: ~3x cheaper per sample at 16 samples
-than one call each; ``bench/bench_sample_batching.py``); see the class docstring for what is exact.
+samples x restarts (measured on LeNet 25x25 under Outpost, one thread: 3.8x cheaper per sample at 16
+samples than one call each; ``bench/bench_sample_batching.py``); see the class docstring for what is exact.
 """
 
 from __future__ import annotations
