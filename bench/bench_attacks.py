@@ -192,11 +192,13 @@ def run_redteam(args, device) -> dict:
         slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
         t0 = time.time()
         cert = certify(redteam_config(batch, defense, args.batches, str(device)), out=OUT / "redteam" / slug)
-        ssim = next((c for c in cert.checks if c["metric"] == "ssim"), {})
+        ssim = next((w for w in cert.worst if w["metric"] == "ssim"), {})
         where = ssim.get("where") or {}
         recovered = [r["recovered"] for r in cert.results if r.get("recovered")]
         row = {
             "defense": name, "batch": batch, "verdict": cert.verdict, "worst_ssim": ssim.get("worst"),
+            "leaked": cert.evidence["leak_rate"]["leaked"], "samples": cert.evidence["leak_rate"]["samples"],
+            "leak_rate_upper_bound": cert.evidence["leak_rate"]["upper_bound"],
             "worst_attack": where.get("attack"), "strength": cert.strength,
             "attacks_ran": sorted({r["attack"] for r in cert.results if r.get("metrics")}),
             "epsilon": (cert.privacy or {}).get("epsilon"),

@@ -45,7 +45,7 @@ while True:
 def _untimed(cert: dict) -> str:
     from guardfl.redteam.certify import untimed
 
-    chosen = {k: cert[k] for k in ("certified", "checks", "results", "preparations", "client")}
+    chosen = {k: cert[k] for k in ("certified", "status", "checks", "evidence", "results", "preparations", "client")}
     return json.dumps(untimed(chosen, ignore=("environment", "started")), sort_keys=True)
 
 
@@ -79,7 +79,7 @@ def run_row(config: Path, workers: int | None, threads: int | None, load: str, t
     return {
         "load": load, "workers": workers, "threads": threads, "seconds": seconds, "exit": code,
         "timed_out": code is None, "jobs": jobs, "jobs_per_min": (60 * jobs / seconds) if jobs else None,
-        "verdict": None if cert is None else ("CERTIFIED" if cert["certified"] else "NOT CERTIFIED"),
+        "verdict": None if cert is None else cert["verdict"],
         "environment": None if cert is None else cert.get("environment"),
         "stderr_tail": None if proc is None else proc.stderr.strip().splitlines()[-1:] ,
         "_fingerprint": None if cert is None else _untimed(cert),

@@ -38,7 +38,7 @@ from guardfl.defenses import from_config, untouched_layers
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
-from guardfl.redteam import metrics, privacy
+from guardfl.redteam import evidence, metrics, privacy
 from guardfl.redteam.attacks.encoded import attack_view, decode
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.auxdata import AuxData
@@ -47,6 +47,7 @@ from guardfl.redteam.files import CERTIFICATE, StateFolder, atomic_write, mark_r
 from guardfl.redteam.fingerprint import changed_inputs, fingerprint, resume_key, run_inputs
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
 from guardfl.redteam.models import build_model, set_model_state
+from guardfl.redteam.sampling import Population
 from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
 from guardfl.redteam.threat import ThreatModel
 from guardfl.redteam.workers import Job, RunContext, available_cores, default_workers, job_threads, run_parallel, torch_threads
@@ -77,12 +78,20 @@ class Certificate:
     priors: dict[str, Any] = field(default_factory=dict)
     #: sha256 of every file the run read, by config field (``fingerprint``): what was certified
     inputs: dict[str, str] = field(default_factory=dict)
+    #: CERTIFIED, NOT CERTIFIED or INSUFFICIENT EVIDENCE (too few samples for the claim, none leaked)
+    status: str = ""
+    #: the population the claim is about (source, offset, size) and the samples drawn from it
+    population: dict[str, Any] = field(default_factory=dict)
+    #: the population claim: leak rate with its confidence bound, per attack, per class, per update
+    evidence: dict[str, Any] = field(default_factory=dict)
+    #: per image threshold, the single most leaking (attack, image): shown first in the report
+    worst: list[dict[str, Any]] = field(default_factory=list)
     reconstructions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     originals: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def verdict(self) -> str:
-        return "CERTIFIED" if self.certified else "NOT CERTIFIED"
+        return self.status or ("CERTIFIED" if self.certified else "NOT CERTIFIED")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -209,53 +218,152 @@ def defense_warnings(defense: dict | None, model: torch.nn.Module) -> list[str]:
             f"attacker can use as if undefended: {listed}"]
 
 
-def _checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool,
-            priors: dict[int, list[dict]] | None = None) -> list[dict]:
-    """Each threshold against the worst case (most leakage) over attacks and images. With a prior (the
-    attacker's no-update guess) and ``prior_margin``, an image counts against max_ssim / max_psnr only when
-    the reconstruction also beats the prior on it by more than the margin: the threshold of image i is
-    ``max(threshold, prior_i + margin)``, and the worst case is the largest excess over it."""
+#: the per-image thresholds: metric -> (config field, "max" when a larger value leaks more)
+IMAGE_THRESHOLDS = {"ssim": ("max_ssim", "max"), "psnr": ("max_psnr", "max"), "lpips": ("min_lpips", "min")}
+
+
+def _image_limits(cfg: RedTeamConfig, prior_row: dict | None) -> dict[str, tuple[float, str]]:
+    """metric -> (the limit for ONE private image, kind). With the attacker's prior guess on that image
+    (the mean auxiliary image, no update used) and ``prior_margin``, the limit of max_ssim / max_psnr is
+    ``max(threshold, prior + margin)``: a reconstruction leaks the image only if it also beats what the
+    attacker knew without the update by more than the margin (0.05 SSIM; 2 dB PSNR)."""
     c = cfg.certify
-    specs = [("ssim", c.max_ssim, "max"), ("psnr", c.max_psnr, "max"), ("lpips", c.min_lpips, "min"), ("label_acc", c.max_label_acc, "max")]
-    ran = [r for r in results if r.get("metrics")]
-    margin = {"ssim": c.prior_margin, "psnr": None if c.prior_margin is None else 40 * c.prior_margin}  # 0.05 -> 2 dB
-    checks = []
-    for metric, threshold, kind in specs:
+    margin = {"ssim": c.prior_margin, "psnr": None if c.prior_margin is None else 40 * c.prior_margin}
+    limits = {}
+    for metric, (name, kind) in IMAGE_THRESHOLDS.items():
+        threshold = getattr(c, name)
         if threshold is None:
             continue
-        worst, where, excess_worst = None, None, None
-        for r in ran:
-            if metric == "label_acc":
-                rows = [(r["metrics"]["summary"].get("label_acc"), None, threshold)]
-            else:
-                rows = []
-                for p in r["metrics"]["per_image"]:
-                    limit = threshold
-                    prior = (priors or {}).get(r["batch"])
-                    if prior is not None and margin.get(metric) is not None and p.get(metric) is not None:
-                        limit = max(threshold, prior[p["index"]][metric] + margin[metric])
-                    rows.append((p.get(metric), p["index"], limit))
-            for value, index, limit in rows:
-                if value is None:
+        limit = threshold
+        if prior_row is not None and margin.get(metric) is not None and prior_row.get(metric) is not None:
+            limit = max(threshold, prior_row[metric] + margin[metric])
+        limits[metric] = (limit, kind)
+    return limits
+
+
+def _excess(value: float, limit: float, kind: str) -> float:
+    """How far ``value`` is past ``limit`` in the leaking direction (> 0: the image leaked)."""
+    return value - limit if kind == "max" else limit - value
+
+
+def _sample_leaks(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None,
+                  ) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """(batch, image) -> every (attack, metric) that reconstructed that private sample past its limit."""
+    leaks: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in results:
+        if not r.get("metrics"):
+            continue
+        prior = (priors or {}).get(r["batch"])
+        for p in r["metrics"]["per_image"]:
+            key = (r["batch"], p["index"])
+            leaks.setdefault(key, [])
+            for metric, (limit, kind) in _image_limits(cfg, prior[p["index"]] if prior else None).items():
+                if p.get(metric) is not None and _excess(p[metric], limit, kind) > 0:
+                    leaks[key].append({"attack": r["attack"], "metric": metric, "value": p[metric], "limit": limit})
+    return leaks
+
+
+def _worst_images(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None) -> list[dict]:
+    """Per image threshold, the single most leaking (attack, image) over the run, with its own limit:
+    what a reviewer looks at first. Information beside the verdict; the verdict is the leak rate."""
+    rows = []
+    for metric, (name, kind) in IMAGE_THRESHOLDS.items():
+        threshold = getattr(cfg.certify, name)
+        if threshold is None:
+            continue
+        best = None
+        for r in results:
+            prior = (priors or {}).get(r["batch"])
+            for p in (r.get("metrics") or {}).get("per_image", []):
+                if p.get(metric) is None:
                     continue
-                excess = (value - limit) if kind == "max" else (limit - value)
-                if excess_worst is None or excess > excess_worst:
-                    excess_worst, worst = excess, value
-                    where = {"batch": r["batch"], "attack": r["attack"], "image": index, "threshold_here": limit}
-        check = {"metric": metric, "threshold": threshold, "rule": f"{'<=' if kind == 'max' else '>='} {threshold}",
-                 "worst": worst, "where": where}
-        if priors and margin.get(metric) is not None:
-            check["rule"] += f" (or within {margin[metric]:g} of the prior guess)"
-        if metric == "lpips" and not lpips_available:
-            check.update(passed=False, note="LPIPS unavailable: the threshold cannot be verified")
-        elif worst is None:
-            check.update(passed=False, note="no attack produced this metric")
+                limit, _ = _image_limits(cfg, prior[p["index"]] if prior else None)[metric]
+                excess = _excess(p[metric], limit, kind)
+                if best is None or excess > best[0]:
+                    best = (excess, p[metric], {"batch": r["batch"], "attack": r["attack"], "image": p["index"],
+                                                "threshold_here": limit})
+        rule = f"{'<=' if kind == 'max' else '>='} {threshold}"
+        if priors and metric != "lpips" and cfg.certify.prior_margin is not None:
+            rule += " (or within the margin of the prior guess)"
+        rows.append({"metric": metric, "threshold": threshold, "rule": rule, "worst": None if best is None else best[1],
+                     "where": None if best is None else best[2], "exceeds": best is not None and best[0] > 0})
+    return rows
+
+
+def _evidence(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None,
+              labels: dict[int, torch.Tensor]) -> dict[str, Any]:
+    """The population claim (``evidence.leak_rate``) from the per-sample leaks, and its breakdowns: per
+    attack (and per metric within it), per class of the private samples, per client update."""
+    c = cfg.certify
+    leaks = _sample_leaks(cfg, results, priors)
+    samples = sorted(leaks)
+    leaked = [key for key in samples if leaks[key]]
+    out: dict[str, Any] = {"leak_rate": evidence.leak_rate(len(leaked), len(samples), c.max_leak_rate, c.confidence)}
+    per_attack: dict[str, Any] = {}
+    for attack in sorted({r["attack"] for r in results if r.get("metrics")}):
+        hits = [key for key in samples if any(hit["attack"] == attack for hit in leaks[key])]
+        by_metric = {m: sum(1 for key in samples if any(h["attack"] == attack and h["metric"] == m for h in leaks[key]))
+                     for m in _image_limits(cfg, None)}
+        per_attack[attack] = {"leaked": len(hits), "of": len(samples), "by_metric": by_metric,
+                              "upper_bound": evidence.upper_bound(len(hits), len(samples), c.confidence)}
+    out["per_attack"] = per_attack
+    classes: dict[int, list[tuple[int, int]]] = {}
+    for b, i in samples:
+        if b in labels and i < len(labels[b]):
+            classes.setdefault(int(labels[b][i]), []).append((b, i))
+    per_class = []
+    for label, keys in classes.items():
+        k = sum(1 for key in keys if leaks[key])
+        per_class.append({"class": label, "samples": len(keys), "leaked": k, "observed_rate": k / len(keys),
+                          "upper_bound": evidence.upper_bound(k, len(keys), c.confidence)})
+    out["per_class"] = sorted(per_class, key=lambda row: (-row["observed_rate"], row["class"]))
+    updates = sorted({b for b, _ in samples})
+    leaked_updates = sorted({b for b, _ in leaked})
+    out["per_update"] = {"updates": len(updates), "leaked": len(leaked_updates),
+                         "upper_bound": evidence.upper_bound(len(leaked_updates), len(updates), c.confidence)}
+    out["leaked_samples"] = [{"batch": b, "image": i, "by": leaks[(b, i)]} for b, i in leaked]
+    return out
+
+
+def _checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool, found: dict[str, Any]) -> list[dict]:
+    """What the verdict requires: the leak rate (the population claim), the label accuracy (per update,
+    worst case), LPIPS being measurable when it is a threshold, and at least one attack having run."""
+    c = cfg.certify
+    ran = [r for r in results if r.get("metrics")]
+    rate = found["leak_rate"]
+    note = (f"{rate['leaked']} of {rate['samples']} private samples leaked (some attack past a threshold); "
+            f"{rate['confidence']:.0%} upper bound {rate['upper_bound']:.3g}")
+    if rate["status"] == evidence.INSUFFICIENT:
+        note += f"; too few samples for the claim: {rate['samples_needed']} without a leak would support it"
+    elif rate["status"] == evidence.NOT_CERTIFIED and rate["samples_needed"]:
+        note += f"; at this observed rate about {rate['samples_needed']} samples could support the claim"
+    checks = [{"metric": "leak_rate", "threshold": c.max_leak_rate, "rule": f"upper bound < {c.max_leak_rate:g}",
+               "worst": rate["upper_bound"], "status": rate["status"], "passed": rate["status"] == evidence.CERTIFIED,
+               "note": note}]
+    if c.max_label_acc is not None:
+        accs = [(r["metrics"]["summary"].get("label_acc"), r) for r in ran]
+        accs = [(a, r) for a, r in accs if a is not None]
+        check = {"metric": "label_acc", "threshold": c.max_label_acc, "rule": f"<= {c.max_label_acc}"}
+        if accs:
+            acc, r = max(accs, key=lambda pair: pair[0])
+            check.update(worst=acc, where={"batch": r["batch"], "attack": r["attack"]}, passed=acc <= c.max_label_acc)
         else:
-            check["passed"] = bool(excess_worst <= 0)
+            check.update(worst=None, passed=False, note="no attack produced this metric")
         checks.append(check)
+    if c.min_lpips is not None and not lpips_available:
+        checks.append({"metric": "lpips", "threshold": c.min_lpips, "rule": f">= {c.min_lpips}", "passed": False,
+                       "note": "LPIPS unavailable: the threshold cannot be verified"})
     if not ran:
         checks.append({"metric": "attacks", "passed": False, "note": "no attack could run against this client"})
     return checks
+
+
+def _status(checks: list[dict]) -> str:
+    """The verdict: the leak rate's (CERTIFIED / NOT CERTIFIED / INSUFFICIENT EVIDENCE) unless another
+    requirement failed (then NOT CERTIFIED)."""
+    if not all(ch["passed"] for ch in checks if ch["metric"] != "leak_rate"):
+        return evidence.NOT_CERTIFIED
+    return next(ch["status"] for ch in checks if ch["metric"] == "leak_rate")
 
 
 def certify(
@@ -268,19 +376,22 @@ def certify(
     strength: str | None = None,
     workers: int | None = 1,
     threads: int | None = None,
+    samples: int | None = None,
 ) -> Certificate:
     """Run the red team described by ``config``; write results under ``out`` when given.
     ``strength`` ('quick', 'paper', 'auto') overrides the config's. ``workers``: processes running the
     jobs (batch x attack, and preparations) side by side (None: one per available core on a CPU, one
     on a GPU); ``threads``: intra-op threads per job (default:
     ``workers.job_threads``, one for small models). The certificate does not depend on ``workers``.
+    ``samples``: attack about this many private samples instead of the config's ``certify.batches``
+    (a quick look; the certificate says the claim rests on the override).
 
     With ``out``: before anything else (even reading the config), an earlier verdict there is deleted
     and ``out/run.json`` says "in progress"; it says "failed" or "interrupted" when the run raises, and
     "finished" only once ``certificate.json`` is written (last). A run that fails or is killed therefore
     leaves no ``certificate.json``."""
     if out is None:
-        return _certify(config, None, device, resume, progress, strength, workers, threads)
+        return _certify(config, None, device, resume, progress, strength, workers, threads, samples)
     out_dir = Path(out)
     retracted = retract_verdict(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -288,7 +399,7 @@ def certify(
                "config": str(config) if isinstance(config, (str, Path)) else None, "retracted": retracted}
     mark_run(out_dir, "in progress", **started)
     try:
-        cert = _certify(config, out_dir, device, resume, progress, strength, workers, threads)
+        cert = _certify(config, out_dir, device, resume, progress, strength, workers, threads, samples)
         from guardfl.redteam.report import write_report
 
         write_report(cert, out_dir)
@@ -304,9 +415,51 @@ def certify(
     return cert
 
 
+def with_samples(cfg: RedTeamConfig, samples: int | None) -> tuple[RedTeamConfig, list[str]]:
+    """``cfg`` attacking about ``samples`` private samples (``certify.batches = ceil(samples / n)``), and
+    the warning the certificate then carries; ``cfg`` unchanged for None."""
+    if samples is None:
+        return cfg, []
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise ConfigError(f"samples: expected an integer >= 1 (got {samples!r})")
+    configured = cfg.certify.batches * cfg.client.n
+    batches = -(-samples // cfg.client.n)
+    data = cfg.model_dump(mode="json")
+    data["certify"]["batches"] = batches
+    weaker = "fewer samples than the config's, so a weaker claim" if batches * cfg.client.n < configured else "not the config's count"
+    return load_config(data), [f"the sample count was set on the command line (--samples {samples}: {batches * cfg.client.n} "
+                               f"samples; the config asks for {configured}): {weaker}"]
+
+
+#: private batches per job for attacks that reconstruct many client updates in one batched optimisation
+#: (``Capabilities.batches_samples``); fixed, so that the results do not depend on the worker count
+CHUNK = 16
+
+
+def plan_jobs(plans: list[AttackSection], batches: int) -> list[Job]:
+    """One job per (chunk of private batches, attack): chunks of ``CHUNK`` consecutive batches for the
+    attacks that batch samples natively, single batches for the others."""
+    jobs = []
+    for i, plan in enumerate(plans):
+        cls = attack_registry.ATTACKS[plan.name]
+        size = CHUNK if getattr(cls.capabilities, "batches_samples", False) else 1
+        for lo in range(0, batches, size):
+            bs = tuple(range(lo, min(batches, lo + size)))
+            label = f"b{bs[0]}" if len(bs) == 1 else f"b{bs[0]}-{bs[-1]}"
+            jobs.append(Job(f"{label}-{i}-{plan.name}", bs, i, cls.capabilities.prepares))
+    return jobs
+
+
+def _record_name(b: int, i: int, plan: AttackSection) -> str:
+    """The state (and report) name of one private batch's result under plan i."""
+    return f"b{b}-{i}-{plan.name}"
+
+
 def _certify(config, out_dir: Path | None, device: str | None, resume: bool, progress: bool,
-             strength: str | None, workers: int | None = 1, threads: int | None = None) -> Certificate:
+             strength: str | None, workers: int | None = 1, threads: int | None = None,
+             samples: int | None = None) -> Certificate:
     cfg = config if isinstance(config, RedTeamConfig) else load_config(config)
+    cfg, override = with_samples(cfg, samples)
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers: expected an integer >= 1 (got {workers!r})")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -318,33 +471,37 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     digest = cfg.digest(level)
     inputs = fingerprint(cfg)
     state = _open_state(out_dir / "state", cfg, digest, inputs, resume) if out_dir is not None else None
+    n_batches = cfg.certify.batches
 
     app_dir = cfg.target.app_dir if cfg.target is not None else None
     with on_path(app_dir):
         aux = load_aux(cfg)
         source = _BatchSource(cfg, state, aux)
         threads = threads or job_threads(sum(p.numel() for p in source.model.parameters()), workers)
-        warnings = defense_warnings(cfg.defense, source.model)
+        warnings = override + defense_warnings(cfg.defense, source.model)
         with torch_threads(threads):
             setting = source.setting()
             plans, listing = plan_attacks(cfg, setting, level, aux)
             runner = _AttackRunner(cfg, setting, aux, dev, progress and workers == 1, state)
-            jobs = [Job(f"b{b}-{i}-{plan.name}", b, i, attack_registry.ATTACKS[plan.name].capabilities.prepares)
-                    for b in range(cfg.certify.batches) for i, plan in enumerate(plans)]
+            jobs = plan_jobs(plans, n_batches)
             # every batch first, through the batch source even when its jobs are done: its observation
             # (saved for a resume), its record (client.batches) and its ground truth
-            batches = {b: source.batch(b) for b in range(cfg.certify.batches)}
+            batches = {b: source.batch(b) for b in range(n_batches)}
             originals = {b: x for b, (_, x, _) in batches.items()}
-            done = {job.name: _load_job(state, job.name) if state is not None else None for job in jobs}
-            pending = [job for job in jobs if done[job.name] is None]
-            bar = _bar(progress, len(jobs))
-            bar and bar.update(len(jobs) - len(pending))
+            done = {_record_name(b, i, plan): _load_job(state, _record_name(b, i, plan)) if state is not None else None
+                    for b in range(n_batches) for i, plan in enumerate(plans)}
+            pending = [job for job in jobs if any(done[_record_name(b, job.i, plans[job.i])] is None for b in job.bs)]
+            bar = _bar(progress, len(done))
+            bar and bar.update(sum(1 for v in done.values() if v is not None))
 
-            def finished(job: Job, result: tuple[dict, torch.Tensor]) -> None:
-                done[job.name] = result
-                if state is not None:
-                    _save_job(state, job.name, *result)
-                bar and bar.update(1)
+            def finished(job: Job, results: list[tuple[dict, torch.Tensor]]) -> None:
+                for b, result in zip(job.bs, results):
+                    name = _record_name(b, job.i, plans[job.i])
+                    fresh = done[name] is None
+                    done[name] = result
+                    if state is not None:
+                        _save_job(state, name, *result)
+                    bar and fresh and bar.update(1)
 
             if workers > 1 and len(pending) > 1:
                 context = RunContext(_AttackRunner(cfg, setting, aux, dev, False, None), plans, batches)
@@ -355,12 +512,12 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
                              on_done=finished)
             else:
                 for job in pending:
-                    obs, x, y = batches[job.b]
-                    finished(job, runner.run(job.name, job.b, job.i, plans[job.i], obs, x, y))
+                    finished(job, runner.run(job.bs, job.i, plans[job.i], [batches[b] for b in job.bs]))
             bar and bar.close()
         runner.complete(plans)
-        results = [done[job.name][0] for job in jobs]
-        recon = {job.name: done[job.name][1] for job in jobs}
+        names = [_record_name(b, i, plan) for b in range(n_batches) for i, plan in enumerate(plans)]
+        results = [done[name][0] for name in names]
+        recon = {name: done[name][1] for name in names}
 
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
     prior = prior_guess(aux)
@@ -370,9 +527,13 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
             guess = prior.expand_as(x).clone()
             priors[b] = metrics.evaluate(guess, x, data_range=source.batch(b)[0].input_range)["per_image"]
             recon[f"b{b}-prior"] = guess
-    checks = _checks(cfg, results, lp.available, priors)
+    found = _evidence(cfg, results, priors, {b: y for b, (_, _, y) in batches.items()})
+    checks = _checks(cfg, results, lp.available, found)
+    status = _status(checks)
+    warnings += _evidence_warnings(cfg, found)
     return Certificate(
-        certified=all(c["passed"] for c in checks),
+        certified=status == evidence.CERTIFIED,
+        status=status,
         checks=checks,
         results=results,
         client=source.describe(),
@@ -392,9 +553,29 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
         privacy=source.privacy,
         warnings=warnings,
         inputs=inputs,
+        population=source.population,
+        evidence=found,
+        worst=_worst_images(cfg, results, priors),
         reconstructions=recon,
         originals=originals,
     )
+
+
+def _evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:
+    """What a reviewer must know about the strength of the population claim."""
+    out = []
+    rate = found["leak_rate"]
+    if rate["status"] == evidence.INSUFFICIENT:
+        per = cfg.client.n
+        out.append(f"{rate['samples']} samples cannot support a leak rate below {rate['max_leak_rate']:g} at "
+                   f"{rate['confidence']:.0%} confidence even with no leak: {rate['samples_needed']} samples are needed "
+                   f"(certify.batches: {-(-rate['samples_needed'] // per)} at {per} sample(s) per update, or null)")
+    if cfg.client.n > 1:
+        upd = found["per_update"]
+        out.append(f"each client update holds {cfg.client.n} samples, whose leaks are correlated (one update, one attack "
+                   f"run): the per-sample bound is optimistic; per update, {upd['leaked']} of {upd['updates']} leaked, "
+                   f"upper bound {upd['upper_bound']:.3g}")
+    return out
 
 
 class _AttackRunner:
@@ -454,20 +635,26 @@ class _AttackRunner:
         self.cache.adopt(saved)
         self._prepared(f"{i}-{plan.name}", info)
 
+    def _seed(self, cls: type, b: int) -> int:
+        """Batch b's seed: a prepared attack keeps one seed for every batch (its preparation is shared);
+        the others get a different seed per batch (different restarts)."""
+        return self.cfg.seed if cls.capabilities.prepares else self.cfg.seed + b
+
     def _attack(self, plan: AttackSection, i: int, b: int):
         cls = attack_registry.ATTACKS[plan.name]
-        # a prepared attack keeps one seed for every batch (its preparation is shared); the others get a
-        # different seed per batch (different restarts)
-        seed = self.cfg.seed if cls.capabilities.prepares else self.cfg.seed + b
-        budget = {"seed": seed, **plan.budget, "device": str(self.device), "progress": self.progress}
+        budget = {"seed": self._seed(cls, b), **plan.budget, "device": str(self.device), "progress": self.progress}
         return attack_registry.get(plan.name, **budget), budget
 
-    def run(self, job: str, b: int, i: int, plan: AttackSection, obs: Observation, x: torch.Tensor, y: torch.Tensor):
-        attack, budget = self._attack(plan, i, b)
+    def run(self, bs: tuple[int, ...], i: int, plan: AttackSection,
+            items: list[tuple[Observation, torch.Tensor, torch.Tensor]]) -> list[tuple[dict, torch.Tensor]]:
+        """Plan i against private batches ``bs`` (their observation, inputs, labels) in one
+        ``reconstruct_many`` call: one (record, reconstruction) per batch, each seeded by its batch."""
+        attack, budget = self._attack(plan, i, bs[0])
+        seeds = [self._seed(type(attack), b) for b in bs]
         threat = ThreatModel(**plan.threat.model_dump(), aux=self.aux)
-        record: dict[str, Any] = {"job": job, "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
-                                  "budget": {k: v for k, v in budget.items() if k != "progress"}}
+        where = f"client batch {bs[0]}" if len(bs) == 1 else f"client batches {bs[0]}-{bs[-1]}"
         t0 = time.time()
+        out = []
         try:
             if attack.capabilities.prepares:
                 # the first preparation of a plan is the one that trained (or loaded a killed run's state);
@@ -475,22 +662,29 @@ class _AttackRunner:
                 attack.prepare(self.setting, threat, cache=self.cache,
                                on_done=lambda info: self._prepared(f"{i}-{plan.name}", info))
             known = threat.defense == "known"
-            view = attack_view(obs, known)  # an input encoding: the attack reconstructs the encodings
-            rec, encodings = decode(attack.reconstruct(view, threat), obs, known)
-            m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=self.cfg.certify.lpips_weights)
-            if encodings is not None:
-                record["encodings"] = _encoding_metrics(encodings, obs, view)
+            views = [attack_view(obs, known) for obs, _, _ in items]  # an input encoding: attack the encodings
+            recs = attack.reconstruct_many(views, threat, seeds)
+            seconds = (time.time() - t0) / len(bs)
+            for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
+                rec, encodings = decode(raw, obs, known)
+                m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=self.cfg.certify.lpips_weights)
+                record: dict[str, Any] = {
+                    "job": _record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
+                    "budget": {k: v for k, v in {**budget, "seed": seed}.items() if k != "progress"}}
+                if encodings is not None:
+                    record["encodings"] = _encoding_metrics(encodings, obs, view)
+                record["recovered"] = _recovered(m, self.cfg.certify.max_ssim)
+                record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
+                              info={k: str(v) for k, v in rec.info.items()}, seconds=seconds, batched_with=len(bs))
+                # as the state file holds it: a job read back by a resume is this very record
+                out.append((json.loads(json.dumps(record, default=str)), rec.inputs.detach().cpu()))
         except (KeyboardInterrupt, GuardflError) as err:
             if isinstance(err, KeyboardInterrupt):
                 raise
-            raise AttackFailed(f"attack {plan.name} failed on client batch {b}: {err}") from err
+            raise AttackFailed(f"attack {plan.name} failed on {where}: {err}") from err
         except Exception as err:
-            raise AttackFailed(f"attack {plan.name} failed on client batch {b}: {type(err).__name__}: {err}") from err
-        record["recovered"] = _recovered(m, self.cfg.certify.max_ssim)
-        record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
-                      info={k: str(v) for k, v in rec.info.items()}, seconds=time.time() - t0)
-        # as the state file holds it: a job read back by a resume is this very record
-        return json.loads(json.dumps(record, default=str)), rec.inputs.detach().cpu()
+            raise AttackFailed(f"attack {plan.name} failed on {where}: {type(err).__name__}: {err}") from err
+        return out
 
 
 class _StateCache(PreparedCache):
@@ -632,6 +826,9 @@ class _BatchSource:
         self._cache: dict[int, tuple[Observation, torch.Tensor, torch.Tensor]] = {}
         self._runs: dict[int, dict[str, Any]] = {}
         self.x_all = self.y_all = None
+        #: the population the certificate speaks for, and the drawn samples (indices into x_all)
+        self.population: dict[str, Any] = {}
+        self.drawn: list[int] = []
         if self.target is not None and self.target.clientapp is not None:
             in_shape = tuple(cfg.model.input_shape) if cfg.model.input_shape else None
             if in_shape is None and ":" not in cfg.model.name:
@@ -641,26 +838,31 @@ class _BatchSource:
             self._load_data()
             in_shape = tuple(self.x_all.shape[1:])
             if aux is not None:
-                lo = cfg.data.offset
-                aux.check_disjoint(self.x_all[lo : lo + cfg.certify.batches * cfg.client.n])
+                aux.check_disjoint(self.x_all[self.drawn])
         self.model = build_model(cfg.model.name, in_shape, cfg.model.num_classes)
         set_model_state(self.model, cfg.model.state, seed=cfg.seed)
         if self.target is not None:
             self._client = self._load_client()
 
     def _load_data(self) -> None:
+        """The population (the data section's images from ``offset``, ``limit`` of them) and the
+        ``batches x n`` private samples drawn from it at random (``sampling``)."""
         cfg = self.cfg
+        d = cfg.data
         n = cfg.client.n
-        need = cfg.data.offset + cfg.certify.batches * n
-        self.x_all, self.y_all = data_mod.load(
-            cfg.data.source, root=cfg.data.root, path=cfg.data.path, download=cfg.data.download,
-            image_size=cfg.data.image_size, num_classes=cfg.model.num_classes, limit=need,
-        )
-        if len(self.x_all) < need:
-            raise ConfigError(f"data: {cfg.data.source} has {len(self.x_all)} images; the config needs {need} "
-                              f"(offset {cfg.data.offset} + {cfg.certify.batches} batches x {n} samples)")
-        if int(self.y_all[:need].max()) >= cfg.model.num_classes:
+        need = cfg.certify.batches * n
+        x, y = data_mod.load(d.source, root=d.root, path=d.path, download=d.download, image_size=d.image_size,
+                             num_classes=cfg.model.num_classes, limit=d.offset + d.limit if d.limit else None)
+        self.x_all, self.y_all = x[d.offset :], y[d.offset :]
+        population = Population(d.source, d.offset, len(self.x_all), d.path)
+        if population.size < need:
+            raise ConfigError(f"data: {d.source} has {population.size} images from offset {d.offset}"
+                              f"{f' (limit {d.limit})' if d.limit else ''}; certify.batches={cfg.certify.batches} x "
+                              f"{n} samples needs {need} distinct ones (fewer batches, or a larger population)")
+        if int(self.y_all.max()) >= cfg.model.num_classes:
             raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(self.y_all.max())}")
+        self.drawn = population.draw(need, cfg.seed)
+        self.population = population.describe(self.drawn, cfg.seed)
 
     def _load_client(self):
         t = self.target
@@ -670,8 +872,8 @@ class _BatchSource:
 
     def _private(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.cfg.client.n
-        lo = self.cfg.data.offset + b * n
-        return self.x_all[lo : lo + n], self.y_all[lo : lo + n]
+        rows = self.drawn[b * n : (b + 1) * n]
+        return self.x_all[rows], self.y_all[rows]
 
     def batch(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
         if b in self._cache:

@@ -18,8 +18,10 @@ from guardfl.errors import GuardflError
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "redteam", help="attack a defended client and certify its settings",
-        description="Attack a defended client and certify its settings. Exit status: 0 a certificate was "
-                    "written and says CERTIFIED; 1 NOT CERTIFIED; 2 the run failed (no verdict); 130 interrupted. "
+        description="Attack a defended client and certify its settings: the private samples attacked are "
+                    "drawn at random from the configured data, and the verdict is a population claim (the leak rate's "
+                    "one-sided confidence bound below certify.max_leak_rate). Exit status: 0 a certificate was "
+                    "written and says CERTIFIED; 1 NOT CERTIFIED or INSUFFICIENT EVIDENCE; 2 the run failed (no verdict); 130 interrupted. "
                     "A config that names code (model.name or target.* as 'module:callable') imports and runs "
                     "that code: treat such configs as scripts.")
     p.add_argument("--config", required=True,
@@ -36,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=_positive("--threads"), default=None,
                    help="intra-op threads per attack (default: 1 for small models, robust on a busy machine; "
                         "the worker's share of the cores for large ones)")
+    p.add_argument("--samples", type=_positive("--samples"), default=None,
+                   help="attack about N private samples instead of the config's certify.batches (a quick look: the "
+                        "certificate says the claim rests on the override; too few for the claim gives INSUFFICIENT "
+                        "EVIDENCE, exit 1)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
-                       strength=args.strength, workers=args.workers, threads=args.threads)
+                       strength=args.strength, workers=args.workers, threads=args.threads, samples=args.samples)
     except KeyboardInterrupt:
         print("interrupted: no verdict (continue with --resume)", file=sys.stderr)
         return 130
@@ -82,9 +88,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for c in cert.checks:
         status = "pass" if c["passed"] else "FAIL"
+        if c["metric"] == "leak_rate":
+            print(f"  [{status}] leak rate: {c['note']} (rule: {c['rule']})")
+            continue
         worst = c.get("worst")
         worst = f"{worst:.3f}" if isinstance(worst, float) else worst
         print(f"  [{status}] {c['metric']} {c.get('rule', '')}: worst {worst} {c.get('note', '')}".rstrip())
+    for w in cert.worst:
+        if w.get("worst") is not None:
+            where = w["where"]
+            print(f"  [info] worst single image by {w['metric']}: {w['worst']:.3f} ({where['attack']}, batch {where['batch']}; "
+                  f"limit there {where['threshold_here']:.3f}{', past it' if w['exceeds'] else ''})")
+    population = cert.population
+    if population:
+        print(f"  [info] population: {population['source']} from offset {population['offset']}, {population['size']} "
+              f"images; {population['drawn']} drawn at random (seed {population['seed']})")
     if cert.privacy and cert.privacy.get("epsilon") is not None:
         pv = cert.privacy
         print(f"  [info] DP-SGD spends epsilon {pv['epsilon']:.3g} at delta {pv['delta']:g} (noise multiplier "

@@ -63,7 +63,12 @@ class _Source(StrictModel):
 
 
 class DataSection(_Source):
+    """The client's private data: the POPULATION the certificate speaks for (``source`` from ``offset``,
+    ``limit`` images, null: all of it). The certified samples are drawn from it at random (seeded by the
+    config's ``seed``, recorded in the certificate), not taken from the front."""
+
     source: SourceName = Field(default="lfw-faces", json_schema_extra=_SOURCE_HELP)
+    limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1 (population size)"})
 
 
 class OODSection(_Source):
@@ -173,7 +178,13 @@ class CertifySection(StrictModel):
     max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or finite, > 0 (dB)"})
     min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
     max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    batches: int = Field(default=2, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
+    #: client updates attacked (each with ``client.n`` private samples); null: as many as the claim needs
+    #: with no leak (``evidence.samples_needed``: 59 samples for 5% at 95%)
+    batches: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (enough for the claim) or an integer in [1, 100000]"})
+    #: the population claim: certified only when the one-sided ``confidence`` upper bound (Clopper-Pearson)
+    #: on the share of samples some attack reconstructs past a threshold is below ``max_leak_rate``
+    max_leak_rate: float = Field(default=0.05, gt=0, lt=1, json_schema_extra={"allowed": "a rate in (0, 1)"})
+    confidence: float = Field(default=0.95, ge=0.5, lt=1, json_schema_extra={"allowed": "a probability in [0.5, 1)"})
     lpips_weights: str | None = None
     #: with auxiliary data the attacker's prior guess (the mean auxiliary image, no update used) can
     #: already resemble a private image (aligned faces: SSIM ~0.5); a reconstruction then counts against
@@ -234,6 +245,18 @@ class RedTeamConfig(StrictModel):
         if isinstance(value, list):  # "- dlg" is shorthand for "- {name: dlg}"
             return [{"name": v} if isinstance(v, str) else v for v in value]
         return value
+
+    @model_validator(mode="after")
+    def _enough_batches(self) -> "RedTeamConfig":
+        """``certify.batches: null`` becomes the fewest client updates whose samples can support the claim
+        (no leak among them): the resolved number is what the certificate and the config hash show."""
+        if self.certify.batches is None:
+            from guardfl.redteam.evidence import samples_needed
+
+            needed = samples_needed(self.certify.max_leak_rate, self.certify.confidence)
+            resolved = self.certify.model_copy(update={"batches": -(-needed // self.client.n)})
+            object.__setattr__(self, "certify", resolved)  # frozen model: resolved once, while validating
+        return self
 
     @model_validator(mode="after")
     def _target_protocol(self) -> "RedTeamConfig":

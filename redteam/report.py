@@ -52,6 +52,62 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
+def _where(where: dict | None) -> str:
+    if not where:
+        return "n/a"
+    limit = f', limit there {_fmt(where["threshold_here"])}' if where.get("threshold_here") is not None else ""
+    return (f'<a href="#batch-{int(where["batch"])}">batch {int(where["batch"])}</a>, image {html.escape(str(where.get("image")))}, '
+            f'{html.escape(str(where.get("attack")))}{limit}')
+
+
+def _leaked_item(row: dict) -> str:
+    """One leaked sample: where, and every (attack, metric, value) past its limit."""
+    attacks = ", ".join(sorted({hit["attack"] for hit in row["by"]}))
+    hits = "; ".join(f"{hit['attack']} {hit['metric']} {hit['value']:.3f} (limit {hit['limit']:.3f})" for hit in row["by"])
+    return f"<li>{_where({'batch': row['batch'], 'image': row['image'], 'attack': attacks})}: {html.escape(hits)}</li>"
+
+
+def _evidence_html(cert: Certificate) -> str:
+    """The population claim: what was sampled from what, how many leaked, the bound, per attack and class."""
+    ev, pop = cert.evidence, cert.population
+    rate = ev.get("leak_rate")
+    if not rate:
+        return ""
+    if pop:
+        source = f"{html.escape(str(pop['source']))}{' (' + html.escape(str(pop['path'])) + ')' if pop.get('path') else ''}"
+        population = (f"{rate['samples']} private samples drawn uniformly at random (seed {pop['seed']}) from a population "
+                      f"of {pop['size']} images: {source} from index {pop['offset']}.")
+    else:
+        population = f"{rate['samples']} private samples: the data of the user's client (the red team did not draw them)."
+    claim = (f"<b>{rate['leaked']} of {rate['samples']}</b> samples leaked (some attack reconstructed them past a threshold). "
+             f"With {rate['confidence']:.0%} confidence the population's leak rate is below "
+             f"<b>{rate['upper_bound']:.3g}</b> (one-sided Clopper-Pearson bound); the claim asks for below "
+             f"{rate['max_leak_rate']:g}: <b>{html.escape(rate['status'])}</b>.")
+    if rate["status"] == "INSUFFICIENT EVIDENCE":
+        claim += f" Nothing leaked, but {rate['samples']} samples cannot support the claim: {rate['samples_needed']} are needed."
+    elif rate["status"] == "NOT CERTIFIED" and rate.get("samples_needed"):
+        claim += f" At the observed rate, about {rate['samples_needed']} samples could support it."
+    attacks = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{a['leaked']} of {a['of']}</td><td>{_fmt(a['upper_bound'])}</td>"
+        f"<td>{html.escape(', '.join(f'{m}: {k}' for m, k in a['by_metric'].items()))}</td></tr>"
+        for name, a in ev.get("per_attack", {}).items()
+    )
+    classes = "".join(
+        f"<tr class={'fail' if c['leaked'] else ''}><td>{c['class']}</td><td>{c['leaked']} of {c['samples']}</td>"
+        f"<td>{_fmt(c['observed_rate'])}</td><td>{_fmt(c['upper_bound'])}</td></tr>"
+        for c in ev.get("per_class", [])
+    )
+    leaky = [c for c in ev.get("per_class", []) if c["leaked"]]
+    class_note = ("Classes that leaked, most first: " + ", ".join(f"{c['class']} ({c['leaked']}/{c['samples']})" for c in leaky)
+                  if leaky else "No class leaked.") + " Per-class bounds rest on few samples each: read them as a pointer, not a claim."
+    leaked = "".join(_leaked_item(row) for row in ev.get("leaked_samples", []))
+    return (f"<h2>Population claim</h2><p>{population}</p><p class=claim>{claim}</p><p class=legend>{html.escape(rate['rule'])}.</p>"
+            f"<table><tr><th>attack</th><th>samples leaked</th><th>{rate['confidence']:.0%} upper bound</th><th>past each threshold</th></tr>{attacks}</table>"
+            f"<h3>Per class</h3><p>{html.escape(class_note)}</p>"
+            f"<table><tr><th>class</th><th>leaked</th><th>observed rate</th><th>upper bound</th></tr>{classes}</table>"
+            + (f"<h3>Leaked samples</h3><ul>{leaked}</ul>" if leaked else ""))
+
+
 def write_report(cert: Certificate, out: Path) -> None:
     """``report.html`` and ``grid-batch<b>.png`` (originals, then one row per attack) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +149,15 @@ def write_report(cert: Certificate, out: Path) -> None:
                 f"<td>{_fmt(get('ssim', 'best'))}</td><td>{_fmt(get('psnr', 'best'))}</td><td>{_fmt(get('lpips', 'best'))}</td>"
                 f"<td>{_fmt(s.get('label_acc'))}</td><td>{recovered}</td><td>{_fmt(r.get('seconds'))}</td></tr>"
             )
-        sections.append(f"<h2>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag}<table>{''.join(table)}</table>")
+        section = f"<h2 id=batch-{b}>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag}<table>{''.join(table)}</table>"
+        sections.append((b, section))
+    leaked_batches = {row["batch"] for row in cert.evidence.get("leaked_samples", [])}
+    leaked_batches |= {w["where"]["batch"] for w in cert.worst if w.get("where")}
+    shown = "".join(sec for b, sec in sections if b in leaked_batches or len(sections) <= 4)
+    rest = [sec for b, sec in sections if not (b in leaked_batches or len(sections) <= 4)]
+    if rest:
+        shown += (f"<details><summary>{len(rest)} more client batches (no sample leaked, not the worst image)</summary>"
+                  f"{''.join(rest)}</details>")
 
     checks = "".join(
         f"<tr class={'pass' if c['passed'] else 'fail'}><td>{html.escape(c['metric'])}</td><td>{html.escape(c.get('rule', ''))}</td>"
@@ -101,7 +165,14 @@ def write_report(cert: Certificate, out: Path) -> None:
         f"<td>{'pass' if c['passed'] else 'FAIL'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
         for c in cert.checks
     )
-    color = "#1b7f3b" if cert.certified else "#b3261e"
+    worst = "".join(
+        f"<tr class={'fail' if w['exceeds'] else 'pass'}><td>{html.escape(w['metric'])}</td><td>{html.escape(w['rule'])}</td>"
+        f"<td>{_fmt(w.get('worst'))}</td><td>{_where(w.get('where'))}</td>"
+        f"<td>{'past its limit' if w['exceeds'] else 'within'}</td></tr>"
+        for w in cert.worst
+    )
+    evidence_html = _evidence_html(cert)
+    color = {"CERTIFIED": "#1b7f3b", "INSUFFICIENT EVIDENCE": "#9a6700"}.get(cert.verdict, "#b3261e")
     defense = cert.config.get("defense")
     client = cert.client or {}
     attacked = (f"the user's {client.get('kind')} <code>{html.escape(str(client.get('ref')))}</code>"
@@ -146,11 +217,16 @@ pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 <p>Attacked: {attacked}. {html.escape(client.get('note', ''))}<br>
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
-Worst case over every attack and image; "best" = the most leaking image. LPIPS: {'available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')'}.</p>
+"best" = the most leaking image. LPIPS: {'available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')'}.</p>
 {warnings_html}{privacy_html}{encoding_html}
-<h2>Thresholds</h2>
-<table><tr><th>metric</th><th>rule</th><th>worst measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
-{''.join(sections)}
+{evidence_html}
+<h2>Requirements of the verdict</h2>
+<table><tr><th>requirement</th><th>rule</th><th>measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
+<h2>Worst single image</h2>
+<p>Per threshold, the one reconstruction that leaked most over every attack and sample (its limit accounts for the
+attacker's prior guess on that image). Shown for inspection; the verdict is the population claim above.</p>
+<table><tr><th>metric</th><th>rule</th><th>worst</th><th>where</th><th>result</th></tr>{worst}</table>
+{shown}
 <h2>Attacks ({html.escape(cert.strength)} strength)</h2>
 <table><tr><th>attack</th><th>status</th><th>budget</th><th>paper budget</th><th>source of the paper budget</th></tr>{attack_rows}</table>
 {prep_html}

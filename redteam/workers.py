@@ -7,7 +7,7 @@ next to one busy process. So a job gets **one intra-op thread** unless its model
 ``LARGE_MODEL`` parameters, e.g. ResNet-18), where a matmul or convolution is big enough to split; then
 ``cores // workers``. Inter-op threads are 1 in workers (jobs are the parallelism).
 
-**Workers.** Independent jobs (private batch x attack, and the once-per-setting preparations such as
+**Workers.** Independent jobs (a chunk of private batches x attack, and the once-per-setting preparations such as
 training the learned-inversion model) run in ``workers`` spawned processes. The main process builds the
 run (data, client observations, auxiliary data, the attack plan) once and hands it to each worker as one
 pickle; a worker returns plain records and tensors, and only the main process writes the state folder
@@ -103,19 +103,18 @@ def _prepare_task(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return ctx.runner.prepare_only(i, ctx.plans[i])
 
 
-def _job_task(job: str, b: int, i: int, prepared: dict[str, Any] | None) -> tuple[dict, torch.Tensor]:
+def _job_task(bs: tuple[int, ...], i: int, prepared: dict[str, Any] | None) -> list[tuple[dict, torch.Tensor]]:
     ctx = _CONTEXT
     if prepared:
         ctx.runner.cache.adopt(prepared)
-    obs, x, y = ctx.batches[b]
-    return ctx.runner.run(job, b, i, ctx.plans[i], obs, x, y)
+    return ctx.runner.run(bs, i, ctx.plans[i], [ctx.batches[b] for b in bs])
 
 
 # -- main side --------------------------------------------------------------------------------------
 @dataclass
 class Job:
     name: str
-    b: int
+    bs: tuple[int, ...]  # the private batches it attacks (one, or a chunk for attacks that batch samples)
     i: int
     prepares: bool  # the plan has a once-per-setting preparation (its jobs wait for it)
 
@@ -129,7 +128,7 @@ def run_parallel(
     app_dir: str | None,
     prepared: Callable[[int], dict[str, Any] | None],
     on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
-    on_done: Callable[[Job, tuple[dict, torch.Tensor]], None],
+    on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None],
 ) -> None:
     """Run ``jobs`` in ``workers`` processes. ``prepared(i)``: plan i's prepared states when the main
     process has them (a resumed run), else None (a preparation task runs first). ``on_prepared(i, states,
@@ -155,7 +154,7 @@ def run_parallel(
             futures[pool.submit(_prepare_task, i)] = ("prepare", i)
         for job in jobs:
             if not job.prepares or job.i in states:
-                futures[pool.submit(_job_task, job.name, job.b, job.i, states.get(job.i))] = ("job", job)
+                futures[pool.submit(_job_task, job.bs, job.i, states.get(job.i))] = ("job", job)
         while futures:
             done, _ = wait(futures, return_when=FIRST_COMPLETED)
             for future in done:
@@ -170,7 +169,7 @@ def run_parallel(
                     states[what] = saved
                     on_prepared(what, saved, info)
                     for job in waiting.pop(what):
-                        futures[pool.submit(_job_task, job.name, job.b, job.i, saved)] = ("job", job)
+                        futures[pool.submit(_job_task, job.bs, job.i, saved)] = ("job", job)
                 else:
                     on_done(what, result)
     except BaseException:

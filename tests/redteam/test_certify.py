@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 from guardfl.cli import main
 from guardfl.redteam import certify as certify_mod
 from guardfl.redteam.config import load_config
+from tests.claims import LOOSE_CLAIM
 
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY = {
     "model": {"name": "lenet", "state": "wide-init"},
+    "data": {"limit": 1},  # face 0, which DLG recovers in 40 iterations
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 40}}],
-    "certify": {"max_ssim": 0.5, "batches": 1},
+    "certify": {"max_ssim": 0.5, "batches": 1, **LOOSE_CLAIM},
 }
 
 
@@ -40,9 +42,13 @@ def test_outputs_hold_what_a_reviewer_needs(tmp_path):
     cert = json.loads((tmp_path / "o" / "certificate.json").read_text())
     assert cert["verdict"] == "NOT CERTIFIED" and cert["certified"] is False
     (check,) = cert["checks"]
-    assert check["metric"] == "ssim" and check["worst"] > 0.5 and check["where"]["attack"] == "dlg"
+    assert check["metric"] == "leak_rate" and check["status"] == "NOT CERTIFIED" and "1 of 1" in check["note"]
+    assert cert["evidence"]["leak_rate"]["leaked"] == 1 and cert["evidence"]["per_attack"]["dlg"]["leaked"] == 1
+    (worst,) = cert["worst"]
+    assert worst["metric"] == "ssim" and worst["worst"] > 0.5 and worst["where"]["attack"] == "dlg" and worst["exceeds"]
     (result,) = cert["results"]
-    assert result["metrics"]["per_image"][0]["ssim"] == check["worst"]
+    assert result["metrics"]["per_image"][0]["ssim"] == worst["worst"]
+    assert cert["population"]["source"] == "lfw-faces" and cert["population"]["size"] == 1
     assert result["budget"]["iterations"] == 40 and result["threat"]["labels"] == "inferred"
     assert cert["config_hash"] and cert["environment"]["torch"] and cert["wall_time_s"] > 0
     page = (tmp_path / "o" / "report.html").read_text()
@@ -143,7 +149,7 @@ def test_shipped_default_certifies_and_no_defense_does_not(tmp_path, name, code)
 def test_the_certificate_warns_about_layers_the_defense_never_changes(tmp_path, capsys):
     """Soteria perturbs only the FC layer's gradient: the conv layers reach the attacker as if undefended,
     and the certificate, the report and the CLI say so; a defense that reaches every layer says nothing."""
-    cfg = {**TINY, "defense": {"kind": "soteria", "prune": 0.5}, "certify": {"max_ssim": 0.99, "batches": 1}}
+    cfg = {**TINY, "defense": {"kind": "soteria", "prune": 0.5}, "certify": {"max_ssim": 0.99, "batches": 1, **LOOSE_CLAIM}}
     main(["redteam", "--config", str(_write(tmp_path, cfg)), "--out", str(tmp_path / "o"), "--quiet"])
     out = capsys.readouterr().out
     cert = json.loads((tmp_path / "o" / "certificate.json").read_text())

@@ -17,6 +17,7 @@ from guardfl.redteam.models import LeNetZhu, set_model_state
 LTI_TINY = {"hidden": 64, "epochs": 3, "batch": 32, "lr": 1e-3}
 BASE = {
     "model": {"name": "lenet", "state": "wide-init"},
+    "data": {"limit": 10},  # the population: faces 0-9; the attacker's start at 10
     "client": {"batch_size": 1},
     "defense": {"kind": "sign"},
     "aux": {"source": "lfw-faces", "offset": 10, "limit": 60, "ood": {"source": "lfw-nonfaces", "limit": 20, "samples": 40}},
@@ -95,7 +96,7 @@ def test_the_inverter_is_trained_once_and_a_resume_never_retrains_it(tmp_path, m
 
 
 def test_aux_data_overlapping_the_private_faces_is_refused(tmp_path, capsys):
-    cfg = {**BASE, "aux": {"source": "lfw-faces", "offset": 1}}
+    cfg = {**BASE, "data": {"limit": 2}, "aux": {"source": "lfw-faces", "offset": 1}}  # draws faces 0 and 1
     assert main(["redteam", "--config", str(_write(tmp_path, cfg)), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "aux: 1 auxiliary image(s) are private images" in err and "disjoint" in err and len(err.strip().splitlines()) == 1
@@ -128,7 +129,10 @@ def test_prior_margin_lets_a_reconstruction_match_the_prior_but_not_beat_it():
     cfg = load_config({"certify": {"max_ssim": 0.4, "prior_margin": 0.05}})
     row = lambda ssim: {"batch": 0, "attack": "a", "metrics": {"per_image": [{"index": 0, "ssim": ssim}], "summary": {}}}  # noqa: E731
     priors = {0: [{"ssim": 0.5, "psnr": 10.0}]}
-    assert certify_mod._checks(cfg, [row(0.54)], True, priors)[0]["passed"]       # within the margin of the prior
-    check = certify_mod._checks(cfg, [row(0.56)], True, priors)[0]
-    assert not check["passed"] and check["where"]["threshold_here"] == pytest.approx(0.55)
-    assert not certify_mod._checks(cfg, [row(0.54)], True, None)[0]["passed"]     # no aux: absolute threshold
+    leaked = lambda ssim, prior: certify_mod._sample_leaks(cfg, [row(ssim)], prior)[(0, 0)]  # noqa: E731
+    assert not leaked(0.54, priors)                                   # within the margin of the prior
+    (hit,) = leaked(0.56, priors)
+    assert hit["attack"] == "a" and hit["limit"] == pytest.approx(0.55)
+    assert leaked(0.54, None)                                         # no aux: absolute threshold
+    (worst,) = certify_mod._worst_images(cfg, [row(0.56)], priors)
+    assert worst["exceeds"] and worst["where"]["threshold_here"] == pytest.approx(0.55)

@@ -8,12 +8,13 @@ import yaml
 
 from guardfl.cli import main
 from guardfl.redteam import certify as certify_mod
+from tests.claims import LOOSE_CLAIM
 
 TINY = {
     "model": {"name": "lenet", "state": "wide-init"},
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 5}}],
-    "certify": {"max_ssim": 0.5, "batches": 2},
+    "certify": {"max_ssim": 0.5, "batches": 2, **LOOSE_CLAIM},
     "defense": {"kind": "gradprune", "ratio": 0.99},
 }
 

@@ -13,6 +13,7 @@ from guardfl.redteam.certify import certify
 from guardfl.redteam.client import FedAvg, simulate_client
 from guardfl.redteam.config import load_config
 from guardfl.redteam.target import TargetError, load_object, observe, on_path, run_clientapp
+from tests.claims import LOOSE_CLAIM
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def example_config(**run_config):
         "model": {"name": "guardfl_flower_example.task:lenet", "state": "wide-init"},
         "client": {"protocol": "fedavg", "lr": 0.02, "batch_size": 1, "samples": 2},
         "attacks": DLG_FAST,
-        "certify": {"max_ssim": 0.4, "batches": 1},
+        "certify": {"max_ssim": 0.4, "batches": 1, **LOOSE_CLAIM},
     }
 
 
@@ -70,7 +71,7 @@ def test_the_observed_update_carries_the_apps_own_defenses(example_app):
 
 def test_certify_the_example_app_with_and_without_its_defenses(tmp_path, example_app):
     undefended = certify(example_config(defense="", **{"update-prune": 0.0}), out=tmp_path / "a")
-    assert not undefended.certified and undefended.checks[0]["worst"] > 0.9
+    assert not undefended.certified and undefended.worst[0]["worst"] > 0.9
     assert undefended.client["kind"] == "clientapp" and undefended.client["batches"]["0"]["steps"] == 2
     defended = certify({**example_config(), "defense": {"kind": "stack", "defenses": [{"kind": "sign"}, {"kind": "gradprune", "ratio": 0.9}]}},
                        out=tmp_path / "b")
@@ -138,9 +139,9 @@ def train_fn_config(tmp_path):
 
     def make(fn, **over):
         cfg = {"target": {"train_fn": f"user_client:{fn}", "app_dir": str(tmp_path)},
-               "model": {"name": "lenet", "state": "wide-init"}, "data": {"source": "lfw-faces"},
+               "model": {"name": "lenet", "state": "wide-init"}, "data": {"source": "lfw-faces", "limit": 1},
                "client": {"protocol": "fedavg", "lr": 0.1, "batch_size": 1, "samples": 1},
-               "attacks": DLG_FAST, "certify": {"max_ssim": 0.4, "batches": 1}}
+               "attacks": DLG_FAST, "certify": {"max_ssim": 0.4, "batches": 1, **LOOSE_CLAIM}}
         for key, value in over.items():
             cfg[key] = {**cfg[key], **value}
         return cfg
@@ -156,7 +157,7 @@ def test_train_fn_without_defense_is_not_certified_and_with_outpost_it_is(train_
 
 
 def test_a_dp_sgd_client_with_poisson_batches_is_certified_by_running_its_code(train_fn_config):
-    cfg = train_fn_config("dp", client={"batch_size": 2, "samples": 4}) | {
+    cfg = train_fn_config("dp", client={"batch_size": 2, "samples": 4}, data={"limit": 4}) | {
         "defense": {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0},
         "attacks": [{"name": "inverting_gradients", "budget": {"iterations": 100, "restarts": 1}, "threat": {"labels": "known"}}]}
     cert = certify(cfg)

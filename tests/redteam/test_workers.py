@@ -15,6 +15,7 @@ from guardfl.redteam.workers import LARGE_MODEL, Job, RunContext, WorkerError, a
 
 LTI_AND_OPTIMISATION = {
     "model": {"name": "lenet", "state": "wide-init"},
+    "data": {"limit": 10},  # the population: faces 0-9; the attacker's start at 10
     "client": {"batch_size": 1},
     "defense": {"kind": "gradprune", "ratio": 0.5},
     "aux": {"source": "lfw-faces", "offset": 10, "limit": 40},
@@ -62,14 +63,14 @@ def test_a_sequential_run_killed_midway_resumes_with_workers(tmp_path, monkeypat
 
 
 class _FailingRunner:
-    """A stand-in runner (importable by the spawned workers): job 'bad' fails, job 'die' ends its process."""
+    """A stand-in runner (importable by the spawned workers): plan 'bad' fails, plan 'die' ends its process."""
 
-    def run(self, job, b, i, plan, obs, x, y):
-        if job == "die":
+    def run(self, bs, i, plan, items):
+        if plan == "die":
             os._exit(3)
-        if job == "bad":
-            raise AttackFailed(f"attack {plan} failed on client batch {b}: broken on purpose")
-        return {"job": job}, torch.zeros(1)
+        if plan == "bad":
+            raise AttackFailed(f"attack {plan} failed on client batch {bs[0]}: broken on purpose")
+        return [({"job": plan}, torch.zeros(1)) for _ in bs]
 
     def prepare_only(self, i, plan):
         return {}, {}
@@ -77,8 +78,8 @@ class _FailingRunner:
 
 @pytest.mark.parametrize("failing, error, says", [("bad", AttackFailed, "broken on purpose"), ("die", WorkerError, "died")])
 def test_a_failing_job_or_a_dead_worker_fails_the_run(failing, error, says):
-    context = RunContext(_FailingRunner(), ["dlg", "idlg"], {0: (None, None, None)})
-    jobs = [Job("ok", 0, 0, False), Job(failing, 0, 1, False), Job("ok2", 0, 0, False)]
+    context = RunContext(_FailingRunner(), ["ok", failing], {0: (None, None, None)})
+    jobs = [Job("ok", (0,), 0, False), Job(failing, (0,), 1, False), Job("ok2", (0,), 0, False)]
     done = []
     with pytest.raises(error, match=says):
         run_parallel(context, jobs, workers=2, threads=1, app_dir=None, prepared=lambda i: None,
