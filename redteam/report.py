@@ -161,7 +161,7 @@ def write_report(cert: Certificate, out: Path) -> None:
 
     checks = "".join(
         f"<tr class={'pass' if c['passed'] else 'fail'}><td>{html.escape(c['metric'])}</td><td>{html.escape(c.get('rule', ''))}</td>"
-        f"<td>{_fmt(c.get('worst'))}</td><td>{html.escape(json.dumps(c.get('where')))}</td>"
+        f"<td>{_fmt(c.get('worst'))}</td><td>{html.escape(json.dumps(c['where'])) if c.get('where') else ''}</td>"
         f"<td>{'pass' if c['passed'] else 'FAIL'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
         for c in cert.checks
     )
