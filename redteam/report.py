@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from guardfl.redteam.certify import Certificate
 from guardfl.redteam.files import atomic_write
@@ -25,17 +25,53 @@ def _to_pil(images: torch.Tensor, scale: int) -> list[Image.Image]:
     return out
 
 
-def grid(rows: list[torch.Tensor], max_cols: int = 16) -> Image.Image:
-    """Rows of images (each ``(n, C, H, W)`` in [0, 1]) as one picture, 2 px gaps."""
+def grid(rows: list[torch.Tensor], max_cols: int = 16, marked: set[tuple[int, int]] = frozenset()) -> Image.Image:
+    """Rows of images (each ``(n, C, H, W)`` in [0, 1]) as one picture, 2 px gaps; the (row, column)
+    cells in ``marked`` get a red frame (a leaked sample)."""
     h, w = rows[0].shape[-2:]
     scale = max(1, 64 // max(h, w))
     cols = min(max_cols, max(len(r) for r in rows))
     gap = 2
     canvas = Image.new("RGB", (cols * (w * scale + gap) + gap, len(rows) * (h * scale + gap) + gap), "white")
+    draw = ImageDraw.Draw(canvas)
     for i, row in enumerate(rows):
         for j, pil in enumerate(_to_pil(row[:cols], scale)):
-            canvas.paste(pil.convert("RGB"), (gap + j * (w * scale + gap), gap + i * (h * scale + gap)))
+            x, y = gap + j * (w * scale + gap), gap + i * (h * scale + gap)
+            canvas.paste(pil.convert("RGB"), (x, y))
+            if (i, j) in marked:
+                draw.rectangle((x - 1, y - 1, x + w * scale, y + h * scale), outline=(220, 30, 30), width=2)
     return canvas
+
+
+def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]]:
+    """Every attacked sample at a glance: pictures of up to ``per_picture`` samples (columns), the
+    originals in the first row and one row per attack, a red frame where that attack leaked the sample.
+    Returns (caption, PNG) pairs."""
+    attacks = sorted({r["attack"] for r in cert.results if cert.reconstructions.get(r["job"]) is not None})
+    leaked = {(row["batch"], row["image"], hit["attack"]) for row in cert.evidence.get("leaked_samples", []) for hit in row["by"]}
+    samples = [(b, i) for b, x in sorted(cert.originals.items()) for i in range(len(x))]
+    by_job = {(r["batch"], r["attack"]): r for r in cert.results}
+    pictures = []
+    for lo in range(0, len(samples), per_picture):
+        chunk = samples[lo : lo + per_picture]
+        rows = [torch.stack([cert.originals[b][i] for b, i in chunk])]
+        marked = set()
+        for a, attack in enumerate(attacks, 1):
+            cells = []
+            for j, (b, i) in enumerate(chunk):
+                r = by_job.get((b, attack))
+                rec = cert.reconstructions.get(r["job"]) if r else None
+                if rec is None:
+                    cells.append(torch.ones_like(rows[0][j]))
+                    continue
+                matched = next((p["matched"] for p in r["metrics"]["per_image"] if p["index"] == i), i)
+                cells.append(rec[matched])
+                if (b, i, attack) in leaked:
+                    marked.add((a, j))
+            rows.append(torch.stack(cells))
+        caption = f"samples {lo + 1}-{lo + len(chunk)} (batches {chunk[0][0]}-{chunk[-1][0]}); rows: original / {' / '.join(attacks)}"
+        pictures.append((caption, _png(grid(rows, max_cols=per_picture, marked=marked))))
+    return pictures
 
 
 def _png(img: Image.Image) -> bytes:
@@ -172,6 +208,10 @@ def write_report(cert: Certificate, out: Path) -> None:
         for w in cert.worst
     )
     evidence_html = _evidence_html(cert)
+    if cert.originals:
+        evidence_html += "<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
+        evidence_html += "".join(f'<p class=legend>{html.escape(caption)}</p><img alt="{html.escape(caption)}" '
+                                 f'src="data:image/png;base64,{base64.b64encode(png).decode()}">' for caption, png in overview(cert))
     color = {"CERTIFIED": "#1b7f3b", "INSUFFICIENT EVIDENCE": "#9a6700"}.get(cert.verdict, "#b3261e")
     defense = cert.config.get("defense")
     client = cert.client or {}

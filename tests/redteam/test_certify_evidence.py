@@ -67,6 +67,11 @@ def test_leaks_count_per_sample_per_attack_and_per_class(tmp_path):
     page = (tmp_path / "o" / "report.html").read_text()
     assert "Population claim" in page and f"{leaked} of 3" in page and f"{rate['upper_bound']:.3g}" in page
     assert "Per class" in page and "Leaked samples" in page
+    assert "Every attacked sample" in page and "samples 1-3 (batches 0-2); rows: original / dlg" in page
+    from guardfl.redteam.report import overview
+
+    ((caption, png),) = overview(cert)
+    assert png.startswith(b"\x89PNG") and "rows: original / dlg" in caption
 
 
 def test_enough_samples_without_a_leak_certify_and_the_default_batches_are_enough():
