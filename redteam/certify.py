@@ -246,47 +246,49 @@ def _excess(value: float, limit: float, kind: str) -> float:
     return value - limit if kind == "max" else limit - value
 
 
-def _sample_leaks(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None,
-                  ) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """(batch, image) -> every (attack, metric) that reconstructed that private sample past its limit."""
-    leaks: dict[tuple[int, int], list[dict[str, Any]]] = {}
+def _measured(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None):
+    """Every (result, per-image row, metric, limit, excess) of the run, each image's limits computed once:
+    what both the leak count and the worst image read."""
     for r in results:
         if not r.get("metrics"):
             continue
         prior = (priors or {}).get(r["batch"])
         for p in r["metrics"]["per_image"]:
-            key = (r["batch"], p["index"])
-            leaks.setdefault(key, [])
             for metric, (limit, kind) in _image_limits(cfg, prior[p["index"]] if prior else None).items():
-                if p.get(metric) is not None and _excess(p[metric], limit, kind) > 0:
-                    leaks[key].append({"attack": r["attack"], "metric": metric, "value": p[metric], "limit": limit})
+                if p.get(metric) is not None:
+                    yield r, p, metric, limit, _excess(p[metric], limit, kind)
+
+
+def _sample_leaks(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None,
+                  ) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """(batch, image) -> every (attack, metric) that reconstructed that private sample past its limit."""
+    leaks: dict[tuple[int, int], list[dict[str, Any]]] = {
+        (r["batch"], p["index"]): [] for r in results if r.get("metrics") for p in r["metrics"]["per_image"]}
+    for r, p, metric, limit, excess in _measured(cfg, results, priors):
+        if excess > 0:
+            leaks[(r["batch"], p["index"])].append({"attack": r["attack"], "metric": metric, "value": p[metric], "limit": limit})
     return leaks
 
 
 def _worst_images(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None) -> list[dict]:
     """Per image threshold, the single most leaking (attack, image) over the run, with its own limit:
     what a reviewer looks at first. Information beside the verdict; the verdict is the leak rate."""
+    best: dict[str, tuple] = {}
+    for r, p, metric, limit, excess in _measured(cfg, results, priors):
+        if metric not in best or excess > best[metric][0]:
+            best[metric] = (excess, p[metric], {"batch": r["batch"], "attack": r["attack"], "image": p["index"],
+                                                "threshold_here": limit})
     rows = []
     for metric, (name, kind) in IMAGE_THRESHOLDS.items():
         threshold = getattr(cfg.certify, name)
         if threshold is None:
             continue
-        best = None
-        for r in results:
-            prior = (priors or {}).get(r["batch"])
-            for p in (r.get("metrics") or {}).get("per_image", []):
-                if p.get(metric) is None:
-                    continue
-                limit, _ = _image_limits(cfg, prior[p["index"]] if prior else None)[metric]
-                excess = _excess(p[metric], limit, kind)
-                if best is None or excess > best[0]:
-                    best = (excess, p[metric], {"batch": r["batch"], "attack": r["attack"], "image": p["index"],
-                                                "threshold_here": limit})
         rule = f"{'<=' if kind == 'max' else '>='} {threshold}"
         if priors and metric != "lpips" and cfg.certify.prior_margin is not None:
             rule += " (or within the margin of the prior guess)"
-        rows.append({"metric": metric, "threshold": threshold, "rule": rule, "worst": None if best is None else best[1],
-                     "where": None if best is None else best[2], "exceeds": best is not None and best[0] > 0})
+        found = best.get(metric)
+        rows.append({"metric": metric, "threshold": threshold, "rule": rule, "worst": None if found is None else found[1],
+                     "where": None if found is None else found[2], "exceeds": found is not None and found[0] > 0})
     return rows
 
 
@@ -301,11 +303,11 @@ def _evidence(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[di
     out: dict[str, Any] = {"leak_rate": evidence.leak_rate(len(leaked), len(samples), c.max_leak_rate, c.confidence)}
     per_attack: dict[str, Any] = {}
     for attack in sorted({r["attack"] for r in results if r.get("metrics")}):
-        hits = [key for key in samples if any(hit["attack"] == attack for hit in leaks[key])]
-        by_metric = {m: sum(1 for key in samples if any(h["attack"] == attack and h["metric"] == m for h in leaks[key]))
-                     for m in _image_limits(cfg, None)}
-        per_attack[attack] = {"leaked": len(hits), "of": len(samples), "by_metric": by_metric,
-                              "upper_bound": evidence.upper_bound(len(hits), len(samples), c.confidence)}
+        hits = [{h["metric"] for h in leaks[key] if h["attack"] == attack} for key in samples]
+        k = sum(1 for metrics_hit in hits if metrics_hit)
+        per_attack[attack] = {"leaked": k, "of": len(samples),
+                              "by_metric": {m: sum(m in mh for mh in hits) for m in _image_limits(cfg, None)},
+                              "upper_bound": evidence.upper_bound(k, len(samples), c.confidence)}
     out["per_attack"] = per_attack
     classes: dict[int, list[tuple[int, int]]] = {}
     for b, i in samples:
@@ -442,7 +444,7 @@ def plan_jobs(plans: list[AttackSection], batches: int) -> list[Job]:
     jobs = []
     for i, plan in enumerate(plans):
         cls = attack_registry.ATTACKS[plan.name]
-        size = CHUNK if getattr(cls.capabilities, "batches_samples", False) else 1
+        size = CHUNK if cls.capabilities.batches_samples else 1
         for lo in range(0, batches, size):
             bs = tuple(range(lo, min(batches, lo + size)))
             label = f"b{bs[0]}" if len(bs) == 1 else f"b{bs[0]}-{bs[-1]}"
