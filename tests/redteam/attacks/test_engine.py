@@ -109,6 +109,23 @@ def test_cuda_graph_recording_falls_back_to_the_eager_loop_without_cuda():
     assert torch.equal(eager, forced)
 
 
+def test_cudnn_autotuning_is_on_for_the_optimisation_only_and_restored():
+    seen = []
+
+    def f(x, a):
+        seen.append(torch.backends.cudnn.benchmark)
+        return (x - 0.3).pow(2).sum()
+
+    before = torch.backends.cudnn.benchmark
+    x0 = torch.zeros(2, 1, 3, 3)
+    plain = optimise_batched(f, x0, iterations=3, lr=0.1, bounds=(0, 1))  # a CPU tensor: not asked
+    assert seen == [False] * 3 and torch.backends.cudnn.benchmark == before
+    seen.clear()
+    tuned = optimise_batched(f, x0, iterations=3, lr=0.1, bounds=(0, 1), autotune=True)
+    assert seen == [True] * 3 and torch.backends.cudnn.benchmark == before
+    assert torch.equal(plain, tuned)  # no convolution here: the same arithmetic
+
+
 def test_restarts_as_separate_forwards_give_the_vmapped_result(wide_lenet, faces):
     """``vmap_restarts=False`` (large models on a CPU) sums R ordinary objectives: the same gradients."""
     from guardfl.redteam.attacks.engine import restarts_vmapped
