@@ -13,6 +13,10 @@ recorded as a CUDA graph (``optimise_batched``'s GPU path). Modes:
 - ``floor``: NOT the attack: one forward + gradient + double backward of a single batch holding all
   S x R x B images (no per-restart weight gradients), the cost floor of that many images on this model.
 
+``--plain-convs`` runs each mode first with PyTorch's own convolution double backward (what the replica
+used before ``second_order_convs_``), then as the attacks run. ``--benchmark``: cuDNN autotuning, as the
+attacks' optimiser does on CUDA; ``--tf32``: allow TF32 (the attacks run in exact float32).
+
 Prints ms per iteration and the GPU's achieved images per second for each; ``--profile`` adds the top CUDA
 kernels of one graphed-free iteration of each mode (torch.profiler), to see where the time goes.
 """
@@ -28,6 +32,7 @@ import torch
 from guardfl.defenses import GradPrune
 from guardfl.redteam import ThreatModel, simulate_client
 from guardfl.redteam.attacks.base import exact_float32
+from guardfl.redteam.attacks.second_order import SecondOrderConv2d
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
 from guardfl.redteam.models import resnet18_cifar
 
@@ -49,8 +54,12 @@ def setting(samples: int, batch: int, dev: torch.device):
 
 
 def run_mode(mode: str, samples: int, restarts: int, batch: int, iterations: int, dev: torch.device, profile: bool,
-             channels_last: bool = False):
+             channels_last: bool = False, plain_convs: bool = False):
     replica, targets = setting(samples, batch, dev)
+    if plain_convs:  # PyTorch's own convolution double backward (with its unneeded weight-of-weight term)
+        for m in replica.model.modules():
+            if isinstance(m, SecondOrderConv2d):
+                m.__class__ = torch.nn.Conv2d
     x0 = torch.rand(samples, restarts, batch, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(dev)
     if channels_last:
         # NHWC images and weights (what the H100's convolution kernels read), through the vmap folding
@@ -77,7 +86,7 @@ def run_mode(mode: str, samples: int, restarts: int, batch: int, iterations: int
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / iterations
     images = samples * restarts * batch
-    print(f"{mode:6s}{' NHWC' if channels_last else ''} S={samples} R={restarts} B={batch}: {1000 * dt:8.2f} ms/it, {images / dt:9.0f} images/s, "
+    print(f"{mode:6s}{' NHWC' if channels_last else ''}{' plain-convs' if plain_convs else ''} S={samples} R={restarts} B={batch}: {1000 * dt:8.2f} ms/it, {images / dt:9.0f} images/s, "
           f"peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB", flush=True)
     if profile:
         from torch.profiler import ProfilerActivity, profile as prof
@@ -103,6 +112,7 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--benchmark", action="store_true", help="torch.backends.cudnn.benchmark (autotuned kernels)")
     ap.add_argument("--channels-last", action="store_true", help="also run each mode in NHWC")
+    ap.add_argument("--plain-convs", action="store_true", help="also run each mode with PyTorch's convolution backward")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 (the attacks run without: exact_float32)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -120,10 +130,11 @@ def measure(args, dev) -> None:
     for s in args.samples:
         base = None
         for mode in args.modes:
-            for nhwc in (False, True) if args.channels_last else (False,):
-                dt = run_mode(mode, s, args.restarts, args.batch, args.iterations, dev, args.profile, nhwc)
-                base = base or dt
-                print(f"    ratio to {args.modes[0]}: {base / dt:.2f}x", flush=True)
+            for plain in (True, False) if args.plain_convs else (False,):
+                for nhwc in (False, True) if args.channels_last else (False,):
+                    dt = run_mode(mode, s, args.restarts, args.batch, args.iterations, dev, args.profile, nhwc, plain)
+                    base = base or dt
+                    print(f"    ratio to the first: {base / dt:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
