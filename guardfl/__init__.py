@@ -8,7 +8,8 @@
 from guardfl import defenses
 from guardfl._version import __version__
 from guardfl.defenses import from_config
-from guardfl.errors import ConfigError, GuardflError, NonFiniteGradientError, UnsupportedOptimizerError
+from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UnsupportedOptimizerError
+from guardfl.inspect import Inspection, inspect_model
 from guardfl.optimizer import GuardedOptimizer, wrap
 from guardfl.protect import PrivateOptimizer, dp_compatible, load_plain_state_dict, plain_state_dict, protect, soft_cross_entropy
 from guardfl.stats import LayerStats, StageStats, StepStats
@@ -17,7 +18,9 @@ __all__ = [
     "ConfigError",
     "GuardedOptimizer",
     "GuardflError",
+    "Inspection",
     "LayerStats",
+    "MaliciousModelError",
     "NonFiniteGradientError",
     "PrivateOptimizer",
     "StageStats",
@@ -26,6 +29,7 @@ __all__ = [
     "__version__",
     "defenses",
     "dp_compatible",
+    "inspect_model",
     "load_plain_state_dict",
     "plain_state_dict",
     "protect",

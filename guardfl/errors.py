@@ -21,3 +21,12 @@ class NonFiniteGradientError(GuardflError, FloatingPointError):
 
 class UnsupportedOptimizerError(GuardflError, TypeError):
     """The optimizer cannot be guarded (for example it re-evaluates gradients inside step())."""
+
+
+class MaliciousModelError(GuardflError):
+    """A received global model carries the signature of a malicious-server attack (``guardfl.inspect_model``
+    with ``strict=True``); ``reasons`` lists what was found, one sentence each."""
+
+    def __init__(self, reasons: list[str] | str) -> None:
+        self.reasons = [reasons] if isinstance(reasons, str) else list(reasons)
+        super().__init__("the received model was refused: " + "; ".join(self.reasons))
