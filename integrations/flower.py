@@ -48,8 +48,9 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("guardfl.integrations.flower needs Flower: pip install 'guardfl[flower]'") from err
 
 from guardfl.defenses import Defense
-from guardfl.errors import GuardflError
-from guardfl.integrations.torch import ClientState, MakeOptimizer, local_update
+from guardfl.errors import ConfigError, GuardflError, MaliciousModelError
+from guardfl.inspect import inspect_model
+from guardfl.integrations.torch import ClientState, MakeOptimizer, _inspect_mode, inspect_received, local_update
 from guardfl.integrations.update import BN_BUFFERS, UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 
@@ -118,10 +119,22 @@ def train(
     num_classes: int | None = None,
     max_steps: int | None = None,
     state_key: str = STATE_KEY,
+    inspect: bool | str = False,
 ) -> Message:
-    """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply."""
+    """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply.
+
+    ``inspect=True`` (or ``"strict"``) checks the received arrays with ``guardfl.inspect_model`` first,
+    against ``model`` as the expected architecture and on the loader's first batch; a model that is not
+    ok gets an error reply (``MOD_FAILED_PRECONDITION``) naming the reasons: nothing is trained, nothing
+    sent, ``model`` and the client state are untouched."""
     key, record = received_arrays(msg)
-    load_plain_state_dict(model, record.to_torch_state_dict())
+    received = record.to_torch_state_dict()
+    if _inspect_mode(inspect):
+        try:
+            inspect_received(getattr(model, "_module", model), loader, received=received)
+        except MaliciousModelError as err:
+            return _error_reply(msg, f"guardfl inspect_model: {err}")
+    load_plain_state_dict(model, received)
     state = client_state(context, state_key)
     result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
                           num_classes=num_classes, max_steps=max_steps)
@@ -200,6 +213,39 @@ class GuardUpdateMod:
         return out
 
 
+class InspectModelMod:
+    """Flower mod: refuse a ``train`` message whose global model carries a malicious-server signature.
+
+    On a ``train`` message it builds a state dict from the message's one ``ArrayRecord`` and runs
+    ``guardfl.inspect_model(state, reference)`` (weights only: a mod has no data to run the model on;
+    use ``train(..., inspect=True)`` for the batch checks). When the model is not ok it replies with an
+    error ``Message`` (``MOD_FAILED_PRECONDITION``) naming the reasons instead of calling the app, so
+    nothing is trained and nothing sent. ``reference``: the client's model (``nn.Module``) or a state dict
+    of expected tensors or shapes, to refuse other architectures (an inserted imprint block); None
+    checks the weights alone. Other messages pass through.
+    """
+
+    def __init__(self, reference: nn.Module | Mapping[str, Any] | None = None) -> None:
+        if reference is not None and not isinstance(reference, (nn.Module, Mapping)):
+            raise ConfigError(f"reference: expected None, an nn.Module or a state dict, got {type(reference).__name__}")
+        self.reference = reference
+
+    def __call__(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        if msg.metadata.message_type.split(".")[0] != "train":
+            return call_next(msg, ctxt)
+        name = type(self).__name__
+        if len(msg.content.array_records) != 1:
+            return _error_reply(msg, f"{name} expects exactly one ArrayRecord, but found {len(msg.content.array_records)} ArrayRecord(s).")
+        try:
+            state = next(iter(msg.content.array_records.values())).to_torch_state_dict()
+            inspection = inspect_model(state, self.reference)
+        except (ValueError, TypeError, GuardflError) as err:
+            return _error_reply(msg, f"{name}: {err}")
+        if not inspection.ok:
+            return _error_reply(msg, f"{name}: the received model was refused: " + "; ".join(inspection.reasons))
+        return call_next(msg, ctxt)
+
+
 def _next_round(ctxt: Context) -> int:
     record = ctxt.state.config_records.get(UPDATE_STATE_KEY)
     index = int(record["rounds"]) if record is not None and "rounds" in record else 0
@@ -250,6 +296,7 @@ class GuardedNumPyClient(NumPyClient):
 __all__ = [
     "GuardUpdateMod",
     "GuardedNumPyClient",
+    "InspectModelMod",
     "STATE_KEY",
     "client_state",
     "received_arrays",

@@ -36,6 +36,7 @@ from torch.optim import Optimizer
 
 from guardfl.defenses import Defense, Identity, from_config
 from guardfl.errors import ConfigError
+from guardfl.inspect import Inspection, inspect_model
 from guardfl.protect import dp_compatible, protect, soft_cross_entropy, split_stages
 
 MakeOptimizer = Callable[[Iterable[nn.Parameter]], Optimizer]
@@ -96,6 +97,9 @@ class LocalUpdate:
     dp_delta: float | None
     #: ``last_stats.to_dict()`` of every local step (what each gradient defense did)
     defense_stats: list[dict] = field(default_factory=list)
+    #: the verdict on the received model with ``inspect=True`` (always ok here: a model that is not
+    #: ok raises ``MaliciousModelError`` before training); None without inspection
+    inspection: Inspection | None = None
 
 
 def _mix(seed: int, round_index: int) -> int:
@@ -129,6 +133,37 @@ def _batch_size(x: Any) -> int:
     return int(x.shape[0]) if isinstance(x, Tensor) else len(x)
 
 
+def _inspect_mode(inspect: bool | str) -> bool:
+    if inspect is True or inspect is False:
+        return inspect
+    if inspect == "strict":
+        return True
+    raise ConfigError(f"inspect: expected False, True or 'strict' (got {inspect!r})")
+
+
+def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
+    """The loader's first ``(x, y)`` batch of class labels, for ``inspect_model(batch=)``; None when the
+    loader is a one-shot iterator (drawing from it would lose data), empty, or yields something else."""
+    if iter(loader) is loader:
+        return None
+    for batch in loader:
+        if (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch)
+                and batch[1].dim() == 1 and not batch[1].is_floating_point() and batch[0].shape[0] == batch[1].shape[0]):
+            return batch[0], batch[1]
+        return None
+    return None
+
+
+def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, received: Any = None) -> Inspection:
+    """``inspect_model`` on the model a client received (``received``: its state dict when it is not yet
+    loaded into ``model``, which is then the reference architecture), with the loader's first batch;
+    raises ``MaliciousModelError`` naming the reasons when it is not ok."""
+    batch = first_batch(loader)
+    if received is None:
+        return inspect_model(model, reference, batch=batch, strict=True)
+    return inspect_model(received, model if reference is None else reference, batch=batch, strict=True)
+
+
 def local_update(
     model: nn.Module,
     loader: Iterable,
@@ -140,6 +175,7 @@ def local_update(
     loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
     num_classes: int | None = None,
     max_steps: int | None = None,
+    inspect: bool | str = False,
 ) -> LocalUpdate:
     """Train ``model`` (in place, train mode) for ``epochs`` over ``loader`` with ``defense`` and return the
     defended update.
@@ -148,6 +184,13 @@ def local_update(
     it is rebuilt every round, as a Flower client would. ``defense`` is any guardfl defense or stack,
     DP-SGD and input encodings included (through ``guardfl.protect``). ``state`` is the previous round's
     ``result.state`` (None on a client's first round). Batches are moved to the model's device.
+
+    ``inspect=True`` (or ``"strict"``, the same) first checks the received model with
+    ``guardfl.inspect_model`` (weights, and the loader's first batch in eval mode unless the loader is a
+    one-shot iterator) and refuses to train a model that is not ok: ``MaliciousModelError`` naming the
+    reasons, the model untouched. There is no warn-and-train mode: the update of a malicious model is
+    what leaks, and a client that trained on one has nothing safe to send. The architecture is the
+    client's own (the received state was loaded into ``model``, which refuses other names and shapes).
     """
     if not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"epochs: must be an integer >= 1 (got {epochs!r})")
@@ -156,6 +199,7 @@ def local_update(
     if not callable(make_optimizer):
         raise ConfigError("make_optimizer: expected a callable params -> torch.optim.Optimizer "
                           "(e.g. lambda p: torch.optim.SGD(p, lr=0.01))")
+    inspection = inspect_received(model, loader) if _inspect_mode(inspect) else None
     state = state or ClientState()
     current = round_defense(defense, state.rounds)
     dp, _, _ = split_stages(current)
@@ -207,7 +251,8 @@ def local_update(
     delta = {k: after[k].detach() - start[k] for k in start}
     new_state = ClientState(rounds=state.rounds + 1, steps=state.steps + steps, privacy=privacy)
     return LocalUpdate(delta=delta, state=new_state, num_examples=examples, steps=steps,
-                       mean_loss=loss_sum / max(examples, 1), epsilon=epsilon, dp_delta=dp_delta, defense_stats=stats)
+                       mean_loss=loss_sum / max(examples, 1), epsilon=epsilon, dp_delta=dp_delta, defense_stats=stats,
+                       inspection=inspection)
 
 
-__all__ = ["ClientState", "LocalUpdate", "MakeOptimizer", "local_update", "round_defense"]
+__all__ = ["ClientState", "LocalUpdate", "MakeOptimizer", "first_batch", "inspect_received", "local_update", "round_defense"]

@@ -1,0 +1,138 @@
+"""inspect_model in the integrations: local_update(inspect=), the Flower train helper, InspectModelMod."""
+
+import copy
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from guardfl.defenses import GradPrune
+from guardfl.errors import ConfigError, MaliciousModelError
+from guardfl.integrations.torch import local_update
+from tests import malicious as M
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+
+def net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+DATA = TensorDataset(torch.randn(32, 1, 4, 4, generator=torch.Generator().manual_seed(2)),
+                     torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(2)))
+sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+
+
+def same(a, b):
+    return all(torch.equal(v, b[k]) for k, v in a.items())
+
+
+# -- local_update --------------------------------------------------------------------------------------------
+def test_local_update_refuses_a_fished_model_before_training():
+    model = M.class_fishing(net(), target=1)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(MaliciousModelError) as info:
+        local_update(model, DataLoader(DATA, batch_size=8), sgd, GradPrune(0.5), inspect=True)
+    assert any("class fishing" in r for r in info.value.reasons)
+    assert same(before, model.state_dict())
+
+
+@pytest.mark.parametrize("inspect", [True, "strict"])
+def test_local_update_trains_a_benign_model_and_reports_the_inspection(inspect):
+    result = local_update(net(), DataLoader(DATA, batch_size=8), sgd, GradPrune(0.5), inspect=inspect)
+    assert result.inspection is not None and result.inspection.ok and result.steps == 4
+    assert "gradient_concentration" in result.inspection.checks  # the loader's first batch was checked
+    assert local_update(net(), DataLoader(DATA, batch_size=8), sgd).inspection is None
+
+
+def test_a_one_shot_loader_is_not_drawn_from_for_the_inspection():
+    batches = iter(DataLoader(DATA, batch_size=8))
+    result = local_update(net(), batches, sgd, inspect=True)
+    assert result.steps == 4 and "gradient_concentration" not in result.inspection.checks
+
+
+def test_local_update_inspect_must_be_a_known_mode():
+    with pytest.raises(ConfigError, match=r"^inspect: expected False, True or 'strict'"):
+        local_update(net(), DataLoader(DATA, batch_size=8), sgd, inspect="warn")
+
+
+# -- Flower ----------------------------------------------------------------------------------------------------
+flwr = pytest.importorskip("flwr")
+
+from flwr.app import ArrayRecord, Context, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
+
+from guardfl.integrations import flower as gf  # noqa: E402
+
+
+def context():
+    return Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+
+
+def inspected_app(model, mods=(), inspect=True):
+    app = ClientApp(mods=list(mods))
+    calls = []
+
+    @app.train()
+    def train(msg, ctx):
+        calls.append(1)
+        return gf.train(msg, ctx, model, DataLoader(DATA, batch_size=8), sgd, GradPrune(0.5), inspect=inspect)
+
+    return app, calls
+
+
+def test_train_helper_replies_with_an_error_naming_the_reasons_and_trains_nothing():
+    model, ctx = net(1), context()
+    before = copy.deepcopy(model.state_dict())
+    app, _ = inspected_app(model)
+    reply = app(gf.train_message(M.class_fishing(net(), target=2).state_dict()), ctx)
+    assert reply.has_error() and reply.error.code == ErrorCode.MOD_FAILED_PRECONDITION
+    assert "class fishing" in reply.error.reason and "'3'" in reply.error.reason
+    assert same(before, model.state_dict()) and gf.STATE_KEY not in ctx.state.config_records
+
+
+def test_train_helper_names_an_inserted_module_instead_of_failing_to_load():
+    app, _ = inspected_app(net())
+    imprinted = M.with_imprint(net(), in_shape=(1, 4, 4), bins=16)
+    reply = app(gf.train_message(imprinted.state_dict()), context())
+    assert reply.has_error() and "architecture:" in reply.error.reason and "imprint:" in reply.error.reason
+
+
+def test_train_helper_trains_a_benign_model_with_inspection_on():
+    g = net(3).state_dict()
+    app, _ = inspected_app(net())
+    reply = app(gf.train_message(g), context())
+    assert not reply.has_error(), reply.error
+    assert list(reply.content["arrays"].keys()) == list(g)
+
+
+def test_inspect_model_mod_refuses_without_calling_the_app():
+    app, calls = inspected_app(net(), mods=[gf.InspectModelMod(reference=net())], inspect=False)
+    reply = app(gf.train_message(M.feature_fishing(net(), target=0, feature=3).state_dict()), context())
+    assert reply.has_error() and reply.error.code == ErrorCode.MOD_FAILED_PRECONDITION
+    assert reply.error.reason.startswith("InspectModelMod: the received model was refused: class fishing")
+    assert calls == []
+    reply = app(gf.train_message(M.with_imprint(net(), (1, 4, 4), bins=16).state_dict()), context())
+    assert reply.has_error() and "architecture:" in reply.error.reason and calls == []
+
+
+def test_inspect_model_mod_passes_benign_models_and_other_messages():
+    app, calls = inspected_app(net(), mods=[gf.InspectModelMod()], inspect=False)
+    reply = app(gf.train_message(net(4).state_dict()), context())
+    assert not reply.has_error() and calls == [1]
+
+
+def test_inspect_model_mod_needs_exactly_one_array_record():
+    app, calls = inspected_app(net(), mods=[gf.InspectModelMod()], inspect=False)
+    msg = gf.train_message(net().state_dict())
+    msg.content["extra"] = ArrayRecord(net().state_dict())
+    reply = app(msg, context())
+    assert reply.has_error() and "exactly one ArrayRecord" in reply.error.reason and calls == []
+
+
+def test_inspect_model_mod_reference_must_be_a_model_or_state_dict():
+    with pytest.raises(ConfigError, match="^reference: "):
+        gf.InspectModelMod(reference="resnet18")
