@@ -11,11 +11,11 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
 - **class fishing** (Wen et al. 2022): the classification layer (the last linear layer) with most rows
   zeroed, or biases that pin some logits tens of units above others: only the target class's samples
   then send a gradient into the rest of the model.
-- **output collapse** and **gradient concentration** (feature fishing and other parameter edits), only
-  with ``batch=(x, y)``, the client's own first batch: the model is run in eval mode without autograd;
-  a model that puts almost all probability on one class for every sample, whatever its label, or whose
-  loss gradient into the classifier's input comes almost entirely from one sample or one class, is
-  flagged.
+- **gradient concentration** (fishing and other parameter edits), only with ``batch=(x, y)``, the
+  client's own first batch: the model is run in eval mode without autograd; a model whose loss gradient
+  into the classifier's input comes almost entirely from one sample or from the samples of one rare
+  label is flagged. Output collapse (every sample put in one class) is measured and reported in
+  ``checks`` but is no reason: DLG's wide initialisation produces it on its own.
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
 docstrings say why. The thresholds were chosen from measurements on benign models (PyTorch default
@@ -42,7 +42,7 @@ from guardfl.errors import ConfigError, MaliciousModelError
 #: hundreds of bins; rank one in a handful of rows is not an imprint of a batch
 IMPRINT_MIN_ROWS = 8
 #: second / first singular value below which a linear layer counts as rank one. An imprint layer is
-#: exactly rank one (ratio ~1e-7 in float32); benign layers measured >= 0.2 (default and wide inits,
+#: exactly rank one (ratio ~1e-7 in float32); benign layers measured >= 0.18 (default and wide inits,
 #: trained, FedAvg averages: their rows are independent draws or learned features)
 RANK_ONE_RATIO = 1e-3
 #: share of consecutive threshold steps (-bias / row scale, in row order) that go the same way for the
@@ -59,16 +59,20 @@ ZERO_ROW_RELATIVE = 1e-3
 ZERO_ROW_SHARE = 0.5
 #: the classification biases are flagged when the largest minus the smallest exceeds this many logits:
 #: exp(20) ~ 5e8, so classes 20 logits below the others get no probability (class fishing: 1000);
-#: benign biases measured within 2 logits of each other
+#: benign biases measured within 2 logits of each other (worst 1.9, a trained LeNet)
 BIAS_GAP_LOGITS = 20.0
-#: output collapse: every sample's most probable class is the same one, with mean probability at
-#: least this, although the batch holds other labels (benign, wide init included, measured <= 0.9)
+#: output collapse (reported in ``checks``, never a reason on its own): every sample's most probable
+#: class is the same one with at least this mean probability although the batch holds other labels.
+#: Measured: DLG's wide initialisation of LeNet collapses like that by itself (2 of 20 seeds, mean top
+#: probability up to 0.997), so a collapsed output is no evidence of an attack; the fishing models are
+#: caught by their weights and by the gradient concentration instead
 COLLAPSE_PROBABILITY = 0.99
 #: gradient concentration: share of the loss gradient into the classifier's input (the sum over
 #: samples of its per-sample norms) carried by one sample, or by the samples of one label that are at
 #: most half the batch, above which the batch's update is one sample's or one class's. Class fishing
 #: gives 1.0 (the other classes' logits are pinned, their samples send exactly 0); benign models
-#: measured <= 0.14 for one sample and <= 0.28 for one label in batches of 32, overfitted ones included
+#: measured <= 0.16 for one sample and <= 0.53 for one label in batches of 32 (a LeNet that predicts
+#: mostly one class), non-IID batches included
 CONCENTRATION_SHARE = 0.99
 #: a label is judged by the gradient concentration check only when its samples are at most this share
 #: of the batch (on a non-IID client most of the gradient legitimately comes from its majority label)
@@ -373,10 +377,8 @@ def _batch_checks(module: nn.Module, batch) -> tuple[list[str], dict[str, dict[s
     reasons = []
 
     mean, cls, unanimous = output_collapse(probs, y)
-    checks = {"output_collapse": {"class": cls, "mean_probability": mean, "unanimous": unanimous}}
-    if unanimous and mean >= COLLAPSE_PROBABILITY:
-        reasons.append(f"output collapse: on the client's batch every sample is put in class {cls} with mean probability "
-                       f"{mean:.4f} (>= {COLLAPSE_PROBABILITY}), whatever its label")
+    checks = {"output_collapse": {"class": cls, "mean_probability": mean, "unanimous": unanimous,
+                                  "collapsed": unanimous and mean >= COLLAPSE_PROBABILITY}}
 
     labels = int(y.unique().numel())
     sample_share, i, class_share, c = gradient_shares(probs, onehot, head.weight.detach().cpu(), y)

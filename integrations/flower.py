@@ -18,6 +18,10 @@ every round, so the per-client defense state (round counter, DP accountant) is k
 ``context.state`` under ``"guardfl"``: epsilon is cumulative over rounds, Outpost's schedule restarts
 every round, and an explicitly seeded defense never reuses a round's noise stream.
 
+``train(..., inspect=True)`` checks the received model with ``guardfl.inspect_model`` first and replies
+with an error naming the reasons when it is not ok; ``InspectModelMod(reference)`` does the same on the
+weights alone as a mod (``ClientApp(mods=[InspectModelMod(Net())])``).
+
 Update-level defenses (prune / noise / clip on the delta, when the optimizer is out of reach)::
 
     app = ClientApp(mods=[LocalDpMod(...), GuardUpdateMod(GradPrune(0.9))])
