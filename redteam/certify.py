@@ -41,8 +41,9 @@ from guardfl.redteam import data as data_mod
 from guardfl.redteam import evidence, metrics, privacy
 from guardfl.redteam.attacks.encoded import attack_view, decode
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
+from guardfl.redteam.attacks.server import ServerAttack
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.client import FedAvg, FedSGD, Observation, SideKnowledge, bn_layers, simulate_client
+from guardfl.redteam.client import ClientQuery, FedAvg, FedSGD, Observation, SideKnowledge, bn_layers, simulate_client
 from guardfl.redteam.files import CERTIFICATE, StateFolder, atomic_write, mark_run, retract_verdict
 from guardfl.redteam.fingerprint import changed_inputs, fingerprint, resume_key, run_inputs
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
@@ -145,6 +146,9 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
         cls = attack_registry.ATTACKS[name]
         budget = {**cls.budget_for(strength), **overrides}
         reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux))
+        if reason is None and cfg.target is not None and cls.capabilities.server == "malicious":
+            reason = ("sends the client a model of its own making, which needs the simulated client; a "
+                      "target (your ClientApp / train_fn) cannot be queried that way yet")
         line = {"attack": name, "threat": threat.model_dump(), "budget": budget, "strength": strength,
                 "paper_budget": cls.budget_for("paper"), "paper_reference": cls.paper_budget}
         if reason is not None:
@@ -664,11 +668,17 @@ class _AttackRunner:
                 attack.prepare(self.setting, threat, cache=self.cache,
                                on_done=lambda info: self._prepared(f"{i}-{plan.name}", info))
             known = threat.defense == "known"
-            views = [attack_view(obs, known) for obs, _, _ in items]  # an input encoding: attack the encodings
-            recs = attack.reconstruct_many(views, threat, seeds)
+            if isinstance(attack, ServerAttack):
+                # a malicious server queries each client with models of its own making
+                views = [None] * len(items)
+                recs = [attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seed)
+                        for (obs, x, y), seed in zip(items, seeds)]
+            else:
+                views = [attack_view(obs, known) for obs, _, _ in items]  # an input encoding: attack the encodings
+                recs = attack.reconstruct_many(views, threat, seeds)
             seconds = (time.time() - t0) / len(bs)
             for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
-                rec, encodings = decode(raw, obs, known)
+                rec, encodings = decode(raw, obs, known) if view is not None else (raw, None)
                 m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=self.cfg.certify.lpips_weights)
                 record: dict[str, Any] = {
                     "job": _record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
@@ -676,8 +686,9 @@ class _AttackRunner:
                 if encodings is not None:
                     record["encodings"] = _encoding_metrics(encodings, obs, view)
                 record["recovered"] = _recovered(m, self.cfg.certify.max_ssim)
+                info = {k: (type(v).__name__ if isinstance(v, torch.nn.Module) else str(v)) for k, v in rec.info.items()}
                 record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
-                              info={k: str(v) for k, v in rec.info.items()}, seconds=seconds, batched_with=len(bs))
+                              info=info, seconds=seconds, batched_with=len(bs))
                 # as the state file holds it: a job read back by a resume is this very record
                 out.append((json.loads(json.dumps(record, default=str)), rec.inputs.detach().cpu()))
         except (KeyboardInterrupt, GuardflError) as err:
@@ -687,6 +698,13 @@ class _AttackRunner:
         except Exception as err:
             raise AttackFailed(f"attack {plan.name} failed on {where}: {type(err).__name__}: {err}") from err
         return out
+
+
+    def _client_query(self, obs: Observation, x: torch.Tensor, y: torch.Tensor) -> ClientQuery:
+        """The simulated client of this batch as a malicious server reaches it (its private batch, the
+        configured defense, the protocol and mode it was observed with)."""
+        return ClientQuery(x, y, self.setting.defense_config, obs.protocol, input_range=obs.input_range,
+                           train_mode=obs.train_mode)
 
 
 class _StateCache(PreparedCache):
@@ -730,12 +748,18 @@ class _StateCache(PreparedCache):
         return found
 
 
+#: SSIM from which a reconstruction counts as the private image itself (Robbing the Fed's "exact" recoveries)
+EXACT_SSIM = 0.95
+
+
 def _recovered(m: dict, max_ssim: float | None) -> dict[str, Any] | None:
     """How many private images came back above the SSIM threshold (the fraction a reviewer reads)."""
     if max_ssim is None:
         return None
     above = sum(1 for p in m["per_image"] if p.get("ssim") is not None and p["ssim"] > max_ssim)
-    return {"above_max_ssim": above, "of": len(m["per_image"]), "fraction": above / max(1, len(m["per_image"]))}
+    exact = sum(1 for p in m["per_image"] if p.get("ssim") is not None and p["ssim"] >= EXACT_SSIM)
+    return {"above_max_ssim": above, "exact": exact, "of": len(m["per_image"]),
+            "fraction": above / max(1, len(m["per_image"]))}
 
 
 def _encoding_metrics(encodings: torch.Tensor, obs: Observation, view: Observation) -> dict[str, Any] | None:

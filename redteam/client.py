@@ -117,6 +117,10 @@ class Observation:
     side: SideKnowledge
     #: whether the client trained in train mode (BatchNorm on batch statistics, dropout on)
     train_mode: bool = True
+    #: the coordinates of ``update`` an attack should match (param name -> bool mask), None: all. A
+    #: malicious server that isolated part of an update (Fishing: the classifier's other rows mix every
+    #: sample) attacks a view of the observation with the rest masked out (and zeroed).
+    matched: dict[str, Tensor] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -144,6 +148,7 @@ class Observation:
             side=SideKnowledge(self.side.labels.to(device), mv(self.side.bn_batch_stats), self.side.defense_stats,
                                self.side.input_hashes, mv(self.side.trained)),
             train_mode=self.train_mode,
+            matched=None if self.matched is None else {k: v.to(device) for k, v in self.matched.items()},
         )
 
 
@@ -276,3 +281,27 @@ def simulate_client(
                            trained=trained if encoding is not None else []),
         train_mode=train_mode,
     )
+
+
+class ClientQuery:
+    """The client as a malicious server reaches it: send a model, receive the update the client computes
+    on its private batch with it (``simulate_client``: the real defense path, train mode as deployed).
+    The attack holds only this callable, never the batch. Each query builds the defense anew from its
+    configuration, so its randomness is fresh per query (a seeded configuration repeats its draws, as a
+    deployed seeded client would); ``queries`` counts the models sent. Picklable (a worker process runs
+    it), so it holds the configuration, not a defense object."""
+
+    def __init__(self, inputs: Tensor, labels: Tensor, defense_config: dict | None, protocol: Protocol,
+                 *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True) -> None:
+        self._inputs, self._labels = inputs, labels
+        self.defense_config, self.protocol = defense_config, protocol
+        self.input_range, self.train_mode = tuple(input_range), train_mode
+        self.num_samples = int(inputs.shape[0])
+        self.input_shape = tuple(inputs.shape[1:])
+        self.queries = 0
+
+    def __call__(self, model: nn.Module) -> Observation:
+        self.queries += 1
+        defense = from_config(self.defense_config) if self.defense_config is not None else None
+        return simulate_client(model, self._inputs, self._labels, defense, self.protocol,
+                               input_range=self.input_range, train_mode=self.train_mode)

@@ -118,6 +118,7 @@ class ThreatSection(StrictModel):
     bn: Literal["exact", "proxy", "infer", "none"] = Field(default="none", json_schema_extra={"allowed": "'exact', 'proxy', 'infer' or 'none'"})
     defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
+    server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
 
 
 class AttackSection(StrictModel):

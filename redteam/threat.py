@@ -1,8 +1,11 @@
-"""The threat model: what the attacker (an honest-but-curious server, or an eavesdropper) knows.
+"""The threat model: what the attacker (an honest-but-curious server, an eavesdropper, or a malicious
+server) knows and may do.
 
 Always known: the global model (architecture and weights) and what the client transmitted. Optionally:
 the private labels, BatchNorm statistics (the four settings of Huang et al. 2021, Sec. 3), the defense's
-configuration (never its randomness), and the FedAvg local hyperparameters.
+configuration (never its randomness), and the FedAvg local hyperparameters. A malicious server may also
+send the client a model of its own making (Wang et al. 2024, Sec. VII: Robbing the Fed, Fishing) and
+query it more than once.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class ThreatModel(StrictModel):
     defense: ``known`` (the configuration, so the attack can use a defense-aware objective) or ``unknown``.
     fedavg: ``known`` (epochs, batch size, lr, momentum, weight decay: the attacker unrolls the local
         steps) or ``unknown`` (treat the delta as one gradient step: cosine matching is scale-free).
+    server: ``honest`` (follows the protocol: sends the true global model, observes the update) or
+        ``malicious`` (may modify the model it sends, its architecture or its parameters, and query the
+        client repeatedly within a round: the attacks with ``capabilities.server == "malicious"``).
     aux: auxiliary data the attacker holds (public images, disjoint from the client's): a torch
         ``Dataset`` of (image, label), an ``(images, labels)`` pair of tensors in the client's input range,
         or an ``AuxData`` (which can add OOD images for LTI-OOD). Learned attacks need it.
@@ -44,6 +50,7 @@ class ThreatModel(StrictModel):
     )
     defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
+    server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
     aux: AuxData | None = Field(default=None, json_schema_extra={"allowed": "null, a torch Dataset or (images, labels)"})
 
     @field_validator("aux", mode="before")

@@ -9,10 +9,13 @@ from guardfl.redteam.attacks.base import (
 )
 from guardfl.redteam.attacks.cocktail_party import CocktailParty
 from guardfl.redteam.attacks.dlg import DLG, IDLG
+from guardfl.redteam.attacks.fishing import Fishing
 from guardfl.redteam.attacks.gradinversion import GradInversion
 from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
 from guardfl.redteam.attacks.learned_inversion import LearnedInversion
 from guardfl.redteam.attacks.registry import ATTACKS, available, get
+from guardfl.redteam.attacks.robbing_the_fed import RobbingTheFed
+from guardfl.redteam.attacks.server import ServerAttack
 
 __all__ = [
     "ATTACKS",
@@ -23,6 +26,7 @@ __all__ = [
     "AttackFailed",
     "Capabilities",
     "CocktailParty",
+    "Fishing",
     "LearnedInversion",
     "NotApplicable",
     "PreparedCache",
@@ -30,6 +34,8 @@ __all__ = [
     "GradInversion",
     "InvertingGradients",
     "Reconstruction",
+    "RobbingTheFed",
+    "ServerAttack",
     "available",
     "get",
     "infer_labels",

@@ -66,7 +66,9 @@ class Capabilities:
     observations (private samples of one setting) in one batched computation, cheaper per sample than
     one call each, with each sample's result that of its own call up to float32 reduction order (so a
     planner should hand it chunks of many samples); False: ``reconstruct_many`` is the loop of
-    ``reconstruct`` and the chunk size does not matter.
+    ``reconstruct`` and the chunk size does not matter. server: ``honest`` (attacks what an honest
+    server observes) or ``malicious`` (a ``ServerAttack``: sends the client models of its own making,
+    needs ``threat.server == "malicious"``).
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -76,6 +78,7 @@ class Capabilities:
     max_samples_inferred_labels: int | str | None = None
     needs_linear_layer: bool = False
     batches_samples: bool = False
+    server: str = "honest"
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,9 @@ class Attack:
             return f"attacks {'/'.join(sorted(cap.protocols))} clients only (this one runs {setting.protocol.name})"
         if cap.max_samples is not None and setting.num_samples > cap.max_samples:
             return f"attacks at most {cap.max_samples} samples per update (this client sends {setting.num_samples})"
+        if cap.server == "malicious" and threat.server != "malicious":
+            return ("a malicious-server attack (the server sends a model of its own making); it runs under "
+                    "threat.server: malicious")
         if cap.needs_aux and threat.aux is None:
             return "needs auxiliary data in the threat model (an 'aux' section, or ThreatModel(aux=...))"
         if cap.needs_linear_layer:

@@ -49,14 +49,19 @@ class ObjectiveWeights:
 def observation_target(observation: Observation, knowledge: Knowledge, pruned: bool, device: torch.device) -> dict[str, Any]:
     """What of one observation its objective compares with (a pytree of tensors on ``device``, no model):
     ``observed`` (the update, layer by layer, in ``observation.param_names`` order), ``observed_norm``,
-    ``masks`` (a pruned update's non-zero coordinates; only when ``pruned``), ``bn`` (the granted
+    ``masks`` (a pruned update's non-zero coordinates when ``pruned``, and only the ``matched`` ones of an
+    observation that names them; absent when neither), ``bn`` (the granted
     BatchNorm statistics of the prior: ``bn_mode`` exact or infer only). The labels are the attack's to
     add (granted or restored: ``labels_for``), as ``labels``."""
     observed = [observation.update[n].to(device) for n in observation.param_names]
     # the update stays a list of layers: the distances sum layer by layer (no flat 11M-entry copies)
     target: dict[str, Any] = {"observed": observed, "observed_norm": obj.layers_norm(observed)}
-    if pruned:
-        target["masks"] = [o != 0 for o in observed]
+    masks = [o != 0 for o in observed] if pruned else None
+    if observation.matched is not None:  # only part of the update is the attack's (a malicious server's view)
+        chosen = [observation.matched[n].to(device) for n in observation.param_names]
+        masks = chosen if masks is None else [m & c for m, c in zip(masks, chosen)]
+    if masks is not None:
+        target["masks"] = masks
     if knowledge.bn_mode in ("exact", "infer") and knowledge.bn_target is not None:
         target["bn"] = [(m.to(device), v.to(device)) for m, v in knowledge.bn_target]
     return target

@@ -47,7 +47,10 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
     assert "auxiliary data" in status["learned_inversion"]["reason"]
     # iDLG restores ONE label (its default threat: labels inferred): not applicable to a batch of 2
     assert status["idlg"]["status"] == "not applicable" and "at most 1 sample" in status["idlg"]["reason"]
-    assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg"}
+    # the malicious-server attacks: not part of the honest-server certificate that `all` makes
+    for name in ("robbing_the_fed", "fishing"):
+        assert status[name]["status"] == "not applicable" and "threat.server: malicious" in status[name]["reason"]
+    assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing"}
     for line in listing:
         if line["status"] == "not applicable":
             continue

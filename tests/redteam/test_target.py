@@ -252,3 +252,11 @@ def test_shipped_flower_example_configs_validate():
     for name in ("flower-example.yaml", "flower-example-no-defense.yaml"):
         cfg = load_config(ROOT / "configs" / name)
         assert cfg.target is not None and cfg.target.clientapp.endswith(":app")
+
+
+def test_a_malicious_server_attack_on_a_target_is_refused_in_one_line(train_fn_config):
+    from guardfl.errors import ConfigError
+
+    cfg = train_fn_config("sgd") | {"attacks": [{"name": "robbing_the_fed", "threat": {"server": "malicious"}}]}
+    with pytest.raises(ConfigError, match="robbing_the_fed: not applicable.*simulated client"):
+        certify(cfg)
