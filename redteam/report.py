@@ -238,6 +238,13 @@ def write_report(cert: Certificate, out: Path) -> None:
         encoding_html = ("<p>The client encodes its inputs (MixUp / InstaHide): every attack reconstructed the encodings the "
                          "client trained on, then demixed them blind (k and the coefficient bound known, never the partners "
                          "or coefficients); the images shown and measured are the estimates of the PRIVATE images.</p>")
+    server = sorted({r["attack"] for r in cert.results if r.get("threat", {}).get("server") == "malicious"})
+    if server:
+        queries = sorted({str(r.get("info", {}).get("queries")) for r in cert.results if r["attack"] in server})
+        encoding_html += (f"<p><b>A malicious server</b> ({html.escape(', '.join(server))}): the server sent the client "
+                          f"models of its own making ({html.escape(', '.join(sorted({str(r.get('info', {}).get('malicious_model')) for r in cert.results if r['attack'] in server})))}; "
+                          f"{html.escape('/'.join(queries))} quer{'y' if queries == ['1'] else 'ies'} per client update) and "
+                          "attacked what the client sent back; an honest-server certificate does not cover this.</p>")
     prep_html = ""
     if cert.preparations:
         prep_html = ("<h2>Prepared attacks</h2><p>Once-per-setting preparations (e.g. the inverter trained on auxiliary "
