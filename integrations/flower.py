@@ -166,6 +166,13 @@ def _dataset_size(loader: Iterable, fallback: int) -> int:
 
 
 # -- the update-defense mod ---------------------------------------------------------------------------
+def _one_array_record(msg: Message, mod: str) -> ArrayRecord | Message:
+    """The one ArrayRecord of a train message, or the error reply a mod sends instead of calling the app."""
+    if len(msg.content.array_records) != 1:
+        return _error_reply(msg, f"{mod} expects exactly one ArrayRecord, but found {len(msg.content.array_records)} ArrayRecord(s).")
+    return next(iter(msg.content.array_records.values()))
+
+
 def _error_reply(msg: Message, reason: str) -> Message:
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
 
@@ -189,9 +196,9 @@ class GuardUpdateMod:
         if msg.metadata.message_type.split(".")[0] != "train":
             return call_next(msg, ctxt)
         name = type(self).__name__
-        if len(msg.content.array_records) != 1:
-            return _error_reply(msg, f"{name} expects exactly one ArrayRecord, but found {len(msg.content.array_records)} ArrayRecord(s).")
-        received = next(iter(msg.content.array_records.values()))
+        received = _one_array_record(msg, name)
+        if isinstance(received, Message):
+            return received
         out = call_next(msg, ctxt)
         if out.has_error():
             return out
@@ -238,10 +245,11 @@ class InspectModelMod:
         if msg.metadata.message_type.split(".")[0] != "train":
             return call_next(msg, ctxt)
         name = type(self).__name__
-        if len(msg.content.array_records) != 1:
-            return _error_reply(msg, f"{name} expects exactly one ArrayRecord, but found {len(msg.content.array_records)} ArrayRecord(s).")
+        received = _one_array_record(msg, name)
+        if isinstance(received, Message):
+            return received
         try:
-            state = next(iter(msg.content.array_records.values())).to_torch_state_dict()
+            state = received.to_torch_state_dict()
             inspection = inspect_model(state, self.reference)
         except (ValueError, TypeError, GuardflError) as err:
             return _error_reply(msg, f"{name}: {err}")
