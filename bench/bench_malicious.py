@@ -14,7 +14,8 @@ cifar10-train-5k.npz``, images 0..B-1 in order) is attacked by
   ``--fishing-iterations`` x 2 restarts: far below the paper's 24,000, a CPU budget, so its SSIMs are
   lower bounds): the fished sample's SSIM (the best over the batch) and whether it is exact;
 
-and ``guardfl.inspect_model`` (when present) judges each crafted model against the honest one: its
+(``--eval-mode``: Fishing also against a client in eval mode, labelled as a comparison only), and
+``guardfl.inspect_model`` (when present) judges each crafted model against the honest one: its
 verdict and first reason. Defenses: none, Outpost (paper defaults), GradPrune 0.9, DP-SGD (noise 1.0,
 clip 1.0; Opacus refuses BatchNorm, so the DP rows train ``guardfl.dp_compatible(model)``, GroupNorm).
 The client is simulated through the real defense path (``ClientQuery`` -> ``simulate_client``).
@@ -59,10 +60,11 @@ def inspect(sent: torch.nn.Module, honest: torch.nn.Module) -> str:
     return "ok" if verdict.ok else f"flagged: {verdict.reasons[0][:70]}"
 
 
-def one(attack: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, defense, aux, fishing_iterations: int):
+def one(attack: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, defense, aux, fishing_iterations: int,
+        train_mode: bool = True):
     protocol = FedSGD()
-    setting = Setting.of(simulate_client(model, x, y, defense, protocol))
-    client = ClientQuery(x, y, defense, protocol)
+    setting = Setting.of(simulate_client(model, x, y, defense, protocol, train_mode=train_mode))
+    client = ClientQuery(x, y, defense, protocol, train_mode=train_mode)
     budget = {"seed": 0} if attack == "robbing_the_fed" else {"seed": 0, "iterations": fishing_iterations, "restarts": 2}
     threat = ThreatModel(server="malicious", labels="known", aux=aux if attack == "robbing_the_fed" else None)
     t0 = time.perf_counter()
@@ -81,6 +83,9 @@ def main(argv=None) -> None:
     ap.add_argument("--defenses", nargs="+", default=list(DEFENSES), choices=list(DEFENSES))
     ap.add_argument("--attacks", nargs="+", default=["robbing_the_fed", "fishing"])
     ap.add_argument("--fishing-iterations", type=int, default=300)
+    ap.add_argument("--eval-mode", action="store_true",
+                    help="also run Fishing against a client in eval mode: a labelled comparison (Wang et al. 2024 "
+                         "found Fishing's published strength needs it); a real client trains in train mode")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "malicious.json"))
     args = ap.parse_args(argv)
@@ -97,11 +102,15 @@ def main(argv=None) -> None:
                 model = build_model(name, (3, 32, 32), 10)
                 if dname == "dpsgd":
                     model = guardfl.dp_compatible(model)
-                for attack in args.attacks:
-                    row = {"model": name, "batch": b, "defense": dname, "attack": attack,
-                           **one(attack, model, x, y, DEFENSES[dname], aux, args.fishing_iterations)}
+                runs = [(a, True) for a in args.attacks]
+                if args.eval_mode and "fishing" in args.attacks:
+                    runs.append(("fishing", False))
+                for attack, train_mode in runs:
+                    label = attack if train_mode else f"{attack} [EVAL-MODE client: comparison only]"
+                    row = {"model": name, "batch": b, "defense": dname, "attack": label, "train_mode": train_mode,
+                           **one(attack, model, x, y, DEFENSES[dname], aux, args.fishing_iterations, train_mode)}
                     rows.append(row)
-                    print(f"{name} | {b} | {dname} | {attack} | {row['exact']} of {b} | {row['best_ssim']:.3f} | "
+                    print(f"{name} | {b} | {dname} | {label} | {row['exact']} of {b} | {row['best_ssim']:.3f} | "
                           f"{row['seconds']:.1f} | {row['queries']} | {row['inspect']}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"rows": rows, "fishing_iterations": args.fishing_iterations}, indent=1))

@@ -1,36 +1,43 @@
-"""Fishing for user data (Wen et al., ICML 2022), class fishing, with the client in train mode.
+"""Fishing for user data (Wen et al., ICML 2022): class fishing and feature fishing, client in train mode.
 
 A malicious server changes only the parameters of the classification layer (the architecture stays the
-one the client expects) so that, in the client's gradient, one target class's samples are all that
-remain, however large the batch:
+one the client expects) so that, in the client's gradient, one sample is all that remains, however large
+the batch:
 
 1. Query 0: the honest model; its update gives the server the batch's labels (Wen et al. and Wang et al.
    2024, Sec. VII: "the Fishing attack requires querying the client for labels initially"; here they are
    granted by ``threat.labels: known``, which this attack requires). The target class ``c`` is the
    rarest class of the batch (``target_class`` to choose it).
-2. Query 1: the fishing model: every row of the last linear layer zeroed except row ``c``, every bias 0
-   except ``b_c = -beta``. Then ``p_c ~ 0`` for every sample, so the gradient reaching the features is
-   ``(p_c - y_c) W_c``: zero for every sample outside class ``c`` and ``-W_c`` for each sample of it. Every
-   layer's gradient but the classifier's other rows is the (mean-scaled) gradient of the class-``c``
-   samples alone.
-3. The isolated part of the update (``Observation.matched``: the other rows masked out) is attacked by
-   Inverting Gradients on ``m`` images of label ``c``, ``m`` the class's count; the result is returned
-   for those samples (the rest of the batch is not attacked: ``fill_batch`` repeats the result).
+2. Class fishing (the target class has one sample, or ``strategy: class``): the classifier's rows are all
+   zeroed except ``c``'s, biases 0 except ``b_c = -beta``. Then ``p_c ~ 0`` for every sample, so the
+   gradient reaching the features is ``(p_c - y_c) W_c``: zero outside class ``c``, ``-W_c`` inside. Every
+   layer's gradient but the classifier's other rows is the class-``c`` sample's alone (one query).
+3. Feature fishing (several samples of the class, ``strategy: auto`` or ``feature``): the classifier's only
+   weight is ``alpha`` on one feature ``j`` of row ``c``, bias ``-alpha t``: ``p_c ~ 1`` for samples whose
+   feature exceeds ``t``, ``~ 0`` below. The target bias's gradient tells the server how many samples
+   lie above ``t``; it searches ``t`` (doubling, then bisection; ``max_queries``) until exactly one
+   sample lies between two thresholds. The difference of those two updates is that one sample's: the
+   gradient of its target logit ``d z_c / d theta``, which the attack matches as a cross-entropy
+   gradient with the zero-sum labels ``e_d - e_c`` (``band_view``). This is our reading of Wen et al.'s
+   multi-query feature fishing (binary search on a feature threshold); the isolated sample is the one
+   with the largest feature ``j`` (any class). When no pair of thresholds isolates one sample within
+   ``max_queries`` (features equal to within ``1/alpha``, as on a fresh sigmoid LeNet, or a defense
+   blurring the counts), the attack fishes the class instead and says why in ``info``.
+4. The isolated part of the update (``Observation.matched``: the classifier rows that mix every sample
+   masked out) is inverted by Inverting Gradients; the result stands for that sample
+   (``fill_batch`` repeats it to the batch size for matching).
 
 The client trains as deployed: train mode, so BatchNorm normalises the target sample with the WHOLE
 batch's statistics while the attacker's replica normalises its guess with its own (Wang et al. 2024
 found Fishing's published strength depends on running the client in eval mode; ``client.train_mode``
-gives that comparison). One sample of the class (``m = 1``) is the case class fishing is for.
-
-Not implemented (yet): feature fishing (Wen et al.'s multi-round binary search on a feature threshold,
-for a target class with several samples in the batch): with ``m > 1`` this attack inverts the ``m``
-samples jointly from the isolated gradient, weaker than feature fishing, and says so in ``info``.
+gives that comparison). FedSGD only, as Wang et al. note of the method.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -82,6 +89,46 @@ def isolated_view(observation: Observation, layer_name: str, target: int, count:
     return replace(observation, update=update, num_samples=count, side=side, released_bn_stats=[], matched=matched)
 
 
+def feature_fishing_model(model: nn.Module, num_classes: int, target: int, feature: int, alpha: float,
+                          threshold: float) -> nn.Module:
+    """The feature-fishing model for one threshold: the classifier's only non-zero row is ``target``'s,
+    ``alpha`` on feature ``feature``, bias ``-alpha * threshold``: the target's probability is ~1 for the
+    samples whose feature exceeds the threshold and ~0 for the others."""
+    sent = copy.deepcopy(model)
+    _, layer = classifier(sent, num_classes)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.weight[target, feature] = alpha
+        if layer.bias is not None:
+            layer.bias.zero_()
+            layer.bias[target] = -alpha * threshold
+    return sent
+
+
+def band_view(upper: Observation, lower: Observation, layer_name: str, target: int, num_classes: int) -> Observation:
+    """What one sample alone produced: ``upper`` (threshold below it) minus ``lower`` (threshold above it),
+    the update of every sample outside the band cancelling. That difference is the gradient of the
+    sample's target logit (``d z_c / d theta``): a cross-entropy gradient with the labels ``e_d - e_c``
+    (zero sum, so the softmax term vanishes; ``d`` another class, whose logit is constant 0), matched on
+    every layer and the classifier's target row (the other rows carry ``-f / (K-1)``, not ``-f``)."""
+    matched, update = {}, {}
+    for name, value in upper.update.items():
+        mask = torch.ones_like(value, dtype=torch.bool)
+        if name in (f"{layer_name}.weight", f"{layer_name}.bias"):
+            mask.zero_()
+            mask[target] = True
+        matched[name], update[name] = mask, (value - lower.update[name]) * mask
+    other = (target + 1) % num_classes
+    labels = torch.zeros(1, num_classes)
+    labels[0, other], labels[0, target] = 1.0, -1.0
+    return replace(upper, update=update, num_samples=1, side=SideKnowledge(labels=labels), released_bn_stats=[],
+                   matched=matched)
+
+
+class _OutOfQueries(Exception):
+    """The feature-fishing search spent ``max_queries``."""
+
+
 class FishingConfig(OptimisationConfig):
     iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
     restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
@@ -89,6 +136,14 @@ class FishingConfig(OptimisationConfig):
     tv: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     beta: float = Field(default=50.0, gt=0, json_schema_extra={"allowed": "> 0"})
     target_class: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (the batch's rarest class) or >= 0"})
+    strategy: Literal["auto", "class", "feature"] = Field(
+        default="auto", json_schema_extra={"allowed": "'auto' (class fishing when the target class has one sample, "
+                                                      "else feature fishing), 'class' or 'feature'"})
+    # steep: two samples' features may differ by 1e-5 (sigmoid features of a fresh LeNet), and the count the
+    # server reads is only an integer when every sample's target probability is saturated at 0 or 1
+    alpha: float = Field(default=1e6, gt=0, json_schema_extra={"allowed": "> 0"})
+    feature: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (drawn from the seed) or >= 0"})
+    max_queries: int = Field(default=48, ge=4, le=1000, json_schema_extra={"allowed": "an integer in [4, 1000]"})
 
 
 @register
@@ -131,10 +186,23 @@ class Fishing(ServerAttack):
             present = torch.nonzero(counts).flatten()
             target = int(present[counts[present].argmin()])
         m = int(counts[target])
-        layer_name, _ = classifier(setting.model, setting.num_classes)
-        sent = fishing_model(setting.model, setting.num_classes, target, c.beta)
-        observation = client(sent)  # query 1
-        view = isolated_view(observation, layer_name, target, m)
+        layer_name, layer = classifier(setting.model, setting.num_classes)
+        feature_fishing = c.strategy == "feature" or (c.strategy == "auto" and m > 1)
+        fished = None
+        if feature_fishing:
+            feature = c.feature if c.feature is not None else int(torch.randint(0, layer.in_features, (1,), generator=gen))
+            if feature >= layer.in_features:
+                raise ValueError(f"fishing.feature: {feature}; allowed: [0, {layer.in_features - 1}] (the classifier's inputs)")
+            fished = self._feature_fish(client, setting, layer_name, target, m, feature)
+        if fished is not None and not isinstance(fished, str):
+            view, sent, info = fished
+        else:  # class fishing (also the fallback when feature fishing could not isolate one sample)
+            sent = fishing_model(setting.model, setting.num_classes, target, c.beta)
+            observation = client(sent)  # query 1
+            view = isolated_view(observation, layer_name, target, m)
+            info = {"strategy": "class fishing" if m == 1 else f"class fishing on the class's {m} samples jointly"}
+            if isinstance(fished, str):
+                info["feature_fishing"] = fished
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         inner = get("inverting_gradients", iterations=c.iterations, restarts=c.restarts, lr=c.lr, tv=c.tv,
                     seed=seed, device=str(device), progress=c.progress)
@@ -143,6 +211,49 @@ class Fishing(ServerAttack):
         images = fill_batch(found.inputs.cpu(), setting.num_samples, setting.input_range)
         out_labels = torch.full((setting.num_samples,), target, dtype=torch.long)
         return Reconstruction(images, out_labels, found.objective, found.restart_objectives, {
-            "target_class": target, "target_samples": m, "labels": "known",
-            "strategy": "class fishing" if m == 1 else f"class fishing on {m} samples (feature fishing not implemented)",
+            "target_class": target, "target_samples": int(counts[target]), "labels": "known", **info,
             "client_mode": "train" if setting.train_mode else "eval", "malicious_model": sent})
+
+    def _feature_fish(self, client: ClientQuery, setting: Setting, layer_name: str, target: int, m: int,
+                      feature: int) -> tuple[Observation, nn.Module, dict] | str:
+        """Wen et al.'s feature fishing as a search over thresholds: a query with threshold ``t`` tells the
+        server how many samples have feature > t (its target-bias gradient is ``(above - m) / B``); it
+        narrows ``t`` until one sample lies between two thresholds, whose updates' difference is that
+        sample's alone (``band_view``). Returns the view, the last model sent and what it did; or, when
+        no pair of thresholds isolates one sample within ``max_queries`` (features equal to within
+        ``1/alpha``, or a defense blurring the counts), why not: the caller then fishes the class."""
+        c = self.config
+        n, k = setting.num_samples, setting.num_classes
+        asked: dict[float, tuple[int, float, Observation]] = {}
+
+        def above(t: float) -> int:
+            if t not in asked:
+                if client.queries - 1 >= c.max_queries:  # query 0 (the labels) is not counted
+                    raise _OutOfQueries
+                obs = client(feature_fishing_model(setting.model, k, target, feature, c.alpha, t))
+                raw = n * float(obs.update[f"{layer_name}.bias"][target]) + m
+                asked[t] = (round(raw), raw, obs)
+            return asked[t][0]
+
+        try:
+            lo, hi = -1.0, 1.0
+            while above(hi) > 0:
+                lo, hi = hi, hi * 4
+            while above(lo) == 0:
+                lo *= 4
+            while above(lo) > 1:  # invariant: above(lo) >= 1 > 0 == above(hi)
+                mid = (lo + hi) / 2
+                if above(mid) >= 1:
+                    lo = mid
+                else:
+                    hi = mid
+        except _OutOfQueries:
+            return (f"no threshold of feature {feature} isolated one sample within max_queries={c.max_queries} "
+                    "(samples with equal features cannot be separated)")
+        if abs(asked[lo][1] - 1) > 0.05 or abs(asked[hi][1]) > 0.05:
+            return (f"feature {feature} does not separate the samples at alpha={c.alpha:g} (counts "
+                    f"{asked[lo][1]:.2f} and {asked[hi][1]:.2f} are not whole: features closer than 1/alpha)")
+        view = band_view(asked[lo][2], asked[hi][2], layer_name, target, k)
+        sent = feature_fishing_model(setting.model, k, target, feature, c.alpha, hi)
+        return view, sent, {"strategy": "feature fishing", "feature": feature, "band": [lo, hi]}
+

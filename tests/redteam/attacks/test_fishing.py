@@ -74,3 +74,55 @@ def test_a_target_class_without_a_sample_is_one_line(faces):
     with pytest.raises(NotApplicable, match="use interrogate"):
         get("fishing").reconstruct(simulate_client(model, faces[:2], torch.tensor([0, 1])),
                                    ThreatModel(server="malicious", labels="known"))
+
+
+def test_feature_fishing_isolates_the_sample_with_the_largest_feature(faces):
+    from guardfl.redteam.attacks.fishing import band_view, feature_fishing_model
+
+    from guardfl.redteam.models import wide_init_
+
+    torch.manual_seed(0)
+    model = wide_init_(LeNetZhu((1, 25, 25), 10))  # features that differ (a fresh LeNet's agree to 1e-6)
+    x = faces[:12]
+    name, layer = classifier(model, 10)
+    with torch.no_grad():
+        feats = torch.nn.Sequential(*list(model.children())[:-1])(x).flatten(1)[:, 7]
+    order = feats.argsort(descending=True)
+    top, second = float(feats[order[0]]), float(feats[order[1]])
+    t1, t2 = (top + second) / 2, top + 1.0  # exactly the top sample between the thresholds
+    upper = simulate_client(feature_fishing_model(model, 10, 3, 7, 1e6, t1), x, LABELS)
+    lower = simulate_client(feature_fishing_model(model, 10, 3, 7, 1e6, t2), x, LABELS)
+    # the server's count above t1: B x (target bias gradient) + the class's samples (2 of class 3)
+    assert abs(12 * float(upper.update[f"{name}.bias"][3]) + 2 - 1) < 1e-3
+    view = band_view(upper, lower, name, 3, 10)
+    # the difference is the top sample's target-logit gradient
+    sent = feature_fishing_model(model, 10, 3, 7, 1e6, t1)
+    sent.zero_grad()
+    sent(x[order[0]][None])[0, 3].backward()
+    for key, p in sent.named_parameters():
+        mask = view.matched[key]
+        want = p.grad[mask]
+        if want.abs().sum() > 0:
+            assert cosine(view.update[key][mask], want) > 0.999, key
+    assert view.side.labels.sum() == 0 and view.side.labels[0, 3] == -1
+
+
+def test_feature_fishing_end_to_end_and_its_query_budget(faces):
+    from skimage.metrics import structural_similarity
+
+    torch.manual_seed(0)
+    from guardfl.redteam.models import wide_init_
+
+    model = wide_init_(LeNetZhu((1, 25, 25), 10))
+    x, y = faces[:16], torch.arange(16) % 10
+    setting = Setting.of(simulate_client(model, x, y))
+    threat = ThreatModel(server="malicious", labels="known")
+    rec = get("fishing", seed=0, iterations=300, restarts=2, strategy="feature").interrogate(
+        ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert rec.info["strategy"] == "feature fishing" and 3 <= rec.info["queries"] <= 49
+    best = max(structural_similarity(rec.inputs[0, 0].numpy(), x[i, 0].numpy(), data_range=1.0) for i in range(16))
+    assert best > 0.4
+    # out of queries: the attack fishes the class instead, and says why
+    rec = get("fishing", seed=0, iterations=1, strategy="feature", max_queries=4).interrogate(
+        ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert "class fishing" in rec.info["strategy"] and "max_queries=4" in rec.info["feature_fishing"]
