@@ -74,16 +74,24 @@ def fishing_model(model: nn.Module, num_classes: int, target: int, beta: float) 
     return sent
 
 
-def isolated_view(observation: Observation, layer_name: str, target: int, count: int) -> Observation:
-    """The part of ``observation`` that only the target class's ``count`` samples produced: the
-    classifier's other rows masked out and zeroed, ``count`` samples of label ``target``."""
-    matched, update = {}, {}
-    for name, value in observation.update.items():
+def target_row_masks(update: dict[str, torch.Tensor], layer_name: str, target: int) -> dict[str, torch.Tensor]:
+    """Every coordinate of ``update`` except the classifier's rows other than ``target`` (which mix every
+    sample of the batch): what a fishing view matches."""
+    masks = {}
+    for name, value in update.items():
         mask = torch.ones_like(value, dtype=torch.bool)
         if name in (f"{layer_name}.weight", f"{layer_name}.bias"):
             mask.zero_()
             mask[target] = True
-        matched[name], update[name] = mask, value * mask
+        masks[name] = mask
+    return masks
+
+
+def isolated_view(observation: Observation, layer_name: str, target: int, count: int) -> Observation:
+    """The part of ``observation`` that only the target class's ``count`` samples produced: the
+    classifier's other rows masked out and zeroed, ``count`` samples of label ``target``."""
+    matched = target_row_masks(observation.update, layer_name, target)
+    update = {name: value * matched[name] for name, value in observation.update.items()}
     labels = torch.full((count,), target, dtype=torch.long)
     side = SideKnowledge(labels=labels)
     return replace(observation, update=update, num_samples=count, side=side, released_bn_stats=[], matched=matched)
@@ -111,13 +119,8 @@ def band_view(upper: Observation, lower: Observation, layer_name: str, target: i
     sample's target logit (``d z_c / d theta``): a cross-entropy gradient with the labels ``e_d - e_c``
     (zero sum, so the softmax term vanishes; ``d`` another class, whose logit is constant 0), matched on
     every layer and the classifier's target row (the other rows carry ``-f / (K-1)``, not ``-f``)."""
-    matched, update = {}, {}
-    for name, value in upper.update.items():
-        mask = torch.ones_like(value, dtype=torch.bool)
-        if name in (f"{layer_name}.weight", f"{layer_name}.bias"):
-            mask.zero_()
-            mask[target] = True
-        matched[name], update[name] = mask, (value - lower.update[name]) * mask
+    matched = target_row_masks(upper.update, layer_name, target)
+    update = {name: (value - lower.update[name]) * matched[name] for name, value in upper.update.items()}
     other = (target + 1) % num_classes
     labels = torch.zeros(1, num_classes)
     labels[0, other], labels[0, target] = 1.0, -1.0
