@@ -107,8 +107,14 @@ def main(argv=None) -> None:
                     runs.append(("fishing", False))
                 for attack, train_mode in runs:
                     label = attack if train_mode else f"{attack} [EVAL-MODE client: comparison only]"
-                    row = {"model": name, "batch": b, "defense": dname, "attack": label, "train_mode": train_mode,
-                           **one(attack, model, x, y, DEFENSES[dname], aux, args.fishing_iterations, train_mode)}
+                    if dname == "dpsgd" and not train_mode:
+                        continue  # Opacus trains in train mode only
+                    row = {"model": name, "batch": b, "defense": dname, "attack": label, "train_mode": train_mode}
+                    try:
+                        row.update(one(attack, model, x, y, DEFENSES[dname], aux, args.fishing_iterations, train_mode))
+                    except Exception as err:  # noqa: BLE001  a row that cannot run is reported, not skipped
+                        row.update(exact=0, best_ssim=float("nan"), seconds=0.0, queries=None,
+                                   inspect=f"ERROR {type(err).__name__}: {str(err)[:80]}")
                     rows.append(row)
                     print(f"{name} | {b} | {dname} | {label} | {row['exact']} of {b} | {row['best_ssim']:.3f} | "
                           f"{row['seconds']:.1f} | {row['queries']} | {row['inspect']}", flush=True)

@@ -124,7 +124,11 @@ class Replica:
     # -- BatchNorm --------------------------------------------------------------------------------------
     def _configure_bn(self, model: nn.Module, knowledge: Knowledge) -> None:
         layers = bn_layers(model)
-        if knowledge.bn_mode == "proxy":
+        if not self.obs.train_mode:
+            # an eval-mode client (``client.train_mode: false``) normalises with the running statistics the
+            # global model carries, and runs no dropout: so does its replica
+            model.eval()
+        elif knowledge.bn_mode == "proxy":
             # normalise with the released running statistics (Huang et al. 2021, BN_proxy)
             for bn, (mean, var) in zip(layers, knowledge.bn_target or []):
                 bn.running_mean.copy_(mean)

@@ -19,6 +19,24 @@ def test_replica_reproduces_the_client_exactly_at_the_truth(wide_lenet, faces, p
     assert float(replica.objective(x, y)) == pytest.approx(0.0, abs=1e-5)  # float32 rounding
 
 
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_the_replica_of_a_batchnorm_client_runs_in_the_clients_mode(faces, train_mode):
+    from guardfl.redteam.models import ConvNetSmall
+
+    torch.manual_seed(0)
+    model = ConvNetSmall((1, 25, 25), 10)
+    with torch.no_grad():  # running statistics that differ from any batch's
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    x, y = faces[:3], torch.tensor([1, 2, 3])
+    obs = simulate_client(model, x, y, train_mode=train_mode)
+    replica = Replica(obs, ThreatModel(labels="known").knowledge(obs), ObjectiveWeights("cosine"), torch.device("cpu"))
+    for a, b in zip(replica.simulate(x, y), replica.observed):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_pruned_update_is_matched_on_its_nonzero_coordinates(wide_lenet, faces):
     x, y = faces[:1], torch.tensor([3])
     obs = simulate_client(wide_lenet, x, y, GradPrune(0.9))
