@@ -18,9 +18,11 @@ Randomness: Opacus's DP noise comes from a generator seeded by the DP-SGD defens
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
@@ -190,6 +192,30 @@ def protect(
     return model, optimizer, data_loader
 
 
+def _grad_sample_mode(model: nn.Module, data_loader) -> str:
+    """Opacus's per-sample gradient mode for ``model``: "hooks" (its default), unless the model modifies a
+    layer's output in place, which Opacus's full backward hooks forbid (torchvision's ResNet blocks do
+    ``out += identity`` on a normalisation layer's output: "Output 0 of BackwardHookFunction is a view and
+    is being modified inplace"); then "ew" (PyTorch's expanded weights: the same per-sample gradients,
+    computed without hooks). Decided by one forward and backward of one training sample on a copy."""
+    from opacus import GradSampleModule
+
+    try:
+        x = data_loader.dataset[0][0]
+    except Exception:  # noqa: BLE001  no indexable sample: keep Opacus's default
+        return "hooks"
+    probe = GradSampleModule(copy.deepcopy(model))
+    try:
+        probe(torch.as_tensor(x)[None].to(next(model.parameters()).device)).float().sum().backward()
+    except RuntimeError as err:
+        if "modified inplace" in str(err):
+            return "ew"
+        raise
+    finally:
+        probe._close()
+    return "hooks"
+
+
 def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privacy_state):
     from opacus import PrivacyEngine
 
@@ -206,7 +232,8 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
     device = next(model.parameters()).device
     noise = make_generator(device, None if dp._entropy else dp._seed)  # OS entropy: the full mt19937 state
     common = dict(module=model, optimizer=optimizer, data_loader=data_loader, max_grad_norm=c.max_grad_norm,
-                  poisson_sampling=c.poisson_sampling, noise_generator=noise)
+                  poisson_sampling=c.poisson_sampling, noise_generator=noise,
+                  grad_sample_mode=_grad_sample_mode(model, data_loader))
     try:
         if c.target_epsilon is not None:
             model, dp_opt, data_loader = engine.make_private_with_epsilon(

@@ -138,6 +138,22 @@ def test_batchnorm_is_fixed_and_keys_stay_plain():
     guardfl.load_plain_state_dict(model, guardfl.plain_state_dict(model))
 
 
+def test_dp_sgd_trains_a_torchvision_resnet():
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=3)  # BatchNorm, ReLU(inplace=True), `out += identity`
+    loader = DataLoader(TensorDataset(torch.rand(8, 3, 32, 32), torch.arange(8) % 3), batch_size=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        private, opt, loader = guardfl.protect(model, opt, loader, DPSGD(noise_multiplier=1.0, seed=0))
+    before = [p.detach().clone() for p in private.parameters()]
+    _epoch(private, opt, loader)  # Opacus's hooks refused the in-place add: trained with expanded weights
+    assert any(not torch.equal(a, p) for a, p in zip(before, private.parameters()))
+    assert not any(k.startswith("_module.") for k in guardfl.plain_state_dict(private))
+
+
 def test_input_encodings_wrap_the_loader_with_soft_labels():
     model, opt, loader = _setup()
     model, opt, enc_loader = guardfl.protect(model, opt, loader, Stack(InstaHide(k=4, seed=0), GradPrune(0.9)))
