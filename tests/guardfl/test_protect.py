@@ -154,6 +154,32 @@ def test_dp_sgd_trains_a_torchvision_resnet():
     assert not any(k.startswith("_module.") for k in guardfl.plain_state_dict(private))
 
 
+def test_the_expanded_weights_fallback_clips_the_same_per_sample_gradients():
+    import copy
+
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 3))
+    x, y = torch.rand(6, 3, 8, 8), torch.arange(6) % 3
+    grads = []
+    for mode in ("hooks", "ew"):
+        model = copy.deepcopy(base)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            private, opt, _ = PrivacyEngine().make_private(
+                module=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
+                data_loader=DataLoader(TensorDataset(x, y), batch_size=6), noise_multiplier=0.0, max_grad_norm=0.5,
+                poisson_sampling=False, grad_sample_mode=mode)
+        opt.zero_grad()
+        F.cross_entropy(private(x), y).backward()
+        opt.pre_step()  # per-sample clipping and the sum, no noise
+        grads.append([p.grad.clone() for p in private.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
 def test_input_encodings_wrap_the_loader_with_soft_labels():
     model, opt, loader = _setup()
     model, opt, enc_loader = guardfl.protect(model, opt, loader, Stack(InstaHide(k=4, seed=0), GradPrune(0.9)))
