@@ -197,23 +197,34 @@ def _grad_sample_mode(model: nn.Module, data_loader) -> str:
     layer's output in place, which Opacus's full backward hooks forbid (torchvision's ResNet blocks do
     ``out += identity`` on a normalisation layer's output: "Output 0 of BackwardHookFunction is a view and
     is being modified inplace"); then "ew" (PyTorch's expanded weights: the same per-sample gradients,
-    computed without hooks). Decided by one forward and backward of one training sample on a copy."""
+    computed without hooks). Decided by one forward and backward of one training sample on a copy, once
+    per module structure (the classes of its modules, whose code decides it): a red team or an FL loop
+    protects the same model every round."""
     from opacus import GradSampleModule
 
+    structure = tuple(type(m) for m in model.modules())
+    if structure in _GRAD_SAMPLE_MODES:
+        return _GRAD_SAMPLE_MODES[structure]
     try:
         x = data_loader.dataset[0][0]
     except Exception:  # noqa: BLE001  no indexable sample: keep Opacus's default
         return "hooks"
     probe = GradSampleModule(copy.deepcopy(model))
+    mode = "hooks"
     try:
         probe(torch.as_tensor(x)[None].to(next(model.parameters()).device)).float().sum().backward()
     except RuntimeError as err:
-        if "modified inplace" in str(err):
-            return "ew"
-        raise
+        if "modified inplace" not in str(err):
+            raise
+        mode = "ew"
     finally:
         probe._close()
-    return "hooks"
+    _GRAD_SAMPLE_MODES[structure] = mode
+    return mode
+
+
+#: ``_grad_sample_mode``'s decisions by module structure
+_GRAD_SAMPLE_MODES: dict[tuple[type, ...], str] = {}
 
 
 def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privacy_state):

@@ -237,6 +237,12 @@ class Attack:
             if setting.num_samples > most:
                 return (f"restores labels for at most {most} sample(s) with labels='inferred' (this client sends "
                         f"{setting.num_samples}); grant labels='known' to attack this batch")
+        return cls._refuses(setting, threat)
+
+    @classmethod
+    def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
+        """What an attack needs beyond its declared ``capabilities`` (checked after them): the reason it
+        cannot run, or None. Attacks with such needs override this, not ``applicable``."""
         return None
 
     @classmethod

@@ -358,12 +358,18 @@ def _batched_objective(objective: Callable[..., Tensor], targets: Any, vmap_rest
     return loop
 
 
+def _large(model: nn.Module) -> bool:
+    """A model of ``LARGE_MODEL`` parameters or more (ResNet-18, not LeNet): where a CPU's arithmetic, not
+    per-operator overhead, sets an attack's speed."""
+    from guardfl.redteam.workers import LARGE_MODEL
+
+    return sum(p.numel() for p in model.parameters()) >= LARGE_MODEL
+
+
 def restarts_vmapped(model: nn.Module, device: torch.device) -> bool:
     """Whether ``optimise_batched`` should vmap the restarts of an attack on ``model``: always on a GPU
     (measured there with vmap only), and on a CPU for models under ``LARGE_MODEL`` parameters."""
-    from guardfl.redteam.workers import LARGE_MODEL
-
-    return device.type != "cpu" or sum(p.numel() for p in model.parameters()) < LARGE_MODEL
+    return device.type != "cpu" or not _large(model)
 
 
 def second_order_pays(model: nn.Module, device: torch.device) -> bool:
@@ -372,9 +378,7 @@ def second_order_pays(model: nn.Module, device: torch.device) -> bool:
     (ResNet-18: 1.3x per objective and gradient); not for a small model on a CPU, where the custom
     function's Python overhead outweighs the saved arithmetic (LeNet, 16 samples x 4 restarts, one thread:
     53-56 -> 57-59 ms per iteration)."""
-    from guardfl.redteam.workers import LARGE_MODEL
-
-    return device.type != "cpu" or sum(p.numel() for p in model.parameters()) >= LARGE_MODEL
+    return device.type != "cpu" or _large(model)
 
 
 def record_cuda_graph(fn: Callable[[], None], state: tuple[Tensor, ...], warmup: int = 3) -> Callable[[], None] | None:

@@ -161,11 +161,7 @@ class Fishing(ServerAttack):
                     "inverted as in Geiping et al. 2020 (24,000 iterations)")
 
     @classmethod
-    def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
-        reason = super().applicable(setting, threat)
-        if reason is not None:
-            return reason
-        threat = threat or ThreatModel()
+    def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         if threat.labels != "known":
             return "needs the batch's labels (the server queries them first); threat.labels: known"
         if classifier(setting.model, setting.num_classes) is None:

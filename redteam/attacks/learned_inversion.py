@@ -126,11 +126,7 @@ class LearnedInversion(Attack):
                     "-> 1e-5 after 150 epochs, 50,000 auxiliary images (5,000 nearly as good, Fig. 3a)")
 
     @classmethod
-    def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
-        reason = super().applicable(setting, threat)
-        if reason is not None:
-            return reason
-        threat = threat or ThreatModel()
+    def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         if isinstance(setting.protocol, FedAvg) and threat.fedavg == "unknown":
             return "needs the FedAvg local hyperparameters to simulate the deltas (threat fedavg='unknown')"
         if threat.defense == "known" and config_stages(setting.defense_config) - {"gradient"}:
