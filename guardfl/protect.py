@@ -19,6 +19,7 @@ Randomness: Opacus's DP noise comes from a generator seeded by the DP-SGD defens
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
@@ -58,12 +59,19 @@ class EncodedLoader:
         check = getattr(encoding, "check_loader", None)
         if check is not None:
             check(loader)
+        try:
+            first = loader.dataset[0][0]
+        except Exception:  # noqa: BLE001  no indexable sample: every batch is checked in __iter__
+            first = None
+        if isinstance(first, Tensor):
+            _require_float_inputs(encoding, first)
         self.loader = loader
         self.encoding = encoding
         self.num_classes = num_classes
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         for x, y in self.loader:
+            _require_float_inputs(self.encoding, x)
             yield self.encoding.encode(x, y, self.num_classes)
 
     def __len__(self) -> int:
@@ -71,6 +79,14 @@ class EncodedLoader:
 
     def __getattr__(self, name: str) -> Any:  # dataset, batch_size, sampler... of the wrapped loader
         return getattr(self.loader, name)
+
+
+def _require_float_inputs(encoding: Defense, x: Tensor) -> None:
+    """Refuse integer inputs (token ids, class indices): a weighted mix of them is no input at all (the
+    coefficients were cast to the inputs' integer dtype, so MixUp silently trained on token 0)."""
+    if not x.is_floating_point():
+        raise ConfigError(f"defense: {encoding.kind} mixes images (floating-point inputs); this loader yields {x.dtype} "
+                          "inputs (token ids?), which cannot be mixed; for a text model use a gradient defense or dpsgd")
 
 
 class PrivateOptimizer(ProxyOptimizer):
@@ -123,11 +139,32 @@ def dp_compatible(model: nn.Module) -> nn.Module:
 
     if not ModuleValidator.validate(model, strict=False):
         return model
-    fixed = ModuleValidator.fix(model)
+    try:
+        fixed = ModuleValidator.fix(model)  # copies the model with torch.save first
+    except (AttributeError, TypeError, pickle.PicklingError) as err:
+        if "pickle" not in str(err):
+            raise
+        raise ConfigError(f"dpsgd: Opacus must replace layers of this model (BatchNorm, nn.MultiheadAttention) and copies it "
+                          f"by pickling, which failed ({str(err).splitlines()[0]}); define its classes at module level, or "
+                          "replace those layers yourself") from None
     errors = ModuleValidator.validate(fixed, strict=False)
     if errors:
         raise ConfigError("dpsgd: Opacus cannot train this model: " + "; ".join(str(e) for e in errors))
     return fixed
+
+
+def _replaced(model: nn.Module, fixed: nn.Module) -> str:
+    """What ``ModuleValidator.fix`` swapped, in words: "BatchNorm2d -> GroupNorm", "MultiheadAttention ->
+    DPMultiheadAttention" (whose parameters are qlinear / klinear / vlinear), the outermost swapped modules."""
+    fixed_modules, swapped, swaps = dict(fixed.named_modules()), [], set()
+    for name, module in model.named_modules():
+        if any(p == "" or name.startswith(p + ".") for p in swapped):
+            continue
+        new = fixed_modules.get(name)
+        if type(new) is not type(module):
+            swapped.append(name)
+            swaps.add(f"{type(module).__name__} -> {type(new).__name__}")
+    return ", ".join(sorted(swaps)) or "layers fixed"
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -143,7 +180,8 @@ def load_plain_state_dict(model: nn.Module, state: Mapping[str, Tensor]) -> None
 
 def _rebuild_optimizer(optimizer: Optimizer, model: nn.Module) -> Optimizer:
     if len(optimizer.param_groups) != 1:
-        raise ConfigError("dpsgd: the model had to be fixed for Opacus (BatchNorm -> GroupNorm) and the optimizer has "
+        raise ConfigError("dpsgd: the model had to be fixed for Opacus (BatchNorm -> GroupNorm, nn.MultiheadAttention -> "
+                          "DPMultiheadAttention) and the optimizer has "
                           "several param groups; fix the model first with guardfl.dp_compatible(model)")
     group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
     return type(optimizer)(model.parameters(), **group)
@@ -233,7 +271,8 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
     c = dp.config
     fixed = dp_compatible(model)
     if fixed is not model:
-        warnings.warn("dpsgd: BatchNorm replaced by GroupNorm for Opacus; the optimizer was rebuilt for the new parameters")
+        warnings.warn(f"dpsgd: layers replaced for Opacus ({_replaced(model, fixed)}): a new model, whose state-dict keys "
+                      "may differ; the optimizer was rebuilt for the new parameters")
         optimizer = _rebuild_optimizer(optimizer, fixed)
         model = fixed
     model.train()

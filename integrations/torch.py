@@ -204,8 +204,9 @@ def local_update(
     current = round_defense(defense, state.rounds)
     dp, _, _ = split_stages(current)
     if dp and dp_compatible(model) is not model:
-        raise ConfigError("defense: DP-SGD cannot train this model (it has BatchNorm); build the global model "
-                          "with guardfl.dp_compatible(model) on the server and on every client")
+        raise ConfigError("defense: DP-SGD cannot train this model (it has layers Opacus replaces: BatchNorm -> GroupNorm, "
+                          "nn.MultiheadAttention -> DPMultiheadAttention, with other parameter names); build the global "
+                          "model with guardfl.dp_compatible(model) on the server and on every client")
     try:
         device = next(model.parameters()).device
     except StopIteration:
