@@ -36,9 +36,20 @@ from guardfl.optimizer import FiniteStepGuard, GuardedOptimizer, ProxyOptimizer
 
 
 def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Cross-entropy with soft labels (rows of ``targets``; they need not sum to 1), batch mean."""
+    """Cross-entropy with soft labels (rows of ``targets``; they need not sum to 1), batch mean. Integer
+    targets are hard labels; a sequence model's ``(N, L, V)`` logits with ``(N, L)`` integer targets (a
+    causal LM's next tokens) give the mean over the tokens, positions with target -100 skipped (Hugging
+    Face's convention); soft ``(N, L, V)`` targets likewise, an all-zero row marking a skipped position."""
+    if not targets.is_floating_point():
+        if logits.dim() == 3 and targets.dim() == 2 and logits.shape[:2] == targets.shape:
+            return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=-100)
+        return F.cross_entropy(logits, targets)
     if targets.dim() == 1:
         return F.cross_entropy(logits, targets)
+    if targets.dim() == 3:
+        per = -(targets * F.log_softmax(logits, dim=-1)).sum(-1)
+        used = (targets.sum(-1) > 0).to(per.dtype)
+        return (per * used).sum() / used.sum().clamp(min=1)
     return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 

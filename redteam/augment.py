@@ -23,11 +23,11 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from guardfl.defenses import REGISTRY, Defense, from_config, parse_config
+from guardfl.protect import soft_cross_entropy
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
 
 
@@ -88,7 +88,7 @@ class TransmitSimulator:
 
     def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,), tie_weights=False)
-        return F.cross_entropy(logits, y)
+        return soft_cross_entropy(logits, y)
 
     def _defend(self, grads: dict[str, Tensor], iteration: int, params: dict[str, Tensor], batched_params: bool) -> None:
         """The real defense on each batch's gradient (in place, one draw each): ``Defense.apply_batch_``,

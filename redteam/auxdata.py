@@ -21,6 +21,9 @@ from guardfl.errors import ConfigError
 def content_hashes(images: Tensor, input_range: tuple[float, float] = (0.0, 1.0)) -> list[str]:
     """One hash per image of its content quantised to 256 levels of ``input_range`` (so the same picture
     loaded twice, or through another float path, hashes the same)."""
+    if not images.is_floating_point():  # token ids (text): hashed exactly
+        ids = images.detach().cpu().long()
+        return [hashlib.sha256(ids[i].numpy().tobytes() + b"ids").hexdigest()[:32] for i in range(len(ids))]
     lo, hi = input_range
     q = ((images.detach().float().cpu() - lo) / (hi - lo) * 255).round().clamp(0, 255).to(torch.uint8)
     return [hashlib.sha256(q[i].numpy().tobytes() + str(tuple(q[i].shape)).encode()).hexdigest()[:32] for i in range(len(q))]
@@ -29,7 +32,9 @@ def content_hashes(images: Tensor, input_range: tuple[float, float] = (0.0, 1.0)
 @dataclass
 class AuxData:
     """Auxiliary images ``(N, C, H, W)`` in the input range and labels ``(N,)``; ``ood``: images known to be
-    out of distribution (for LTI-OOD's DCT pseudo-images), with ``ood_samples`` pseudo-images to draw."""
+    out of distribution (for LTI-OOD's DCT pseudo-images), with ``ood_samples`` pseudo-images to draw.
+    Text: ``images`` are token ids ``(N, L)`` (kept as integers) and ``labels`` the client's targets for
+    them (next tokens ``(N, L)`` for a causal LM, classes ``(N,)`` for a classifier)."""
 
     images: Tensor
     labels: Tensor
@@ -46,7 +51,8 @@ class AuxData:
             raise ConfigError(f"aux.ood: OOD images have shape {tuple(self.ood.shape[1:])}, aux images {tuple(self.images.shape[1:])}")
         if not len(self.images) and (self.ood is None or not len(self.ood)):
             raise ConfigError("aux: no auxiliary images (give in-distribution images, OOD images, or both)")
-        self.images = self.images.detach().float().cpu()
+        # token ids (int64, text) stay integers; images become float
+        self.images = self.images.detach().cpu() if self.images.dtype == torch.long else self.images.detach().float().cpu()
         self.labels = self.labels.detach().long().cpu()
         self.ood = None if self.ood is None else self.ood.detach().float().cpu()
 

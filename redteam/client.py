@@ -121,6 +121,10 @@ class Observation:
     #: malicious server that isolated part of an update (Fishing: the classifier's other rows mix every
     #: sample) attacks a view of the observation with the rest masked out (and zeroed).
     matched: dict[str, Tensor] | None = None
+    #: ``image`` (float inputs in ``input_range``) or ``text`` (token ids: ``input_shape`` is ``(L,)``,
+    #: ``input_range`` the id range ``(0, vocab - 1)``, the model follows ``textmodels``' protocol; its
+    #: labels are the next tokens ``(N, L)`` for a causal LM, classes ``(N,)`` for a classifier)
+    modality: str = "image"
 
     @property
     def batch_size(self) -> int:
@@ -149,6 +153,7 @@ class Observation:
                                self.side.input_hashes, mv(self.side.trained)),
             train_mode=self.train_mode,
             matched=None if self.matched is None else {k: v.to(device) for k, v in self.matched.items()},
+            modality=self.modality,
         )
 
 
@@ -203,6 +208,7 @@ def simulate_client(
     ``train_mode=False``.
     """
     protocol = protocol or FedSGD()
+    modality, input_range = _modality(model, inputs, input_range)
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model: it has no trainable parameters, so the client transmits nothing")
     if inputs.shape[0] != labels.shape[0] or inputs.shape[0] < 1:
@@ -235,6 +241,9 @@ def simulate_client(
     guarded.new_round()
     _, encodings, _ = split_stages(defense_obj)
     encoding = encodings[0] if encodings else None
+    if encoding is not None and modality == "text":
+        raise ConfigError(f"defense: {encoding.config.kind} mixes images (convex combinations of inputs); it cannot encode "
+                          "token ids: use a gradient defense or DP-SGD for a text model")
 
     records, handles = _record_first_bn_inputs(client)
     stats: list[dict] = []
@@ -280,7 +289,24 @@ def simulate_client(
                            input_hashes=tuple(content_hashes(inputs, input_range)),
                            trained=trained if encoding is not None else []),
         train_mode=train_mode,
+        modality=modality,
     )
+
+
+def _modality(model: nn.Module, inputs: Tensor, input_range: tuple[float, float]) -> tuple[str, tuple[float, float]]:
+    """("text", the token-id range) for integer inputs (token ids of a model with ``get_input_embeddings``),
+    else ("image", ``input_range``)."""
+    if inputs.is_floating_point():
+        return "image", tuple(input_range)
+    embed = getattr(model, "get_input_embeddings", None)
+    if not callable(embed):
+        raise ValueError("inputs: integer inputs are token ids, but the model has no get_input_embeddings() (the "
+                         "text-model protocol of guardfl.redteam.textmodels)")
+    vocab = int(embed().num_embeddings)
+    if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= vocab):
+        raise ValueError(f"inputs: token ids must be in [0, {vocab - 1}] (the model's vocabulary; got "
+                         f"{int(inputs.min())}..{int(inputs.max())})")
+    return "text", (0.0, float(vocab - 1))
 
 
 class ClientQuery:

@@ -91,3 +91,40 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
     if image_size and x.shape[-1] != image_size:
         x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
     return x, y
+
+
+def load_text_data(source: str, *, path: str | None, seq_len: int, tokenizer: str, task: str, num_classes: int,
+                   split: str = "test", limit: int | None = None, field: str = "data") -> tuple[Tensor, Tensor]:
+    """Text samples for a text model: token ids ``(N, seq_len)`` and the client's targets for them.
+
+    ``task`` is the model's: ``causal-lm`` trains on windows of ``seq_len`` tokens of a plain text
+    (``text``: ``path`` a file or a folder of .txt files, None the built-in text; ``wikitext``), its
+    targets the next tokens ``(N, seq_len)`` (-100 on the last position); ``classification`` on labelled
+    sentences (``labelled-text``: a TSV at ``path``, None the built-in sentences with synthetic labels;
+    ``cola``), truncated or padded to ``seq_len``, its targets the classes ``(N,)``."""
+    from guardfl.redteam import textdata
+    from guardfl.redteam.textmodels import next_token_labels
+    from guardfl.redteam.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    if task == "causal-lm":
+        if source not in ("text", "wikitext"):
+            raise DataError(f"{field}.source: {source!r} is labelled sentences; a causal language model trains on "
+                            "plain text: 'text' (a file, a folder, or the built-in text) or 'wikitext'")
+        text = textdata.load_named("wikitext", split) if source == "wikitext" else textdata.load_text(path)
+        x = textdata.sequences(text, tok, seq_len, limit=limit)
+        return x, next_token_labels(x)
+    if source not in ("labelled-text", "cola"):
+        raise DataError(f"{field}.source: {source!r} is plain text; a classifier trains on labelled sentences: "
+                        "'labelled-text' (a TSV, or the built-in sentences) or 'cola'")
+    if source == "cola":
+        texts, labels = textdata.load_named("cola", split)
+    elif path is None:
+        texts, labels = textdata.builtin_labelled(num_classes)
+    else:
+        texts, labels = textdata.load_labelled(path)
+    if labels and (min(labels) < 0 or max(labels) >= num_classes):
+        raise DataError(f"{field}: labels {min(labels)}..{max(labels)} do not fit model.num_classes={num_classes} "
+                        "(CoLA's test split is unlabelled: use split 'validation' or 'train')")
+    x, y = textdata.classification_sequences(texts, labels, tok, seq_len)
+    return (x[:limit], y[:limit]) if limit else (x, y)

@@ -180,9 +180,17 @@ def vgg16(in_shape: tuple[int, int, int] = (3, 224, 224), num_classes: int = 100
 MODELS.update({"fc2": FC2, "resnet20": ResNet20, "vgg16": vgg16})
 
 
-def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
     """A built-in model by name, or ``module:callable`` (the user's factory, called as
-    ``factory(in_shape=..., num_classes=...)`` when it accepts those, else with no arguments)."""
+    ``factory(in_shape=..., num_classes=...)`` when it accepts those, else with no arguments; a text
+    model's factory also gets ``vocab_size`` when it accepts it). Built-in text models
+    (``textmodels.TEXT_MODELS``) take the tokenizer's ``vocab_size``."""
+    from guardfl.redteam.textmodels import TEXT_MODELS
+
+    if name in TEXT_MODELS:
+        if vocab_size is None:
+            raise ValueError(f"model.name: {name} is a text model; it needs a tokenizer's vocabulary (data.tokenizer)")
+        return TEXT_MODELS[name](vocab_size, num_classes)
     if name in MODELS:
         return MODELS[name](in_shape, num_classes)
     if ":" not in name:
@@ -196,7 +204,8 @@ def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> 
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
-    kwargs = {k: v for k, v in (("in_shape", in_shape), ("num_classes", num_classes)) if k in params}
+    kwargs = {k: v for k, v in (("in_shape", in_shape), ("num_classes", num_classes), ("vocab_size", vocab_size))
+              if k in params and v is not None}
     with calling("model.name", f"calling {name!r}"):
         model = factory(**kwargs)
     if not isinstance(model, nn.Module):

@@ -68,7 +68,8 @@ class Capabilities:
     planner should hand it chunks of many samples); False: ``reconstruct_many`` is the loop of
     ``reconstruct`` and the chunk size does not matter. server: ``honest`` (attacks what an honest
     server observes) or ``malicious`` (a ``ServerAttack``: sends the client models of its own making,
-    needs ``threat.server == "malicious"``).
+    needs ``threat.server == "malicious"``). modalities: the inputs it reconstructs, ``image`` (float
+    tensors in an input range) and/or ``text`` (token ids of a text model, ``Observation.modality``).
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -79,6 +80,7 @@ class Capabilities:
     needs_linear_layer: bool = False
     batches_samples: bool = False
     server: str = "honest"
+    modalities: frozenset[str] = frozenset({"image"})
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,13 @@ class Setting:
     input_range: tuple[float, float]
     defense_config: dict | None
     train_mode: bool = True
+    modality: str = "image"
 
     @classmethod
     def of(cls, observation: Observation) -> "Setting":
         return cls(observation.model, observation.protocol, observation.num_samples, tuple(observation.input_shape),
                    observation.num_classes, tuple(observation.input_range), observation.defense_config,
-                   getattr(observation, "train_mode", True))
+                   getattr(observation, "train_mode", True), getattr(observation, "modality", "image"))
 
     @property
     def param_names(self) -> list[str]:
@@ -122,6 +125,7 @@ class Setting:
             "input_range": list(self.input_range),
             "defense": self.defense_config,
             "train_mode": self.train_mode,
+            **({"modality": self.modality} if self.modality != "image" else {}),
         }
 
 
@@ -214,6 +218,9 @@ class Attack:
         """None when the attack can run against ``setting`` under ``threat``; else the reason it cannot."""
         threat = threat or ThreatModel()
         cap = cls.capabilities
+        if setting.modality not in cap.modalities:
+            what = {"text": "a text model (token ids)", "image": "an image model"}.get(setting.modality, setting.modality)
+            return f"reconstructs {' and '.join(sorted(cap.modalities))} inputs (this client trains {what})"
         if setting.protocol.name not in cap.protocols:
             return f"attacks {'/'.join(sorted(cap.protocols))} clients only (this one runs {setting.protocol.name})"
         if cap.max_samples is not None and setting.num_samples > cap.max_samples:
@@ -380,6 +387,7 @@ def setting_mismatch(a: Observation, b: Observation) -> str | None:
         "input_range": (tuple(a.input_range), tuple(b.input_range)),
         "defense_config": (_without_seeds(a.defense_config), _without_seeds(b.defense_config)),
         "train_mode": (getattr(a, "train_mode", True), getattr(b, "train_mode", True)),
+        "modality": (getattr(a, "modality", "image"), getattr(b, "modality", "image")),
         "model class": (type(a.model), type(b.model)),
         "updated layers": ([(k, tuple(v.shape)) for k, v in a.update.items()],
                            [(k, tuple(v.shape)) for k, v in b.update.items()]),
