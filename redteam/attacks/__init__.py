@@ -16,6 +16,7 @@ from guardfl.redteam.attacks.learned_inversion import LearnedInversion
 from guardfl.redteam.attacks.registry import ATTACKS, available, get
 from guardfl.redteam.attacks.robbing_the_fed import RobbingTheFed
 from guardfl.redteam.attacks.server import ServerAttack
+from guardfl.redteam.attacks.tag import TAG
 
 __all__ = [
     "ATTACKS",
@@ -36,6 +37,7 @@ __all__ = [
     "Reconstruction",
     "RobbingTheFed",
     "ServerAttack",
+    "TAG",
     "available",
     "get",
     "infer_labels",

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils import _pytree as pytree
 
+from guardfl.protect import soft_cross_entropy
 from guardfl.redteam.attacks import objectives as obj
 from guardfl.redteam.client import FedAvg, Observation, bn_layers, sgd_step
 from guardfl.redteam.attacks.known_defense import known_defense
@@ -40,7 +41,8 @@ from guardfl.redteam.threat import Knowledge
 
 @dataclass(frozen=True)
 class ObjectiveWeights:
-    distance: str = "cosine"  # "cosine" or "l2"
+    distance: str = "cosine"  # "cosine", "l2" or "tag" (L2 + tag_alpha * w_l * L1, Deng et al. 2021)
+    tag_alpha: float = 0.1
     tv: float = 0.0
     bn: float = 0.0
     group: float = 0.0
@@ -153,6 +155,10 @@ class Replica:
 
     # -- the client's computation ----------------------------------------------------------------------
     def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        if self.obs.modality == "text":  # x: token embeddings (TAG's variables), fed past the lookup
+            logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (), {"inputs_embeds": x},
+                                     tie_weights=False)
+            return soft_cross_entropy(logits, y)
         logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,), tie_weights=False)
         return F.cross_entropy(logits, y)
 
@@ -194,6 +200,8 @@ class Replica:
         """Distance of a simulated update to the observed one (``target``'s; default: this replica's)."""
         t = self.target if target is None else target
         observed, norm, masks = t["observed"], t["observed_norm"], t.get("masks")
+        if self.weights.distance == "tag":
+            return obj.tag_distance_layers(sim, observed, masks, self.weights.tag_alpha, signed=self.hinge)
         if self.hinge:
             return obj.sign_hinge_distance_layers(sim, observed)
         if self.weights.distance == "l2":

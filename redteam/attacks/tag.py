@@ -1,0 +1,193 @@
+"""TAG: Gradient Attack on Transformer-based Language Models (Deng et al. 2021).
+
+The attacker optimises continuous token embeddings ``E`` (B x L x D, fed to the model past its embedding
+lookup: ``model(inputs_embeds=E)``) so that the update they produce matches the observed one under
+``sum_l ||d_l||^2 + alpha * w_l * ||d_l||_1`` (``objectives.tag_distance_layers``), with Adam, then maps
+each position to its nearest vocabulary token (Euclidean distance to the rows of the token embedding).
+
+What the attacker uses besides the update, and the choices where the paper is vague (stated):
+- The token embedding's own gradient cannot be produced by continuous embeddings, so it is left out of
+  the matching (masked). When it is in the update (an embedding the client trains), its rows are
+  non-zero exactly for the tokens of the batch (for a causal LM, the last position of a sequence has no
+  target and no gradient): ``token_bag`` reads that set, and the final projection picks the nearest
+  token among it. Gupta et al. 2022 and Wu et al. 2023 (Sec. 4.2) name this leak; Wu et al. freeze the
+  embedding to remove it (``transformer3-tied``), and then the projection searches the whole vocabulary.
+  Under noise every row is non-zero: the bag is then the rows whose norm stands out (a robust z-score
+  over the rows, median and MAD), at most B x L of them.
+- Labels. A classifier's: granted, or restored from the output layer as for images (``labels_for``). A
+  causal LM's next tokens: granted (``threat.labels: known``), or tied to the guess itself: the soft
+  label at position t is softmax(-||E_{t+1} - e_v||^2 / tau) over the candidate tokens v (the bag, else
+  the vocabulary), so labels and inputs are one variable, as they are one text (the last position has
+  no target, as in the client's loss).
+- The L1 weights ``w_l`` decrease linearly with the layer (``objectives.tag_weights``), alpha = 0.1
+  (breaching's TAG: scale 0.1 with a decreasing schedule it calls a guess). Defenses (Wu et al. 2023,
+  appendix A): a pruned update is matched on its non-zero coordinates only; a sign-compressed update of
+  one sample through Eq. 4's hinge in both terms; B > 1 through a tanh surrogate of sign (``Replica``).
+- Initial embeddings are N(0, s^2), s the standard deviation of the model's token embedding (the
+  attacker knows the model). Adam, step ``lr`` (breaching: 0.05) with a linear warm-up over ``warmup``
+  iterations and a cosine decay after. Restarts run one after another; the winner is the lowest final
+  objective (never the ground truth).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from guardfl.redteam.attacks.base import (
+    Attack, Capabilities, NotApplicable, OptimisationConfig, Reconstruction, labels_for, progress_bar,
+)
+from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.registry import register
+from guardfl.redteam.client import Observation
+from guardfl.redteam.textmodels import is_text_model, next_token_labels
+
+
+class TAGConfig(OptimisationConfig):
+    iterations: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    lr: float = Field(default=0.05, gt=0, json_schema_extra={"allowed": "> 0"})
+    warmup: int = Field(default=50, ge=0, json_schema_extra={"allowed": "an integer >= 0 (iterations)"})
+    alpha: float = Field(default=0.1, ge=0, json_schema_extra={"allowed": ">= 0 (weight of the L1 term)"})
+    tau: float = Field(default=1.0, gt=0, json_schema_extra={"allowed": "> 0 (temperature of tied soft labels)"})
+    use_bag: bool = True
+
+
+def embedding_name(observation: Observation) -> str | None:
+    """The parameter name of the model's token embedding (None when the model has none by that protocol)."""
+    emb = observation.model.get_input_embeddings()
+    for name, p in observation.model.named_parameters():
+        if p is emb.weight:
+            return name
+    return None
+
+
+def token_bag(rows: Tensor, most: int) -> Tensor | None:
+    """The token ids whose embedding-gradient rows carry the batch: the non-zero rows when they are few
+    (at most half the vocabulary: no defense, pruning, sign), else the rows whose norm stands out from the
+    bulk (robust z-score > 6 with median and MAD; noise makes every row non-zero), at most ``most`` of
+    them, largest first. None when nothing stands out."""
+    norms = rows.detach().float().norm(dim=1)
+    nonzero = (norms > 0).nonzero().flatten()
+    if 0 < len(nonzero) <= rows.shape[0] // 2:
+        return nonzero
+    med = norms.median()
+    mad = (norms - med).abs().median().clamp(min=1e-30)
+    z = (norms - med) / (1.4826 * mad)
+    picked = (z > 6).nonzero().flatten()
+    if not len(picked):
+        return None
+    return picked[norms[picked].argsort(descending=True)[:most]].sort().values
+
+
+@register
+class TAG(Attack):
+    """Deng et al. 2021: L2 + L1 gradient matching over continuous token embeddings, nearest token after."""
+
+    name = "tag"
+    Config = TAGConfig
+    capabilities = Capabilities(modalities=frozenset({"text"}))
+    budgets = {"quick": {"iterations": 300}, "paper": {"iterations": 1000}}
+    paper_budget = ("Deng et al. 2021 / breaching's TAG: Adam step 0.05, 1,000 iterations with a 50-iteration warm-up, "
+                    "L1 weight 0.1 with decreasing per-layer weights")
+
+    def check(self, observation, knowledge) -> None:
+        if not is_text_model(observation.model):
+            raise NotApplicable("tag: the model does not follow the text-model protocol (task, get_input_embeddings, "
+                                "inputs_embeds)")
+
+    def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
+        c = self.config
+        model = observation.model
+        causal = model.task == "causal-lm"
+        n, length = observation.num_samples, observation.input_shape[0]
+        emb_name = embedding_name(observation)
+        table = model.get_input_embeddings().weight.detach().to(device)
+        bag = None
+        if emb_name is not None and emb_name in observation.update and c.use_bag:
+            bag = token_bag(observation.update[emb_name], n * length)
+        # the embedding's gradient is out of reach of continuous embeddings: match everything else
+        view = _without(observation, emb_name)
+        replica = Replica(view, knowledge, ObjectiveWeights(distance="tag", tag_alpha=c.alpha), device)
+        candidates = table if bag is None else table[bag.to(device)]
+        if causal:
+            labels = knowledge.labels.to(device) if knowledge.labels is not None else None
+            source = "known" if labels is not None else "tied"
+        else:
+            labels, source = labels_for(observation, knowledge)
+        vocab = observation.num_classes
+        scale = float(table.std())
+        results = []
+        bar = progress_bar(c.progress, c.iterations * c.restarts, self.name)
+        for _ in range(c.restarts):
+            e = (scale * torch.randn(n, length, table.shape[1], generator=gen)).to(device).requires_grad_(True)
+            opt = torch.optim.Adam([e], lr=c.lr)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: _schedule(i, c.iterations, c.warmup))
+
+            def objective(x: Tensor) -> Tensor:
+                y = labels if labels is not None else _tied_labels(x, candidates, bag, vocab, c.tau)
+                return replica.objective(x, y)
+
+            for _ in range(c.iterations):
+                opt.zero_grad(set_to_none=True)
+                loss = objective(e)
+                loss.backward()
+                opt.step()
+                sched.step()
+                if bar is not None:
+                    bar.update(1)
+            value = float(objective(e.detach()).detach())
+            results.append((value if math.isfinite(value) else float("inf"), e.detach()))
+        if bar is not None:
+            bar.close()
+        best = min(range(len(results)), key=lambda i: results[i][0])
+        value, e = results[best]
+        tokens = nearest_tokens(e, candidates)
+        if bag is not None:
+            tokens = bag.to(device)[tokens]
+        if causal:
+            out_labels = labels if labels is not None else next_token_labels(tokens)
+        else:
+            out_labels = labels
+        info = {"labels": source, "winner": best, "bag": None if bag is None else int(len(bag))}
+        return Reconstruction(tokens.cpu(), out_labels.cpu(), value, [r[0] for r in results], info)
+
+
+def _schedule(i: int, iterations: int, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` iterations, then a cosine decay to 0 at ``iterations``."""
+    if warmup and i < warmup:
+        return (i + 1) / warmup
+    span = max(1, iterations - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (i - warmup) / span)))
+
+
+def nearest_tokens(e: Tensor, candidates: Tensor) -> Tensor:
+    """Per position, the index of the candidate embedding row nearest to ``e`` (Euclidean): (B, L)."""
+    d = torch.cdist(e.reshape(-1, e.shape[-1]), candidates)
+    return d.argmin(-1).reshape(e.shape[:-1])
+
+
+def _tied_labels(e: Tensor, candidates: Tensor, bag: Tensor | None, vocab: int, tau: float) -> Tensor:
+    """A causal LM's soft next-token labels tied to the guess: position t's label is the softmax of
+    -||e_{t+1} - c_v||^2 / tau over the candidate tokens (in the vocabulary's coordinates); the last
+    position none (a zero row, skipped by the loss)."""
+    d = (e[:, 1:, None, :] - candidates).pow(2).sum(-1)  # (B, L-1, V')
+    p = torch.softmax(-d / tau, dim=-1)
+    if bag is not None:
+        full = p.new_zeros(*p.shape[:2], vocab)
+        p = full.index_copy(2, bag.to(p.device), p)
+    return torch.cat([p, p.new_zeros(p.shape[0], 1, p.shape[2])], dim=1)
+
+
+def _without(observation: Observation, name: str | None) -> Observation:
+    """``observation`` with parameter ``name`` left out of the matching (the replica then holds it fixed and
+    never differentiates it: cheaper than a mask over 50,257 x 96 zeros)."""
+    if name is None or name not in observation.update:
+        return observation
+    from dataclasses import replace
+
+    update = {k: v for k, v in observation.update.items() if k != name}
+    matched = None if observation.matched is None else {k: v for k, v in observation.matched.items() if k != name}
+    return replace(observation, update=update, matched=matched)
