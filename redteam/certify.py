@@ -174,6 +174,15 @@ def load_aux(cfg: RedTeamConfig) -> AuxData | None:
 
     def take(section, limit):
         need = section.offset + limit if limit else None
+        if cfg.modality == "text":  # the client's tokenizer and sequence length; the task the source's
+            d = cfg.data
+            task = "causal-lm" if section.source in ("text", "wikitext") else "classification"
+            x, y = data_mod.load_text_data(section.source, path=section.path, seq_len=d.seq_len, tokenizer=d.tokenizer,
+                                           task=task, num_classes=k, split=section.split, limit=need, field="aux")
+            x, y = x[section.offset : need], y[section.offset : need]
+            if not len(x):
+                raise ConfigError(f"aux: {section.source} has no sequences from offset {section.offset}")
+            return x, y
         x, y = data_mod.load(section.source, root=section.root, path=section.path, download=section.download,
                              image_size=section.image_size or cfg.data.image_size, num_classes=k, limit=need)
         x, y = x[section.offset : need], y[section.offset : need]
@@ -183,7 +192,7 @@ def load_aux(cfg: RedTeamConfig) -> AuxData | None:
 
     images, labels = (take(a, a.limit) if a.source is not None else (torch.zeros(0), torch.zeros(0, dtype=torch.long)))
     ood = take(a.ood, a.ood.limit)[0] if a.ood is not None else None
-    if len(labels) and int(labels.max()) >= k:
+    if len(labels) and cfg.modality == "image" and int(labels.max()) >= k:
         raise ConfigError(f"aux: {a.source} has label {int(labels.max())} but model.num_classes={k}")
     return AuxData(images, labels, ood=ood, ood_samples=a.ood.samples if a.ood is not None else 0,
                    name=f"{a.source or ''}{'+ood:' + a.ood.source if a.ood else ''}")
@@ -201,6 +210,8 @@ def prior_guess(aux: AuxData | None) -> torch.Tensor | None:
     images when it has them, else its OOD images). None without auxiliary data."""
     if aux is None:
         return None
+    if not aux.images.is_floating_point():  # token ids: the most frequent auxiliary token at each position
+        return aux.images.mode(0).values if len(aux.images) else None
     return (aux.images if len(aux.images) else aux.ood).mean(0)
 
 
@@ -224,6 +235,13 @@ def defense_warnings(defense: dict | None, model: torch.nn.Module) -> list[str]:
 
 #: the per-image thresholds: metric -> (config field, "max" when a larger value leaks more)
 IMAGE_THRESHOLDS = {"ssim": ("max_ssim", "max"), "psnr": ("max_psnr", "max"), "lpips": ("min_lpips", "min")}
+#: the per-sample thresholds of a text client (``textmetrics``)
+TEXT_THRESHOLDS = {"rouge1": ("max_rouge1", "max"), "rouge2": ("max_rouge2", "max"), "token_acc": ("max_token_acc", "max")}
+
+
+def _thresholds(cfg: RedTeamConfig) -> dict[str, tuple[str, str]]:
+    """The per-sample thresholds of the config's modality (image thresholds never judge text, nor the reverse)."""
+    return TEXT_THRESHOLDS if cfg.modality == "text" else IMAGE_THRESHOLDS
 
 
 def _image_limits(cfg: RedTeamConfig, prior_row: dict | None) -> dict[str, tuple[float, str]]:
@@ -232,9 +250,11 @@ def _image_limits(cfg: RedTeamConfig, prior_row: dict | None) -> dict[str, tuple
     ``max(threshold, prior + margin)``: a reconstruction leaks the image only if it also beats what the
     attacker knew without the update by more than the margin (0.05 SSIM; 2 dB PSNR)."""
     c = cfg.certify
-    margin = {"ssim": c.prior_margin, "psnr": None if c.prior_margin is None else 40 * c.prior_margin}
+    margin = {"ssim": c.prior_margin, "psnr": None if c.prior_margin is None else 40 * c.prior_margin,
+              # text: the prior guess (most frequent auxiliary tokens) scores the common words of any sentence
+              "rouge1": c.prior_margin, "rouge2": c.prior_margin, "token_acc": c.prior_margin}
     limits = {}
-    for metric, (name, kind) in IMAGE_THRESHOLDS.items():
+    for metric, (name, kind) in _thresholds(cfg).items():
         threshold = getattr(c, name)
         if threshold is None:
             continue
@@ -283,7 +303,7 @@ def _worst_images(cfg: RedTeamConfig, results: list[dict], priors: dict[int, lis
             best[metric] = (excess, p[metric], {"batch": r["batch"], "attack": r["attack"], "image": p["index"],
                                                 "threshold_here": limit})
     rows = []
-    for metric, (name, kind) in IMAGE_THRESHOLDS.items():
+    for metric, (name, kind) in _thresholds(cfg).items():
         threshold = getattr(cfg.certify, name)
         if threshold is None:
             continue
@@ -314,8 +334,8 @@ def _evidence(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[di
                               "upper_bound": evidence.upper_bound(k, len(samples), c.confidence)}
     out["per_attack"] = per_attack
     classes: dict[int, list[tuple[int, int]]] = {}
-    for b, i in samples:
-        if b in labels and i < len(labels[b]):
+    for b, i in samples:  # a classifier's classes (a causal LM's targets are its text: no classes)
+        if b in labels and labels[b].dim() == 1 and i < len(labels[b]):
             classes.setdefault(int(labels[b][i]), []).append((b, i))
     per_class = []
     for label, keys in classes.items():
@@ -356,7 +376,7 @@ def _checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool, foun
         else:
             check.update(worst=None, passed=False, note="no attack produced this metric")
         checks.append(check)
-    if c.min_lpips is not None and not lpips_available:
+    if c.min_lpips is not None and not lpips_available and cfg.modality != "text":
         checks.append({"metric": "lpips", "threshold": c.min_lpips, "rule": f">= {c.min_lpips}", "passed": False,
                        "note": "LPIPS unavailable: the threshold cannot be verified"})
     if not ran:
@@ -531,7 +551,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     if prior is not None:
         for b, x in originals.items():
             guess = prior.expand_as(x).clone()
-            priors[b] = metrics.evaluate(guess, x, data_range=source.batch(b)[0].input_range)["per_image"]
+            priors[b] = measure(cfg, guess, x, batches[b][2], source.batch(b)[0].input_range)["per_image"]
             recon[f"b{b}-prior"] = guess
     found = _evidence(cfg, results, priors, {b: y for b, (_, _, y) in batches.items()})
     checks = _checks(cfg, results, lp.available, found)
@@ -679,13 +699,13 @@ class _AttackRunner:
             seconds = (time.time() - t0) / len(bs)
             for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
                 rec, encodings = decode(raw, obs, known) if view is not None else (raw, None)
-                m = metrics.evaluate(rec, x, y, data_range=obs.input_range, lpips_weights=self.cfg.certify.lpips_weights)
+                m = measure(self.cfg, rec, x, y, obs.input_range)
                 record: dict[str, Any] = {
                     "job": _record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
                     "budget": {k: v for k, v in {**budget, "seed": seed}.items() if k != "progress"}}
                 if encodings is not None:
                     record["encodings"] = _encoding_metrics(encodings, obs, view)
-                record["recovered"] = _recovered(m, self.cfg.certify.max_ssim)
+                record["recovered"] = _recovered(m, self.cfg)
                 info = {k: (type(v).__name__ if isinstance(v, torch.nn.Module) else str(v)) for k, v in rec.info.items()}
                 record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
                               info=info, seconds=seconds, batched_with=len(bs))
@@ -752,13 +772,48 @@ class _StateCache(PreparedCache):
 EXACT_SSIM = 0.95
 
 
-def _recovered(m: dict, max_ssim: float | None) -> dict[str, Any] | None:
-    """How many private images came back above the SSIM threshold (the fraction a reviewer reads)."""
-    if max_ssim is None:
+def measure(cfg: RedTeamConfig, reconstruction, inputs: torch.Tensor, labels: torch.Tensor | None,
+            input_range: tuple[float, float]) -> dict[str, Any]:
+    """Per-sample and summary metrics of a reconstruction (a ``Reconstruction`` or a tensor) against the
+    private batch: ``metrics.evaluate`` for images; for text ``textmetrics.evaluate_text`` (ROUGE, token
+    accuracy, bag of words, after matching) and, for a classifier, the restored labels' accuracy."""
+    if cfg.modality != "text":
+        return metrics.evaluate(reconstruction, inputs, labels, data_range=input_range,
+                                lpips_weights=cfg.certify.lpips_weights)
+    from guardfl.redteam import textmetrics
+    from guardfl.redteam.tokenizer import load_tokenizer
+
+    recon = reconstruction.inputs if hasattr(reconstruction, "inputs") else reconstruction
+    if recon.dim() == 1:  # one guess for every sample (the prior)
+        recon = recon.expand_as(inputs)
+    tok = load_tokenizer(cfg.data.tokenizer)
+    classifier = labels is not None and labels.dim() == 1
+    # a classifier's sentences are padded with end-of-text: padding is no private token
+    ignore = (tok.eos_id,) if classifier and tok.eos_id is not None else ()
+    m = textmetrics.evaluate_text(recon.cpu(), inputs.cpu(), tok, ignore_ids=ignore)
+    rec_labels = getattr(reconstruction, "labels", None)
+    if rec_labels is not None and classifier:
+        rl = rec_labels.detach().cpu().reshape(-1)
+        for row in m["per_image"]:
+            j = row.get("matched", row["index"])
+            row["label_correct"] = bool(rl[j] == labels[row["index"]]) if j < len(rl) else False
+        m["summary"]["label_acc"] = sum(r["label_correct"] for r in m["per_image"]) / max(1, len(m["per_image"]))
+    return m
+
+
+def _recovered(m: dict, cfg: RedTeamConfig) -> dict[str, Any] | None:
+    """How many private samples came back past the main threshold (the fraction a reviewer reads): SSIM for
+    images, ROUGE-1 for text; "exact": SSIM >= 0.95, or every token right."""
+    metric, limit, exact_at = ("ssim", cfg.certify.max_ssim, EXACT_SSIM) if cfg.modality != "text" else \
+        ("rouge1", cfg.certify.max_rouge1, None)
+    if limit is None:
         return None
-    above = sum(1 for p in m["per_image"] if p.get("ssim") is not None and p["ssim"] > max_ssim)
-    exact = sum(1 for p in m["per_image"] if p.get("ssim") is not None and p["ssim"] >= EXACT_SSIM)
-    return {"above_max_ssim": above, "exact": exact, "of": len(m["per_image"]),
+    above = sum(1 for p in m["per_image"] if p.get(metric) is not None and p[metric] > limit)
+    if exact_at is None:
+        exact = sum(1 for p in m["per_image"] if p.get("token_acc") == 1.0)
+    else:
+        exact = sum(1 for p in m["per_image"] if p.get(metric) is not None and p[metric] >= exact_at)
+    return {f"above_max_{metric}": above, "exact": exact, "of": len(m["per_image"]),
             "fraction": above / max(1, len(m["per_image"]))}
 
 
@@ -809,7 +864,7 @@ def _pack_observation(obs: Observation) -> dict[str, Any]:
                  "defense_stats": json.loads(json.dumps(list(side.defense_stats), default=str)),  # logs
                  "input_hashes": tuple(side.input_hashes),
                  "trained": [tuple(p) for p in side.trained]},
-        "train_mode": obs.train_mode,
+        "train_mode": obs.train_mode, "modality": obs.modality,
     }
 
 
@@ -833,7 +888,7 @@ def _unpack_observation(d: dict[str, Any], model: torch.nn.Module) -> Observatio
         side=SideKnowledge(labels=side["labels"], bn_batch_stats=[tuple(p) for p in side["bn_batch_stats"]],
                            defense_stats=list(side["defense_stats"]), input_hashes=tuple(side["input_hashes"]),
                            trained=[tuple(p) for p in side["trained"]]),
-        train_mode=d["train_mode"],
+        train_mode=d["train_mode"], modality=d.get("modality", "image"),
     )
 
 
@@ -855,6 +910,15 @@ class _BatchSource:
         #: the population the certificate speaks for, and the drawn samples (indices into x_all)
         self.population: dict[str, Any] = {}
         self.drawn: list[int] = []
+        #: a text client's tokenizer (None for images)
+        self.tokenizer = None
+        if cfg.modality == "text":
+            self.model = self._text_model()
+            self._load_data(task=self.model.task)
+            set_model_state(self.model, cfg.model.state, seed=cfg.seed)
+            if aux is not None:
+                aux.check_disjoint(self.x_all[self.drawn])
+            return
         if self.target is not None and self.target.clientapp is not None:
             in_shape = tuple(cfg.model.input_shape) if cfg.model.input_shape else None
             if in_shape is None and ":" not in cfg.model.name:
@@ -870,22 +934,50 @@ class _BatchSource:
         if self.target is not None:
             self._client = self._load_client()
 
-    def _load_data(self) -> None:
-        """The population (the data section's images from ``offset``, ``limit`` of them) and the
-        ``batches x n`` private samples drawn from it at random (``sampling``)."""
+    def _text_model(self) -> torch.nn.Module:
+        """The text model: built for the tokenizer's vocabulary, checked against the protocol, the
+        vocabulary and the sequence length (one-line errors naming the field)."""
+        from guardfl.redteam.textmodels import is_text_model
+        from guardfl.redteam.tokenizer import load_tokenizer
+
+        d, name = self.cfg.data, self.cfg.model.name
+        self.tokenizer = load_tokenizer(d.tokenizer)
+        model = build_model(name, (d.seq_len,), self.cfg.model.num_classes, self.tokenizer.vocab_size)
+        if not is_text_model(model):
+            raise ConfigError(f"model.name: {name} is not a text model (it needs .task 'causal-lm' or 'classification', "
+                              "get_input_embeddings() and forward(tokens) / forward(inputs_embeds=...))")
+        vocab = model.get_input_embeddings().num_embeddings
+        if vocab != self.tokenizer.vocab_size:
+            raise ConfigError(f"data.tokenizer: {d.tokenizer!r} has {self.tokenizer.vocab_size} tokens, the model's "
+                              f"embedding {vocab}; use the model's own tokenizer")
+        context = getattr(model, "context", None)
+        if context is not None and d.seq_len > context:
+            raise ConfigError(f"data.seq_len: {d.seq_len} tokens is longer than the model's context ({context}); "
+                              f"allowed: 2..{context}")
+        return model
+
+    def _load_data(self, task: str | None = None) -> None:
+        """The population (the data section's images from ``offset``, ``limit`` of them; a text model's
+        sequences, ``textdata``) and the ``batches x n`` private samples drawn from it at random
+        (``sampling``)."""
         cfg = self.cfg
         d = cfg.data
         n = cfg.client.n
         need = cfg.certify.batches * n
-        x, y = data_mod.load(d.source, root=d.root, path=d.path, download=d.download, image_size=d.image_size,
-                             num_classes=cfg.model.num_classes, limit=d.offset + d.limit if d.limit else None)
+        limit = d.offset + d.limit if d.limit else None
+        if task is not None:
+            x, y = data_mod.load_text_data(d.source, path=d.path, seq_len=d.seq_len, tokenizer=d.tokenizer, task=task,
+                                           num_classes=cfg.model.num_classes, split=d.split, limit=limit)
+        else:
+            x, y = data_mod.load(d.source, root=d.root, path=d.path, download=d.download, image_size=d.image_size,
+                                 num_classes=cfg.model.num_classes, limit=limit)
         self.x_all, self.y_all = x[d.offset :], y[d.offset :]
         population = Population(d.source, d.offset, len(self.x_all), d.path)
         if population.size < need:
             raise ConfigError(f"data: {d.source} has {population.size} images from offset {d.offset}"
                               f"{f' (limit {d.limit})' if d.limit else ''}; certify.batches={cfg.certify.batches} x "
                               f"{n} samples needs {need} distinct ones (fewer batches, or a larger population)")
-        if int(self.y_all.max()) >= cfg.model.num_classes:
+        if task is None and int(self.y_all.max()) >= cfg.model.num_classes:
             raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(self.y_all.max())}")
         self.drawn = population.draw(need, cfg.seed)
         self.population = population.describe(self.drawn, cfg.seed)

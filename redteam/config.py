@@ -17,7 +17,8 @@ from guardfl.yamlio import load_yaml
 
 
 class ModelSection(StrictModel):
-    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20, vgg16 or module:callable"})
+    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20, vgg16, "
+                      "transformer3, transformer3-tied, text-classifier or module:callable"})
     #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
     input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3,
                                           json_schema_extra={"allowed": "null or [C, H, W] with C in [1, 16], H and W in [4, 1024]"})
@@ -47,8 +48,13 @@ class ModelSection(StrictModel):
         return shape
 
 
-SOURCES = ("lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz")
-SourceName = Literal["lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz"]
+#: text sources: ``text`` (a plain-text file or folder, or the built-in text: windows of ``seq_len`` tokens
+#: for a causal LM), ``labelled-text`` (a TSV of labelled sentences, or built-in sentences with synthetic
+#: labels, for a classifier), ``wikitext`` / ``cola`` (the ``datasets`` names, when cached locally)
+TEXT_SOURCES = ("text", "labelled-text", "wikitext", "cola")
+SOURCES = ("lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz", *TEXT_SOURCES)
+SourceName = Literal["lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz",
+                     "text", "labelled-text", "wikitext", "cola"]
 _SOURCE_HELP = {"allowed": ", ".join(SOURCES)}
 
 
@@ -69,6 +75,12 @@ class DataSection(_Source):
 
     source: SourceName = Field(default="lfw-faces", json_schema_extra=_SOURCE_HELP)
     limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1 (population size)"})
+    #: text sources: tokens per private sample, the tokenizer, the split of a ``datasets`` name
+    seq_len: int = Field(default=16, ge=2, le=4096, json_schema_extra={"allowed": "an integer in [2, 4096] (tokens)"})
+    tokenizer: str = Field(default="gpt2", min_length=1, json_schema_extra={
+        "allowed": "'gpt2' (built in), a path to a tokenizer.json, or a Hugging Face tokenizer name already cached"})
+    split: Literal["train", "validation", "test"] = Field(default="test", json_schema_extra={
+        "allowed": "'train', 'validation' or 'test' (wikitext / cola)"})
 
 
 class OODSection(_Source):
@@ -87,6 +99,9 @@ class AuxSection(_Source):
     source: SourceName | None = Field(default=None, json_schema_extra={"allowed": "null (OOD only) or " + _SOURCE_HELP["allowed"]})
     limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1"})
     ood: OODSection | None = None
+    #: text: the split of a ``datasets`` name (the tokenizer and sequence length are the data section's)
+    split: Literal["train", "validation", "test"] = Field(default="train", json_schema_extra={
+        "allowed": "'train', 'validation' or 'test' (wikitext / cola)"})
 
     @model_validator(mode="after")
     def _something(self) -> "AuxSection":
@@ -179,6 +194,11 @@ class CertifySection(StrictModel):
     max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or finite, > 0 (dB)"})
     min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
     max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
+    #: text thresholds (a text model's certificate; the image ones apply to images only): ROUGE-1 / ROUGE-2
+    #: F-measure and the share of positions reconstructed exactly, per private sample
+    max_rouge1: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
+    max_rouge2: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
+    max_token_acc: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     #: client updates attacked (each with ``client.n`` private samples); null: as many as the claim needs
     #: with no leak (``evidence.samples_needed``: 59 samples for 5% at 95%)
     batches: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (enough for the claim) or an integer in [1, 100000]"})
@@ -195,8 +215,10 @@ class CertifySection(StrictModel):
 
     @model_validator(mode="after")
     def _some_threshold(self) -> "CertifySection":
-        if all(v is None for v in (self.max_ssim, self.max_psnr, self.min_lpips, self.max_label_acc)):
-            raise ValueError("set at least one threshold (max_ssim, max_psnr, min_lpips, max_label_acc)")
+        if all(v is None for v in (self.max_ssim, self.max_psnr, self.min_lpips, self.max_label_acc, self.max_rouge1,
+                                   self.max_rouge2, self.max_token_acc)):
+            raise ValueError("set at least one threshold (max_ssim, max_psnr, min_lpips, max_label_acc, max_rouge1, "
+                             "max_rouge2, max_token_acc)")
         return self
 
 
@@ -257,6 +279,32 @@ class RedTeamConfig(StrictModel):
             needed = samples_needed(self.certify.max_leak_rate, self.certify.confidence)
             resolved = self.certify.model_copy(update={"batches": -(-needed // self.client.n)})
             object.__setattr__(self, "certify", resolved)  # frozen model: resolved once, while validating
+        return self
+
+    @property
+    def modality(self) -> str:
+        """``text`` when the private data is text (token ids), else ``image``."""
+        return "text" if self.data.source in TEXT_SOURCES else "image"
+
+    @model_validator(mode="after")
+    def _modality_match(self) -> "RedTeamConfig":
+        """A built-in model, the data and the auxiliary data must be of one modality."""
+        from guardfl.redteam.textmodels import TEXT_MODELS
+
+        text = self.modality == "text"
+        name = self.model.name
+        if ":" not in name and (name in TEXT_MODELS) != text:
+            kind = "a text model" if name in TEXT_MODELS else "an image model"
+            raise ValueError(f"model.name: {name} is {kind}, but data.source {self.data.source!r} is "
+                             f"{'text' if text else 'images'}; text models: {', '.join(sorted(TEXT_MODELS))}")
+        if self.aux is not None and self.aux.source is not None and (self.aux.source in TEXT_SOURCES) != text:
+            raise ValueError(f"aux.source: {self.aux.source!r} is {'text' if not text else 'images'} but the client's data is "
+                             f"{'text' if text else 'images'}")
+        if text and self.aux is not None and self.aux.ood is not None:
+            raise ValueError("aux.ood: OOD pseudo-data (LTI-OOD's DCT images) is for images; remove it for a text client")
+        if text and self.target is not None:
+            raise ValueError("target: certifying the user's own client code is for image models yet; simulate the text "
+                             "client (remove the target section)")
         return self
 
     @model_validator(mode="after")

@@ -12,7 +12,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from guardfl.redteam import report_text
 from guardfl.redteam.certify import Certificate
+from guardfl.redteam.config import TEXT_SOURCES
+from guardfl.redteam.tokenizer import load_tokenizer
 from guardfl.redteam.files import atomic_write
 
 
@@ -148,7 +151,15 @@ def write_report(cert: Certificate, out: Path) -> None:
     """``report.html`` and ``grid-batch<b>.png`` (originals, then one row per attack) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     sections = []
+    text = cert.config.get("data", {}).get("source") in TEXT_SOURCES
+    tokenizer = load_tokenizer(cert.config["data"]["tokenizer"]) if text else None
     for b, originals in sorted(cert.originals.items()):
+        if text:
+            classifier = any(r["batch"] == b and r.get("metrics", {}).get("summary", {}).get("label_acc") is not None
+                             for r in cert.results) or cert.config["model"]["name"] == "text-classifier"
+            ignore = (tokenizer.eos_id,) if classifier and tokenizer.eos_id is not None else ()
+            sections.append((b, report_text.batch_section(cert, b, originals, tokenizer, ignore)))
+            continue
         rows, labels = [originals], ["original"]
         if cert.reconstructions.get(f"b{b}-prior") is not None:
             rows.append(cert.reconstructions[f"b{b}-prior"])
@@ -208,7 +219,7 @@ def write_report(cert: Certificate, out: Path) -> None:
         for w in cert.worst
     )
     evidence_html = _evidence_html(cert)
-    if cert.originals:
+    if cert.originals and not text:
         evidence_html += "<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
         evidence_html += "".join(f'<p class=legend>{html.escape(caption)}</p><img alt="{html.escape(caption)}" '
                                  f'src="data:image/png;base64,{base64.b64encode(png).decode()}">' for caption, png in overview(cert))
@@ -259,17 +270,18 @@ table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px soli
 tr.fail td {{ background: #fde7e7; }} tr.pass td {{ background: #e8f5ea; }}
 img {{ image-rendering: pixelated; border: 1px solid #ddd; }} .legend {{ color: #555; }} .warn {{ background: #fff4d6; border-left: 4px solid #d9a400; padding: 6px; }}
 pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
+{report_text.STYLE if text else ""}
 </style></head><body>
 <div class="banner">{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small></div>
 <p>Attacked: {attacked}. {html.escape(client.get('note', ''))}<br>
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
-"best" = the most leaking image. LPIPS: {'available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')'}.</p>
+{'"best" = the most leaking sample; text metrics per sample after matching.' if text else '"best" = the most leaking image. LPIPS: ' + ('available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')') + '.'}</p>
 {warnings_html}{privacy_html}{encoding_html}
 {evidence_html}
 <h2>Requirements of the verdict</h2>
 <table><tr><th>requirement</th><th>rule</th><th>measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
-<h2>Worst single image</h2>
+<h2>Worst single {'sample' if text else 'image'}</h2>
 <p>Per threshold, the one reconstruction that leaked most over every attack and sample (its limit accounts for the
 attacker's prior guess on that image). Shown for inspection; the verdict is the population claim above.</p>
 <table><tr><th>metric</th><th>rule</th><th>worst</th><th>where</th><th>result</th></tr>{worst}</table>
