@@ -50,7 +50,9 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
     # the malicious-server attacks: not part of the honest-server certificate that `all` makes
     for name in ("robbing_the_fed", "fishing"):
         assert status[name]["status"] == "not applicable" and "threat.server: malicious" in status[name]["reason"]
-    assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing"}
+    # TAG reconstructs text: not applicable to an image client
+    assert status["tag"]["status"] == "not applicable" and "text" in status["tag"]["reason"]
+    assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing", "tag"}
     for line in listing:
         if line["status"] == "not applicable":
             continue
