@@ -97,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
     for w in cert.worst:
         if w.get("worst") is not None:
             where = w["where"]
-            print(f"  [info] worst single image by {w['metric']}: {w['worst']:.3f} ({where['attack']}, batch {where['batch']}; "
+            print(f"  [info] worst single sample by {w['metric']}: {w['worst']:.3f} ({where['attack']}, batch {where['batch']}; "
                   f"limit there {where['threshold_here']:.3f}{', past it' if w['exceeds'] else ''})")
     population = cert.population
     if population:
         print(f"  [info] population: {population['source']} from offset {population['offset']}, {population['size']} "
-              f"images; {population['drawn']} drawn at random (seed {population['seed']})")
+              f"samples; {population['drawn']} drawn at random (seed {population['seed']})")
     if cert.privacy and cert.privacy.get("epsilon") is not None:
         pv = cert.privacy
         print(f"  [info] DP-SGD spends epsilon {pv['epsilon']:.3g} at delta {pv['delta']:g} (noise multiplier "
