@@ -127,17 +127,20 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
                  ) -> tuple[list[AttackSection], list[dict[str, Any]]]:
     """The attacks to run, and a line for every registered attack (the certificate's ``attacks``).
 
-    ``attacks: all``: every registered attack, at the strongest threat (labels known, the defense's
-    configuration known, BN statistics exact when the model has BatchNorm, FedAvg hyperparameters known,
-    the auxiliary data when there is some) adjusted by the attack's own ``default_threat`` (iDLG restores
+    ``attacks: all``: every registered attack, at the strongest threat (labels known, except a causal
+    LM's, which are the private text itself: inferred; the defense's configuration known, BN statistics
+    exact when the model has BatchNorm, FedAvg hyperparameters known, the auxiliary data when there is
+    some) adjusted by the attack's own ``default_threat`` (iDLG restores
     labels), with its budget for ``strength``; those that do not apply are listed with the reason.
     Configured attacks: their threat and budget (over the strength's budget); one that does not apply to
     this setting is a config error."""
     listing: list[dict[str, Any]] = []
     plans: list[AttackSection] = []
     if cfg.attacks is None:
-        strongest = ThreatSection(labels="known", bn="exact" if bn_layers(setting.model) else "none",
-                                  defense="known", fedavg="known")
+        # a causal LM's labels are its next tokens, i.e. the private text: granting them grants the answer
+        text_is_label = setting.modality == "text" and getattr(setting.model, "task", None) == "causal-lm"
+        strongest = ThreatSection(labels="inferred" if text_is_label else "known",
+                                  bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known")
         candidates = [(name, {}, strongest.model_copy(update=cls.default_threat))
                       for name, cls in sorted(attack_registry.ATTACKS.items())]
     else:

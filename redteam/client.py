@@ -215,6 +215,11 @@ def simulate_client(
         raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
     defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
     stages = defense_obj.stages
+    _, encodings, _ = split_stages(defense_obj)
+    encoding = encodings[0] if encodings else None
+    if encoding is not None and modality == "text":  # before guardfl.protect, whose checks speak of images
+        raise ConfigError(f"defense: {encoding.config.kind} mixes images (convex combinations of inputs); it cannot encode "
+                          "token ids: use a gradient defense or DP-SGD for a text model")
 
     global_model = copy.deepcopy(model)
     client = copy.deepcopy(model)
@@ -239,11 +244,6 @@ def simulate_client(
         warnings.filterwarnings("ignore", message=".*Full backward hook.*")
         net, guarded, train_loader = guardfl.protect(client, opt, loader, defense_obj, num_classes=num_classes)
     guarded.new_round()
-    _, encodings, _ = split_stages(defense_obj)
-    encoding = encodings[0] if encodings else None
-    if encoding is not None and modality == "text":
-        raise ConfigError(f"defense: {encoding.config.kind} mixes images (convex combinations of inputs); it cannot encode "
-                          "token ids: use a gradient defense or DP-SGD for a text model")
 
     records, handles = _record_first_bn_inputs(client)
     stats: list[dict] = []
