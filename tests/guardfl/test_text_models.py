@@ -52,6 +52,7 @@ from guardfl.defenses.outpost import layer_risk
 from guardfl.errors import ConfigError
 from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, smallest_k_mask
 from guardfl.redteam.textmodels import TextClassifier, Transformer3, next_token_labels
+from tests.textmodels import AttentionClassifier
 
 VOCAB, CONTEXT, LENGTH, BATCH, CLASSES, LR = 1000, 32, 12, 4, 3, 0.1
 MODELS = ["causal-lm", "causal-lm-tied", "classifier"]
@@ -363,19 +364,6 @@ def test_opacus_per_sample_gradients_equal_torch_func_and_are_clipped(kind):
         torch.testing.assert_close(clipped_sum[n], expected, rtol=1e-4, atol=1e-7, msg=n)
     total = float(flat(clipped_sum[n] for n in names).norm())
     assert total <= max_norm * (1 + 1e-5)  # a mean of vectors of norm <= C
-
-
-class AttentionClassifier(nn.Module):
-    """A text classifier built on torch's own ``nn.TransformerEncoderLayer`` (``nn.MultiheadAttention``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.token = nn.Embedding(VOCAB, 16)
-        self.encoder = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(16, CLASSES)
-
-    def forward(self, tokens):
-        return self.head(self.encoder(self.token(tokens)).mean(1))
 
 
 def test_multihead_attention_is_swapped_for_opacus_dp_multihead_attention_and_trains():

@@ -21,6 +21,7 @@ from guardfl.integrations.torch import ClientState, first_batch, local_update
 from guardfl.integrations.update import UpdateDefense
 from guardfl.ops.selection import prune_count
 from guardfl.redteam.textmodels import TextClassifier, Transformer3, next_token_labels
+from tests.textmodels import AttentionClassifier
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
@@ -132,18 +133,6 @@ def test_inspect_on_a_text_model(kind):
     result = local_update(make(kind), loader(kind), sgd(LR), Identity(), inspect=True)
     assert result.inspection is not None and result.inspection.ok
 
-
-class AttentionClassifier(nn.Module):
-    """A text classifier on torch's ``nn.TransformerEncoderLayer`` (``nn.MultiheadAttention``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.token = nn.Embedding(VOCAB, 16)
-        self.encoder = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(16, CLASSES)
-
-    def forward(self, tokens):
-        return self.head(self.encoder(self.token(tokens)).mean(1))
 
 
 def test_local_update_refuses_dp_on_multihead_attention_naming_the_swap():
