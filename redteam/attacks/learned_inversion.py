@@ -36,6 +36,15 @@ Deviations and choices, stated:
   certificate says about those classes. OOD and pseudo-images carry random labels and do not fill it.
 - The inverter cannot be trained for FedAvg with unknown local hyperparameters (threat fedavg=unknown):
   the attack declares itself not applicable there.
+
+Text clients (``Setting.modality == "text"``: token ids of a ``textmodels`` model): the same lifecycle
+(one name, prepare once per setting with the cache, one forward pass per ``reconstruct_many``) with the
+text maths of ``learned_inversion_text`` (Sec. 4.2: the per-position cross-entropy inverter, Hungarian
+matching over sequences, chunked simulation hashed chunk by chunk, an output layer over the auxiliary
+tokens, the token-embedding rows). It reads the ``text_*`` / ``token_hidden`` budget fields instead of
+``hidden`` / ``epochs`` / ``batch`` / ``lr`` / ``lr_drop_at`` / ``refresh_every``, and ``text_hash_dim``
+(else ``hash_dim``, else ``hash_ratio``, else the paper's 10%) for its hash; ``standardize``, ``holdout``
+and the seed are shared. ``hash_dim`` (absolute, overrides ``hash_ratio``) serves both modalities.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from guardfl.redteam.attacks.base import (
     Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device, progress_bar,
 )
 from guardfl.redteam.attacks.hashing import CountSketch
+from guardfl.redteam.attacks.learned_inversion_text import invert_text, prepare_text, text_refusal
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.augment import TransmitSimulator, config_stages, defense_leaves, flatten_update
 from guardfl.redteam.auxdata import training_pool
@@ -62,6 +72,13 @@ from guardfl.redteam.threat import ThreatModel
 
 #: models with more parameters than this are hashed to ``0.5 x`` by default (the paper's ResNet-20 choice)
 AUTO_HASH_ABOVE = 100_000
+
+#: the quick budget of a text client (2 CPU cores: transformer3, B=1, L=16, ~1,000-2,000 auxiliary
+#: sequences). One draw of the training observations (each costs a 10.7M-coordinate gradient, ~0.1-0.2 s
+#: per batch there: most of the preparation); 12 epochs (measured on 1,350 windows of the built-in text,
+#: the held-out accuracy is flat after ~10: 0.369 at 12, 0.372 at 30); hash 8,192 (16,384: 0.372)
+TEXT_QUICK = {"text_hidden": 512, "token_hidden": 128, "text_epochs": 12, "text_batch": 64, "text_lr": 1e-3,
+              "text_lr_drop_at": 0.75, "text_refresh_every": 12, "text_hash_dim": 8192}
 
 
 class LearnedInversionConfig(AttackConfig):
@@ -72,8 +89,22 @@ class LearnedInversionConfig(AttackConfig):
     lr_drop_at: float = Field(default=0.75, gt=0, le=1, json_schema_extra={"allowed": "(0, 1]"})
     refresh_every: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1 (epochs)"})
     hash_ratio: float | None = Field(default=None, gt=0, le=1, json_schema_extra={"allowed": "null (auto) or (0, 1]"})
+    hash_dim: int | None = Field(default=None, ge=1, json_schema_extra={
+        "allowed": "null (hash_ratio) or an integer >= 1 (absolute; overrides hash_ratio)"})
     standardize: bool = True
     holdout: float = Field(default=0.1, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
+    # -- a text client (token ids) reads these instead of hidden / epochs / batch / lr / lr_drop_at /
+    #    refresh_every; defaults: the paper's and its public code's text budget (learned_inversion_text)
+    text_hidden: int = Field(default=600, ge=1, json_schema_extra={"allowed": "an integer >= 1 (text: first hidden layer)"})
+    token_hidden: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1 (text: per position)"})
+    text_epochs: int = Field(default=100, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    text_batch: int = Field(default=64, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    text_lr: float = Field(default=1e-4, gt=0, json_schema_extra={"allowed": "> 0"})
+    text_lr_drop_at: float = Field(default=0.5, gt=0, le=1, json_schema_extra={"allowed": "(0, 1]"})
+    text_refresh_every: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1 (epochs)"})
+    text_hash_dim: int | None = Field(default=None, ge=1, json_schema_extra={
+        "allowed": "null (hash_dim, else hash_ratio, else the paper's 10%) or an integer >= 1"})
+    token_rows: bool = True
 
 
 class Inverter(nn.Module):
@@ -117,13 +148,20 @@ class LearnedInversion(Attack):
 
     name = "learned_inversion"
     Config = LearnedInversionConfig
-    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True)
+    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}))
+    #: the ``text_*`` / ``token_hidden`` entries budget a text client (token ids), the others an image client
     budgets = {
-        "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4},
-        "paper": {"epochs": 200, "batch": 256, "lr": 1e-4, "refresh_every": 1},
+        "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4,
+                  **TEXT_QUICK},
+        "paper": {"epochs": 200, "batch": 256, "lr": 1e-4, "refresh_every": 1,
+                  "text_hidden": 600, "token_hidden": 1000, "text_epochs": 100, "text_batch": 64, "text_lr": 1e-4,
+                  "text_lr_drop_at": 0.5, "text_refresh_every": 1, "text_hash_dim": None},
     }
     paper_budget = ("Wu et al. 2023: MLP hidden 3,000 (B=1) / 10,000 (B=4), 200 epochs, minibatch 256, Adam lr 1e-4 "
-                    "-> 1e-5 after 150 epochs, 50,000 auxiliary images (5,000 nearly as good, Fig. 3a)")
+                    "-> 1e-5 after 150 epochs, 50,000 auxiliary images (5,000 nearly as good, Fig. 3a). Text (Sec. 4.2, "
+                    "App.; public code): MLP 600 then 1,000 per position, count-sketch to 10% of the trained "
+                    "dimensions, 100 epochs, minibatch 64, Adam lr 1e-4 (the paper picks 1e-3/1e-4/1e-5 per defense) "
+                    "-> 1e-5 after 50 epochs, ~180,000 WikiText sequences of 16 tokens")
 
     @classmethod
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
@@ -134,12 +172,23 @@ class LearnedInversion(Attack):
         if threat.defense == "known" and any(leaf.needs_model for leaf in defense_leaves(setting.defense_config)):
             return ("defenses that read the model and the batch (Soteria, GradDefense) are not simulated as "
                     "augmentation yet")
+        if setting.modality == "text":
+            return text_refusal(setting, threat)
         if tuple(threat.aux.shape) != tuple(setting.input_shape):
             return f"auxiliary images have shape {tuple(threat.aux.shape)}, the client's {tuple(setting.input_shape)}"
         return None
 
+    def preparation_key(self, setting: Setting, threat: ThreatModel) -> str:
+        """``Attack.preparation_key`` without ``token_rows``: a reconstruction-time choice (the trained
+        inverter is the same either way)."""
+        if not self.config.token_rows:
+            return type(self)(**{**self.config.model_dump(), "token_rows": True}).preparation_key(setting, threat)
+        return super().preparation_key(setting, threat)
+
     # -- preparation: train the inverter --------------------------------------------------------------
     def _prepare(self, setting: Setting, threat: ThreatModel, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+        if setting.modality == "text":
+            return prepare_text(self.config, self.name, setting, threat, device, gen)
         c = self.config
         t0 = time.time()
         b = setting.num_samples
@@ -156,8 +205,13 @@ class LearnedInversion(Attack):
         sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
                                 seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
         random_defense = sim.defense is not None and sim.defense.randomized
-        ratio = c.hash_ratio if c.hash_ratio is not None else (0.5 if sim.dim > AUTO_HASH_ABOVE else 1.0)
-        sketch = CountSketch(sim.dim, max(1, int(sim.dim * ratio)), seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if ratio < 1 else None
+        if c.hash_dim is not None:  # absolute: overrides hash_ratio
+            ratio = min(1.0, c.hash_dim / sim.dim)
+            out_dim = min(c.hash_dim, sim.dim)
+        else:
+            ratio = c.hash_ratio if c.hash_ratio is not None else (0.5 if sim.dim > AUTO_HASH_ABOVE else 1.0)
+            out_dim = max(1, int(sim.dim * ratio))
+        sketch = CountSketch(sim.dim, out_dim, seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if ratio < 1 else None
 
         def draw(idx: Tensor) -> tuple[Tensor, Tensor]:
             x, y = _group(images[idx], labels[idx], b, gen)
@@ -238,6 +292,8 @@ class LearnedInversion(Attack):
         """The inverter's answer for observations of the prepared setting (already on ``device``)."""
         state = self._prepared[1]
         setting = Setting.of(observations[0])
+        if setting.modality == "text":
+            return invert_text(self.config, state, observations, knowledges, device)
         dim_in, hidden, b = state["dims"]
         net = Inverter(dim_in, hidden, b, setting.input_shape, setting.input_range).to(device)
         net.load_state_dict(state["net"])
