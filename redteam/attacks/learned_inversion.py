@@ -74,9 +74,10 @@ from guardfl.redteam.threat import ThreatModel
 AUTO_HASH_ABOVE = 100_000
 
 #: the quick budget of a text client (2 CPU cores: transformer3, B=1, L=16, ~1,000-2,000 auxiliary
-#: sequences). One draw of the training observations (each costs a 10.7M-coordinate gradient, ~0.1-0.2 s
-#: per batch there: most of the preparation); 12 epochs (measured on 1,350 windows of the built-in text,
-#: the held-out accuracy is flat after ~10: 0.369 at 12, 0.372 at 30); hash 8,192 (16,384: 0.372)
+#: sequences). One draw of the training observations (each costs a 10.7M-coordinate gradient, ~0.1 s per
+#: batch on quiet cores, more with pruning: most of the preparation, 155 s for 1,500 windows without a
+#: defense); 12 epochs (measured on 1,500 windows of the built-in text, the held-out accuracy is flat
+#: after ~10: 0.369 at 12, 0.372 at 30); hash 8,192 (16,384: 0.372 at 30 epochs, twice the training time)
 TEXT_QUICK = {"text_hidden": 512, "token_hidden": 128, "text_epochs": 12, "text_batch": 64, "text_lr": 1e-3,
               "text_lr_drop_at": 0.75, "text_refresh_every": 12, "text_hash_dim": 8192}
 

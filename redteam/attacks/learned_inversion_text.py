@@ -47,10 +47,13 @@ Deviations and choices, stated:
 - The public code keeps the epoch with the best test-set loss (the private data); we keep the final one.
   Its B > 1 path defends each sample's gradient and averages them; the simulator defends the batch's
   gradient, as a real client does.
-- Cost (transformer3, 10.7M trained coordinates, B=1, L=16, two busy CPU cores): one simulated update
-  takes 0.35 s (no defense) to 0.6 s (sign compression; the defense code's per-row work) per
-  auxiliary batch, so the simulation, not the inverter, is most of a quick preparation; the hashed
-  training set itself is small (N x hash_dim float32).
+- Cost (transformer3, 10.7M trained coordinates, B=1, L=16, two CPU cores shared with other jobs): one
+  simulated update per auxiliary batch takes ~0.1 s without a defense or with sign compression when
+  the cores are quiet (0.35-0.6 s when busy), ~0.15 s with Gaussian noise and 0.45-0.7 s with 99%
+  pruning (the defense code's per-row work on 4.8M-entry layers); the tied transformer3 (1.0M) 0.03 s.
+  So the simulation, not the inverter (~15 s at the quick budget), is most of a preparation: 1,500
+  auxiliary windows took 155-165 s (none, sign) on quiet cores and up to 18 minutes (pruning, busy).
+  The hashed training set itself is small (N x hash_dim float32).
 """
 
 from __future__ import annotations
@@ -219,7 +222,9 @@ def sketched_updates(sim: TransmitSimulator, ids: Tensor, labels: Tensor, sketch
                      rows_of: tuple[int, int, int] | None = None, rows_limit: int = 0,
                      ) -> tuple[Tensor, list[Tensor | None]]:
     """What the client would transmit for each batch of ``ids`` ``(N, B, L)``, hashed chunk by chunk (the
-    full rows of one chunk at a time); with ``rows_of``, also each batch's informative token rows."""
+    full rows of one chunk at a time); with ``rows_of``, also each batch's informative token rows.
+    (``TransmitSimulator.updates`` would hold every full row at once, and takes ``(N, B)`` labels only: a
+    causal LM's are ``(N, B, L)``; its ``_chunk`` is the same computation for one chunk.)"""
     feats, rows = [], []
     for lo in range(0, ids.shape[0], sim.chunk):
         full = sim._chunk(ids[lo : lo + sim.chunk].to(sim.device), labels[lo : lo + sim.chunk].to(sim.device)).detach()
