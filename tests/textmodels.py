@@ -5,7 +5,23 @@ Shared by tests/guardfl/test_text_models.py and tests/integrations/test_text_int
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+from guardfl.redteam.textmodels import TextClassifier, Transformer3
+
+#: small text models for fast tests: vocabulary, context, sequence length, classes
+VOCAB, CONTEXT, LENGTH, CLASSES = 1000, 32, 12, 3
+#: the kinds ``make`` builds
+MODELS = ["causal-lm", "causal-lm-tied", "classifier"]
+
+
+def make(kind: str) -> nn.Module:
+    """A seeded small model of ``kind``: the causal LM, its tied (frozen-embedding) variant, or the classifier."""
+    torch.manual_seed(0)
+    if kind == "classifier":
+        return TextClassifier(vocab_size=VOCAB, num_classes=CLASSES, context=CONTEXT)
+    return Transformer3(vocab_size=VOCAB, context=CONTEXT, tied=kind.endswith("tied"))
 
 
 class AttentionClassifier(nn.Module):

@@ -60,9 +60,10 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device, progress_bar,
+    Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
 )
 from guardfl.redteam.attacks.hashing import CountSketch
+from guardfl.redteam.attacks.inverter_training import standardiser, train_inverter
 from guardfl.redteam.attacks.learned_inversion_text import invert_text, prepare_text, text_refusal
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.augment import TransmitSimulator, config_stages, defense_leaves, flatten_update
@@ -220,40 +221,15 @@ class LearnedInversion(Attack):
             return (sketch(feats) if sketch is not None else feats), x.to(device)
 
         feats, targets = draw(train_idx)
-        if c.standardize:
-            mu, sd = feats.mean(0), feats.std(0)
-            sd = torch.where(sd > 1e-12, sd, torch.ones_like(sd))
-        else:
-            mu, sd = torch.zeros(feats.shape[1], device=device), torch.ones(feats.shape[1], device=device)
+        mu, sd = standardiser(feats, c.standardize)
         hidden = c.hidden or (3000 if b == 1 else 10000)
         with torch.random.fork_rng(devices=[]):  # init from the attack's generator, the global RNG untouched
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
             net = Inverter(feats.shape[1], hidden, b, setting.input_shape, setting.input_range).to(device)
-        opt = torch.optim.Adam(net.parameters(), lr=c.lr)
-        drop = max(1, int(round(c.lr_drop_at * c.epochs)))
-        bar = progress_bar(c.progress, c.epochs, f"{self.name}: training")
-        losses = []
-        for epoch in range(c.epochs):
-            if epoch and random_defense and epoch % c.refresh_every == 0:
-                feats, targets = draw(train_idx)
-            if epoch == drop:
-                for group in opt.param_groups:
-                    group["lr"] = c.lr * 0.1
-            perm = torch.randperm(len(feats), generator=gen).to(device)
-            total = torch.zeros((), device=device)  # summed on the device: no host sync per minibatch
-            for lo in range(0, len(perm), c.batch):
-                i = perm[lo : lo + c.batch]
-                loss = matched_mse(net((feats[i] - mu) / sd), targets[i])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                total += loss.detach() * len(i)
-            losses.append(float(total) / len(perm))
-            if bar:
-                bar.update(1)
-                bar.set_postfix(mse=f"{losses[-1]:.4f}")
-        if bar:
-            bar.close()
+        losses, _ = train_inverter(net, feats, targets, matched_mse, (lambda: draw(train_idx)) if random_defense else None,
+                                   mu=mu, sd=sd, epochs=c.epochs, batch=c.batch, lr=c.lr, lr_drop_at=c.lr_drop_at,
+                                   refresh_every=c.refresh_every, gen=gen, progress=c.progress, name=self.name,
+                                   metric="mse")
         in_dist = threat.aux.labels.unique().tolist() if len(threat.aux.labels) else []
         missing = sorted(set(range(setting.num_classes)) - set(in_dist))
         info: dict[str, Any] = {"aux_images": len(images),

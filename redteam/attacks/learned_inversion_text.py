@@ -66,8 +66,9 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels, progress_bar
+from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
 from guardfl.redteam.attacks.hashing import CountSketch
+from guardfl.redteam.attacks.inverter_training import standardiser, train_inverter
 from guardfl.redteam.augment import TransmitSimulator, flatten_update
 from guardfl.redteam.textmodels import next_token_labels
 from guardfl.redteam.threat import ThreatModel
@@ -279,41 +280,16 @@ def prepare_text(config, name: str, setting: Setting, threat: ThreatModel, devic
         return feats.to(device), lookup[x].to(device), rows
 
     feats, targets, _ = draw(train_idx)
-    if c.standardize:
-        mu, sd = feats.mean(0), feats.std(0)
-        sd = torch.where(sd > 1e-12, sd, torch.ones_like(sd))
-    else:
-        mu, sd = torch.zeros(feats.shape[1], device=device), torch.ones(feats.shape[1], device=device)
+    mu, sd = standardiser(feats, c.standardize)
     dims = (feats.shape[1], c.text_hidden, c.token_hidden, b, length, len(vocab))
     with torch.random.fork_rng(devices=[]):  # init from the attack's generator, the global RNG untouched
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
         net = TokenInverter(*dims).to(device)
-    opt = torch.optim.Adam(net.parameters(), lr=c.text_lr)
-    drop = max(1, int(round(c.text_lr_drop_at * c.text_epochs)))
-    bar = progress_bar(c.progress, c.text_epochs, f"{name}: training")
-    losses, draws = [], 1
-    for epoch in range(c.text_epochs):
-        if epoch and random_defense and epoch % c.text_refresh_every == 0:
-            feats, targets, _ = draw(train_idx)
-            draws += 1
-        if epoch == drop:
-            for group_ in opt.param_groups:
-                group_["lr"] = c.text_lr * 0.1
-        perm = torch.randperm(len(feats), generator=gen).to(device)
-        total = torch.zeros((), device=device)
-        for lo in range(0, len(perm), c.text_batch):
-            i = perm[lo : lo + c.text_batch]
-            loss = matched_cross_entropy(net((feats[i] - mu) / sd), targets[i])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.detach() * len(i)
-        losses.append(float(total) / len(perm))
-        if bar:
-            bar.update(1)
-            bar.set_postfix(ce=f"{losses[-1]:.3f}")
-    if bar:
-        bar.close()
+    redraw = (lambda: draw(train_idx)[:2]) if random_defense else None
+    losses, draws = train_inverter(net, feats, targets, matched_cross_entropy, redraw, mu=mu, sd=sd,
+                                   epochs=c.text_epochs, batch=c.text_batch, lr=c.text_lr,
+                                   lr_drop_at=c.text_lr_drop_at, refresh_every=c.text_refresh_every, gen=gen,
+                                   progress=c.progress, name=name, metric="ce")
     train_ids = ids[train_idx]
     trivial = torch.mode(train_ids, 0).values  # the most frequent training token at each position
     info: dict[str, Any] = {

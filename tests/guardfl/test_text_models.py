@@ -51,20 +51,12 @@ from guardfl.defenses import (REGISTRY, DPSGD, GaussianNoise, GradDefense, GradP
 from guardfl.defenses.outpost import layer_risk
 from guardfl.errors import ConfigError
 from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, smallest_k_mask
-from guardfl.redteam.textmodels import TextClassifier, Transformer3, next_token_labels
-from tests.textmodels import AttentionClassifier
+from guardfl.redteam.textmodels import next_token_labels
+from tests.textmodels import CLASSES, LENGTH, MODELS, VOCAB, AttentionClassifier, make
 
-VOCAB, CONTEXT, LENGTH, BATCH, CLASSES, LR = 1000, 32, 12, 4, 3, 0.1
-MODELS = ["causal-lm", "causal-lm-tied", "classifier"]
+BATCH, LR = 4, 0.1
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning",
                                         "ignore:Secure RNG turned off:UserWarning")
-
-
-def make(kind: str) -> nn.Module:
-    torch.manual_seed(0)
-    if kind == "classifier":
-        return TextClassifier(vocab_size=VOCAB, num_classes=CLASSES, context=CONTEXT)
-    return Transformer3(vocab_size=VOCAB, context=CONTEXT, tied=kind.endswith("tied"))
 
 
 def batch(kind: str, n: int = BATCH, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,22 +20,14 @@ from guardfl.errors import ConfigError
 from guardfl.integrations.torch import ClientState, first_batch, local_update
 from guardfl.integrations.update import UpdateDefense
 from guardfl.ops.selection import prune_count
-from guardfl.redteam.textmodels import TextClassifier, Transformer3, next_token_labels
-from tests.textmodels import AttentionClassifier
+from guardfl.redteam.textmodels import next_token_labels
+from tests.textmodels import CLASSES, LENGTH, MODELS, VOCAB, AttentionClassifier, make
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-VOCAB, CONTEXT, LENGTH, CLASSES, LR = 1000, 32, 12, 3, 0.1
-MODELS = ["causal-lm", "causal-lm-tied", "classifier"]
+LR = 0.1
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning",
                                         "ignore:Secure RNG turned off:UserWarning")
-
-
-def make(kind: str) -> nn.Module:
-    torch.manual_seed(0)
-    if kind == "classifier":
-        return TextClassifier(vocab_size=VOCAB, num_classes=CLASSES, context=CONTEXT)
-    return Transformer3(vocab_size=VOCAB, context=CONTEXT, tied=kind.endswith("tied"))
 
 
 def dataset(kind: str, n: int = 8, seed: int = 1) -> TensorDataset:

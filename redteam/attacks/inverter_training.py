@@ -1,0 +1,57 @@
+"""The training loop learned inversion runs for images and for tokens (Wu et al. 2023): standardise the
+observations, then Adam over shuffled minibatches of (observation, target) pairs, the learning rate x0.1
+at ``lr_drop_at`` of the epochs, the training observations redrawn every ``refresh_every`` epochs when
+the defense is random (fresh defense draws: the defense as augmentation)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from guardfl.redteam.attacks.base import progress_bar
+
+
+def standardiser(feats: Tensor, enabled: bool) -> tuple[Tensor, Tensor]:
+    """(mean, std) per coordinate of the first training draw (std 1 where a coordinate is constant), or
+    (0, 1) when standardisation is off."""
+    if not enabled:
+        return torch.zeros(feats.shape[1], device=feats.device), torch.ones(feats.shape[1], device=feats.device)
+    mu, sd = feats.mean(0), feats.std(0)
+    return mu, torch.where(sd > 1e-12, sd, torch.ones_like(sd))
+
+
+def train_inverter(net: nn.Module, feats: Tensor, targets: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
+                   redraw: Callable[[], tuple[Tensor, Tensor]] | None, *, mu: Tensor, sd: Tensor, epochs: int,
+                   batch: int, lr: float, lr_drop_at: float, refresh_every: int, gen: torch.Generator,
+                   progress: bool, name: str, metric: str) -> tuple[list[float], int]:
+    """Train ``net`` on ``(feats - mu) / sd -> targets``; ``redraw`` (None: a deterministic defense) gives a
+    fresh training draw. Returns the mean training loss per epoch and the number of draws used."""
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    drop = max(1, int(round(lr_drop_at * epochs)))
+    bar = progress_bar(progress, epochs, f"{name}: training")
+    losses, draws = [], 1
+    for epoch in range(epochs):
+        if epoch and redraw is not None and epoch % refresh_every == 0:
+            feats, targets = redraw()
+            draws += 1
+        if epoch == drop:
+            for group in opt.param_groups:
+                group["lr"] = lr * 0.1
+        perm = torch.randperm(len(feats), generator=gen).to(feats.device)
+        total = torch.zeros((), device=feats.device)  # summed on the device: no host sync per minibatch
+        for lo in range(0, len(perm), batch):
+            i = perm[lo : lo + batch]
+            loss = loss_fn(net((feats[i] - mu) / sd), targets[i])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * len(i)
+        losses.append(float(total) / len(perm))
+        if bar:
+            bar.update(1)
+            bar.set_postfix({metric: f"{losses[-1]:.4f}"})
+    if bar:
+        bar.close()
+    return losses, draws
