@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     from guardfl.redteam.cli import add_parser as add_redteam
 
     add_redteam(sub)
+    from guardfl.redteam.sweep_cli import add_parser as add_sweep
+
+    add_sweep(sub)
     p = sub.add_parser(
         "check", help="validate a defense config (YAML file); with --model, warn about layers it never changes",
         description="Validate a defense config: a defense YAML file, or a red-team config (its 'defense' section, "

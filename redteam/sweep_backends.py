@@ -1,0 +1,200 @@
+"""Where a sweep's points run: Ray (a local instance, or a cluster at ``--ray-address``), local worker
+processes, or this process. One interface: ``submit(key, fn, arg)`` and ``next_done() -> (key, result)``.
+
+Every point is an independent job (``sweep.evaluate_point``, a picklable spec in, a plain record out), so
+the backend changes only where and when it runs, never its result: each job sets its own thread count
+and seeds. ``backend='auto'``: Ray when it is installed (a local instance over the available cores),
+else local processes (one per core), else, for one worker, this process.
+
+An unreachable ``--ray-address`` is an error of one line; only ``fallback=True`` (``--fallback-local``)
+turns it into local processes, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import socket
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from guardfl.errors import GuardflError
+
+BACKENDS = ("auto", "ray", "processes", "sequential")
+
+
+class BackendError(GuardflError, RuntimeError):
+    """The chosen backend cannot run (Ray missing or unreachable, a worker process died)."""
+
+
+class Sequential:
+    name = "sequential"
+
+    def __init__(self) -> None:
+        self._done: list[tuple[Any, Any]] = []
+
+    def submit(self, key: Any, fn: Callable, arg: Any) -> None:
+        self._done.append((key, fn(arg)))
+
+    def next_done(self) -> tuple[Any, Any]:
+        return self._done.pop(0)
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "workers": 1}
+
+
+class Processes:
+    """Spawned local processes (a fresh interpreter each: no inherited thread pools or CUDA state)."""
+
+    name = "processes"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self._futures: dict[Future, Any] = {}
+
+    def submit(self, key: Any, fn: Callable, arg: Any) -> None:
+        self._futures[self._pool.submit(fn, arg)] = key
+
+    def next_done(self) -> tuple[Any, Any]:
+        done, _ = wait(self._futures, return_when=FIRST_COMPLETED)
+        future = next(iter(done))
+        key = self._futures.pop(future)
+        try:
+            return key, future.result()
+        except BrokenProcessPool:
+            raise BackendError("a sweep worker process died (killed or out of memory); rerun with --resume") from None
+
+    def close(self) -> None:
+        for future in self._futures:
+            future.cancel()
+        self._pool.shutdown(wait=not self._futures, cancel_futures=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "workers": self.workers}
+
+
+class Ray:
+    """Ray tasks of one CPU each: a local instance with ``workers`` CPUs, or the cluster at ``address``."""
+
+    name = "ray"
+
+    def __init__(self, workers: int, address: str | None) -> None:
+        import logging
+        import os
+
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray 2.5x's FutureWarning on CPU-only tasks
+        import ray
+
+        self._ray = ray
+        self.address = address
+        self.workers = workers
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
+                                  "configure_logging": True}
+        if address is None:
+            kwargs["num_cpus"] = workers
+        else:
+            kwargs["address"] = address
+        try:
+            self._owned = not ray.is_initialized()
+            if self._owned:
+                ray.init(**kwargs)
+        except Exception as err:  # ConnectionError, a version mismatch, a timeout
+            line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise BackendError(f"ray: could not start or reach {where}: {line[:200]}") from None
+        self._refs: dict[Any, Any] = {}
+        self._remote: dict[Callable, Any] = {}
+        if address is not None:
+            self.workers = int(ray.cluster_resources().get("CPU", workers))
+
+    def submit(self, key: Any, fn: Callable, arg: Any) -> None:
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = self._ray.remote(num_cpus=1, max_retries=0)(fn)
+        self._refs[remote.remote(arg)] = key
+
+    def next_done(self) -> tuple[Any, Any]:
+        ready, _ = self._ray.wait(list(self._refs), num_returns=1)
+        ref = ready[0]
+        key = self._refs.pop(ref)
+        try:
+            return key, self._ray.get(ref)
+        except self._ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)  # the job's own exception (ConfigError, AttackFailed, ...)
+            if isinstance(cause, BaseException):
+                raise cause from None
+            raise BackendError(f"ray: a sweep job failed: {(str(err).strip().splitlines() or [''])[0][:200]}") from None
+        except self._ray.exceptions.RayError as err:
+            line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise BackendError(f"ray: a sweep job was lost ({line[:200]}); rerun with --resume") from None
+
+    def close(self) -> None:
+        for ref in self._refs:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        if self._owned:
+            with contextlib.suppress(Exception):
+                self._ray.shutdown()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "workers": self.workers, "address": self.address or "local"}
+
+
+def ray_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
+def reachable(address: str, timeout: float = 5.0) -> str | None:
+    """None when ``host:port`` (or ``ray://host:port``) accepts a TCP connection within ``timeout``
+    seconds, else why not. 'auto' (an already running local cluster) is left to Ray."""
+    if address == "auto":
+        return None
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return f"expected host:port, ray://host:port or 'auto' (got {address!r})"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+
+
+def open_backend(backend: str, workers: int, address: str | None = None, fallback: bool = False,
+                 warn: Callable[[str], None] = lambda line: None):
+    """The backend to run a sweep's jobs on (see the module doc)."""
+    if backend not in BACKENDS:
+        raise BackendError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if address is not None and backend in ("processes", "sequential"):
+        raise BackendError(f"--ray-address: given with backend {backend!r}; drop one of them")
+    if address is not None:
+        why = reachable(address)
+        if why is not None:
+            if not fallback:
+                raise BackendError(f"--ray-address: cannot reach the Ray cluster at {address} ({why}); "
+                                   "check the address, or add --fallback-local to run on this machine's processes")
+            warn(f"the Ray cluster at {address} is unreachable ({why}); running on {workers} local process(es) "
+                 "(--fallback-local)")
+            return Processes(workers) if workers > 1 else Sequential()
+    if backend == "ray" or (backend == "auto" and (address is not None or (workers > 1 and ray_available()))):
+        if not ray_available():
+            raise BackendError("backend: ray is not installed (pip install 'guardfl[flower]' installs it); "
+                               "use --backend processes")
+        try:
+            return Ray(workers, address)
+        except BackendError as err:
+            if not fallback or address is None:
+                raise
+            warn(f"{err}; running on {workers} local process(es) (--fallback-local)")
+            return Processes(workers) if workers > 1 else Sequential()
+    if backend == "processes" or (backend == "auto" and workers > 1):
+        return Processes(workers)
+    return Sequential()
