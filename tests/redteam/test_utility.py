@@ -27,8 +27,8 @@ def rows(x):
 
 @pytest.fixture(scope="module")
 def small():
-    """The task of the evaluate tests: fc2 on 60 training and 20 test images, 2 epochs."""
-    u = UtilitySection(train=60, test=20, epochs=2)
+    """The task of the evaluate tests: fc2 on 60 training and 20 test images, 2 epochs, one training."""
+    u = UtilitySection(train=60, test=20, epochs=2, repeats=1)
     r = red()
     return u, r, load_task(u, r)
 
@@ -122,14 +122,28 @@ def test_evaluate(small, defense):
     assert out["examples"] == 120 and out["steps"] == 8  # 2 epochs of 60 in batches of 16
     assert out["epsilon"] is None and out["train_seconds"] >= 0
     assert out["mean_loss"] is not None and math.isfinite(out["mean_loss"])
+    assert out["accuracies"] == [out["accuracy"]] and out["accuracy_std"] == 0.0
     again = evaluate(u, r, defense, task)
     assert (again["accuracy"], again["mean_loss"]) == (out["accuracy"], out["mean_loss"])
 
 
 def test_evaluate_loads_its_own_task():
-    u = UtilitySection(train=20, test=10, epochs=1)
+    u = UtilitySection(train=20, test=10, epochs=1, repeats=1)
     out = evaluate(u, red(), None)
     assert out["examples"] == 20 and 0.0 <= out["accuracy"] <= 1.0
+
+
+def test_repeats_average_trainings_from_successive_seeds(small):
+    u, r, task = small
+    defense = {"kind": "gaussian", "sigma": 0.05, "seed": 5}
+    three = evaluate(u.model_copy(update={"repeats": 3}), r, defense, task)
+    assert len(three["accuracies"]) == 3 and three["accuracy"] == pytest.approx(sum(three["accuracies"]) / 3)
+    assert three["accuracy_std"] >= 0.0 and all(0.0 <= a <= 1.0 for a in three["accuracies"])
+    first = evaluate(u, r, defense, task)  # the first repeat is the single training (seed, defense seed)
+    assert three["accuracies"][0] == first["accuracy"]
+    shifted = evaluate(u.model_copy(update={"seed": u.seed + 1}), r, {**defense, "seed": 5 + 7919}, task)
+    assert three["accuracies"][1] == shifted["accuracy"]  # repeat r: seed + r, the defense's seed shifted
+    assert evaluate(u.model_copy(update={"repeats": 3}), r, defense, task)["accuracies"] == three["accuracies"]
 
 
 def test_evaluate_with_dpsgd_reports_epsilon(small):
@@ -160,7 +174,7 @@ def test_a_seeded_defense_reproduces_and_leaves_the_global_rng_alone(small, defe
 
 
 def test_dpsgd_on_a_batchnorm_model_is_refused():
-    u = UtilitySection(train=20, test=10, epochs=1)
+    u = UtilitySection(train=20, test=10, epochs=1, repeats=1)
     with pytest.raises(ConfigError) as info:
         evaluate(u, red("convnet"), {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0})
     msg = str(info.value)
