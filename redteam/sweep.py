@@ -248,8 +248,15 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["redteam"]:
         from guardfl.redteam.certify import certify
 
+        marker = Path(spec["out"]) / "sweep-point.key"  # whose red-team state the folder holds
+        try:
+            same = marker.read_text() == spec["key"]
+        except OSError:
+            same = False
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(spec["key"])
         cert = certify(red, out=spec["out"], workers=1, threads=spec["threads"], strength=spec["strength"],
-                       device=spec["device"], resume=spec["resume"], progress=False)
+                       device=spec["device"], resume=spec["resume"] and same, progress=False)
         record.update(summarize(cert))
         record["report"] = str(Path("points") / spec["id"] / "report.html")
     else:

@@ -280,16 +280,19 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
         base = load_config({**merged, "defense": None}).model_dump(mode="json")
     except ConfigError as err:
         raise ConfigError(f"sweep.base: {err}") from None
+    _known_model(base["model"]["name"])
     if base.get("target") is not None:
         raise ConfigError("sweep.base: a target (the user's own client code) cannot be swept: guardfl cannot change "
                           "the defense inside it; describe the client instead (model, data, client sections)")
     axes, directions = [], []
     for a, axis in enumerate(cfg.axes):
-        where = f"sweep.axes[{a}]"
+        where = f"sweep.axes.{a}"
         direction = axis.direction()
         grid = axis.grid()
         if len(set(grid)) != len(grid):
-            raise ConfigError(f"{where}.values: repeated values {grid}")
+            field = "values" if axis.values is not None else "range"
+            why = "" if axis.values is not None else " (the range's values, rounded to 6 significant digits)"
+            raise ConfigError(f"{where}.{field}: repeated values {grid}{why}; allowed: distinct values")
         if direction != "none":
             grid = sorted(grid, reverse=direction == "lower")  # weak -> strong
         points = []
@@ -313,6 +316,16 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
         {"sweep": cfg.model_dump(mode="json", exclude={"base", "override"}), "base": base}, sort_keys=True,
         default=str).encode()).hexdigest()[:16]
     return SweepPlan(cfg, base, axes, directions, baseline, digest, str(path) if path else None)
+
+
+def _known_model(name: str) -> None:
+    """A built-in model name must exist (a 'module:callable' is imported when a point runs)."""
+    from guardfl.redteam.models import MODELS
+    from guardfl.redteam.textmodels import TEXT_MODELS
+
+    if ":" not in name and name not in MODELS and name not in TEXT_MODELS:
+        raise ConfigError(f"sweep.base: model.name: unknown model {name!r}; allowed: "
+                          f"{', '.join(sorted({*MODELS, *TEXT_MODELS}))} or 'module:callable'")
 
 
 def _strip_defaults(defense: dict, template: dict) -> dict:

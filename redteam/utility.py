@@ -64,9 +64,9 @@ def load_task(utility, red: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Ten
                              image_size=utility.image_size, num_classes=red["model"]["num_classes"])
     if len(x) < need:
         raise ConfigError(f"sweep.utility: {utility.source} has {len(x)} samples; train + test = {need} (lower them)")
-    if y.dim() == 1 and int(y.max()) >= red["model"]["num_classes"]:
-        raise ConfigError(f"sweep.utility: labels up to {int(y.max())} do not fit model.num_classes="
-                          f"{red['model']['num_classes']}")
+    if y.dim() == 1 and (int(y.min()) < 0 or int(y.max()) >= red["model"]["num_classes"]):
+        raise ConfigError(f"sweep.utility: labels {int(y.min())}..{int(y.max())} do not fit model.num_classes="
+                          f"{red['model']['num_classes']}; allowed: labels in [0, {red['model']['num_classes'] - 1}]")
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(utility.seed))[:need]
     x, y = x[order], y[order]
     return x[: utility.train], y[: utility.train], x[utility.train:], y[utility.train:]

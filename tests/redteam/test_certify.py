@@ -135,8 +135,14 @@ def test_missing_and_malformed_files_exit_2(tmp_path, capsys):
 def test_every_shipped_config_is_valid():
     files = sorted((ROOT / "configs").glob("*.yaml"))
     assert {"default.yaml", "no-defense.yaml"} <= {f.name for f in files}
+    from guardfl.redteam.sweepconfig import load_sweep
+    from guardfl.yamlio import load_yaml
+
     for f in files:
-        load_config(f)
+        if "axes" in load_yaml(f):  # a sweep: its base and every point's config are red-team configs
+            load_sweep(f)
+        else:
+            load_config(f)
 
 
 @pytest.mark.heavy

@@ -90,8 +90,6 @@ def test_load_task_refuses_labels_beyond_num_classes(tmp_path):
     assert "\n" not in msg and msg.startswith("sweep.utility") and "11" in msg and "num_classes=10" in msg
 
 
-@pytest.mark.xfail(strict=True, reason="utility.load_task checks only y.max() >= num_classes: a negative label "
-                                       "passes and evaluate crashes with IndexError ('Target -1 is out of bounds')")
 def test_load_task_refuses_negative_labels(tmp_path):
     path = _npz(tmp_path, [-1] + [i % 2 for i in range(29)])
     with pytest.raises(ConfigError) as info:
