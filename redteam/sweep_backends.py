@@ -30,16 +30,20 @@ class BackendError(GuardflError, RuntimeError):
 
 
 class Sequential:
+    """This process, one job at a time: a job runs when its result is asked for, so that each result is
+    recorded (and shown) before the next job starts."""
+
     name = "sequential"
 
     def __init__(self) -> None:
-        self._done: list[tuple[Any, Any]] = []
+        self._queue: list[tuple[Any, Callable, Any]] = []
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:
-        self._done.append((key, fn(arg)))
+        self._queue.append((key, fn, arg))
 
     def next_done(self) -> tuple[Any, Any]:
-        return self._done.pop(0)
+        key, fn, arg = self._queue.pop(0)
+        return key, fn(arg)
 
     def close(self) -> None:
         pass

@@ -281,6 +281,13 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
     except ConfigError as err:
         raise ConfigError(f"sweep.base: {err}") from None
     _known_model(base["model"]["name"])
+    from guardfl.redteam.config import TEXT_SOURCES
+
+    text_base, text_task = base["data"]["source"] in TEXT_SOURCES, cfg.utility.source in TEXT_SOURCES
+    if text_base != text_task:
+        raise ConfigError(f"sweep.utility.source: {cfg.utility.source!r} is {'text' if text_task else 'images'} but the "
+                          f"base's data ({base['data']['source']!r}) is {'text' if text_base else 'images'}; the utility "
+                          "task trains the base's model, so it needs data of the same kind")
     if base.get("target") is not None:
         raise ConfigError("sweep.base: a target (the user's own client code) cannot be swept: guardfl cannot change "
                           "the defense inside it; describe the client instead (model, data, client sections)")

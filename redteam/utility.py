@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -49,12 +50,13 @@ def load_task(utility, red: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Ten
     if utility.source == "lfw-detection":
         x, y = lfw_detection()
     elif utility.source in TEXT_SOURCES:
-        from guardfl.redteam.textmodels import TEXT_MODELS
+        from guardfl.redteam.textmodels import is_text_model
 
-        model_name = red["model"]["name"]
-        if model_name not in TEXT_MODELS and ":" not in model_name:
-            raise ConfigError(f"sweep.utility.source: {utility.source!r} is text but the model {model_name!r} is an image model")
-        task = TEXT_MODELS[model_name].task if model_name in TEXT_MODELS else "classification"
+        model = build(red, (), utility.seed)
+        if not is_text_model(model):
+            raise ConfigError(f"sweep.utility.source: {utility.source!r} is text but the model {red['model']['name']!r} "
+                              "is not a text model (get_input_embeddings and a task)")
+        task = model.task
         x, y = data_mod.load_text_data(utility.source, path=utility.path, seq_len=utility.seq_len or red["data"]["seq_len"],
                                        tokenizer=red["data"]["tokenizer"], task=task,
                                        num_classes=red["model"]["num_classes"], split=utility.split,
@@ -130,8 +132,11 @@ def train_once(utility, red: dict[str, Any], defense: dict[str, Any] | None,
                         generator=torch.Generator().manual_seed(seed))
     lr, momentum = utility.lr, utility.momentum
     started = time.perf_counter()
-    update = local_update(model, loader, lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum), defense=defense,
-                          epochs=utility.epochs, num_classes=red["model"]["num_classes"])
+    with warnings.catch_warnings():  # Opacus's notes on every DP-SGD training: noise in a sweep's progress
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        update = local_update(model, loader, lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum), defense=defense,
+                              epochs=utility.epochs, num_classes=red["model"]["num_classes"])
     seconds = time.perf_counter() - started
     model.eval()
     correct = counted = 0

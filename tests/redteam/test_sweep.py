@@ -184,3 +184,42 @@ def test_report_in_a_browser(tmp_path):
     assert page.banner_visible and page.banner_text.startswith("CHOSEN")
     assert label in page.text
     assert page.active_content == []
+
+
+def test_sequential_runs_a_job_when_its_result_is_asked():
+    """So that each point is saved (and shown) before the next one starts: an interrupted sequential
+    sweep keeps what it finished."""
+    calls = []
+    backend = open_backend("sequential", 1)
+    backend.submit("a", calls.append, 1)
+    backend.submit("b", calls.append, 2)
+    assert calls == []
+    assert backend.next_done() == ("a", None) and calls == [1]
+    assert backend.next_done() == ("b", None) and calls == [1, 2]
+
+
+def test_a_text_sweep(tmp_path):
+    """A text client: TAG's ROUGE-1 is the plotted metric, and the utility is a classifier's held-out
+    accuracy on the built-in labelled sentences."""
+    cfg = {
+        "base": {"model": {"name": "text-classifier", "num_classes": 2},
+                 "data": {"source": "labelled-text", "seq_len": 8, "limit": 200},
+                 "attacks": [{"name": "tag", "budget": {"iterations": 10}}], "strength": "quick",
+                 "certify": {"batches": 1, "max_leak_rate": 0.5, "confidence": 0.5}},
+        "axes": [{"defense": {"kind": "gaussian"}, "param": "sigma", "values": [0.0001, 1.0]}],
+        "utility": {"source": "labelled-text", "train": 40, "test": 20, "epochs": 1, "repeats": 1, "batch_size": 8},
+    }
+    result = sweep(cfg, out=tmp_path, backend="sequential", progress=False)
+    assert result.metric == ("rouge1", 0.5)
+    points = [p for p in result.points if p["axis"] == 0]
+    assert points and all("rouge1" in p["worst"] for p in points)
+    assert 0 <= result.baseline["utility"]["accuracy"] <= 1
+    assert (tmp_path / PLOT).is_file()
+
+
+def test_utility_of_another_modality_is_refused():
+    cfg = config(utility={**UTILITY, "source": "labelled-text"})
+    with pytest.raises(ConfigError, match=r"^sweep\.utility\.source: 'labelled-text' is text but the base's data"):
+        from guardfl.redteam.sweepconfig import load_sweep
+
+        load_sweep(cfg)
