@@ -210,6 +210,11 @@ def _baseline(points: list[dict], warnings: list[str]) -> dict[str, Any]:
     if len(accs) > 1:
         warnings.append(f"the undefended model's accuracy differed between jobs ({sorted(accs)}): the utility task is "
                         "not deterministic here (threads or hardware); accuracy drops carry that noise")
+    u = base["utility"]
+    if u.get("majority") is not None and u["accuracy"] <= u["majority"] + 0.01:
+        warnings.append(f"the undefended model does not learn the utility task (accuracy {u['accuracy']:.3f}; always "
+                        f"answering the most frequent class gives {u['majority']:.3f}): accuracy drops say nothing here; "
+                        "train longer, raise utility.lr or use more data")
     return {"utility": base["utility"], "verdict": base.get("verdict"), "worst": base.get("worst"),
             "leak_rate": base.get("leak_rate"), "report": base.get("report")}
 

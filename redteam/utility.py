@@ -111,8 +111,15 @@ def evaluate(utility, red: dict[str, Any], defense: dict[str, Any] | None,
     accs = [run["accuracy"] for run in runs]
     mean = sum(accs) / len(accs)
     std = (sum((a - mean) ** 2 for a in accs) / (len(accs) - 1)) ** 0.5 if len(accs) > 1 else 0.0
-    return {**runs[-1], "accuracy": mean, "accuracy_std": std, "accuracies": accs,
+    return {**runs[-1], "accuracy": mean, "accuracy_std": std, "accuracies": accs, "majority": majority(task[3]),
             "train_seconds": sum(run["train_seconds"] for run in runs) / len(runs)}
+
+
+def majority(targets: Tensor) -> float:
+    """The held-out accuracy of always answering the most frequent target (-100 positions ignored): the
+    floor a trained model must beat for its accuracy to say anything."""
+    kept = targets[targets != -100]
+    return float(torch.bincount(kept.flatten()).max()) / max(kept.numel(), 1) if kept.numel() else 0.0
 
 
 def _reseeded(defense: dict[str, Any] | None, r: int) -> dict[str, Any] | None:

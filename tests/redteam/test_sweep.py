@@ -223,3 +223,24 @@ def test_utility_of_another_modality_is_refused():
         from guardfl.redteam.sweepconfig import load_sweep
 
         load_sweep(cfg)
+
+
+def test_a_utility_task_that_does_not_learn_is_flagged():
+    from guardfl.redteam.sweep import _baseline
+
+    point = {"axis": -1, "index": 0, "utility": {"accuracy": 0.5, "baseline_accuracy": 0.5, "majority": 0.52}}
+    warnings = []
+    _baseline([point], warnings)
+    assert len(warnings) == 1 and "does not learn the utility task" in warnings[0]
+    warnings = []
+    _baseline([{**point, "utility": {**point["utility"], "accuracy": 0.9, "baseline_accuracy": 0.9}}], warnings)
+    assert warnings == []
+
+
+def test_majority_floor():
+    import torch
+
+    from guardfl.redteam.utility import majority
+
+    assert majority(torch.tensor([1, 1, 0, 2])) == 0.5
+    assert majority(torch.tensor([[3, -100], [3, 4]])) == 2 / 3
