@@ -60,29 +60,40 @@ def _positive(flag: str):
     return parse
 
 
-def run(args: argparse.Namespace) -> int:
-    from guardfl.redteam.certify import certify
+def guarded(call, debug: bool, what: str):
+    """``(call(), None)``, or ``(None, exit status)`` with one line on stderr: 130 interrupted (``what``
+    can be continued with --resume), 2 for a bad config, a failed run, or user code that called
+    ``sys.exit``; ``debug`` adds the traceback. The ``redteam`` and ``sweep`` commands share it."""
     from guardfl.redteam.data import DataError
 
     try:
-        cert = certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
-                       strength=args.strength, workers=args.workers, threads=args.threads, samples=args.samples)
+        return call(), None
     except KeyboardInterrupt:
-        print("interrupted: no verdict (continue with --resume)", file=sys.stderr)
-        return 130
+        print(f"interrupted: no {what} (continue with --resume)", file=sys.stderr)
+        return None, 130
     except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
-        if args.debug:
+        if debug:
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return None, 2
     except SystemExit as err:  # user code that guardfl did not call through userref.calling
-        print(f"error: the run's code called sys.exit({err.code!r}); no verdict", file=sys.stderr)
-        return 2
+        print(f"error: the run's code called sys.exit({err.code!r}); no {what}", file=sys.stderr)
+        return None, 2
     except Exception as err:  # unexpected failures still exit 2
-        if args.debug:
+        if debug:
             traceback.print_exc()
         print(f"error: {type(err).__name__}: {err} (run with --debug for the traceback)", file=sys.stderr)
-        return 2
+        return None, 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from guardfl.redteam.certify import certify
+
+    cert, failed = guarded(lambda: certify(args.config, out=args.out, device=args.device, resume=args.resume,
+                                           progress=not args.quiet, strength=args.strength, workers=args.workers,
+                                           threads=args.threads, samples=args.samples), args.debug, "verdict")
+    if failed is not None:
+        return failed
     if not (Path(args.out) / "certificate.json").is_file():  # exit 0 promises a written certificate
         print(f"error: no certificate was written to {args.out}", file=sys.stderr)
         return 2

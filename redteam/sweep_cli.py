@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import traceback
-
-from guardfl.errors import GuardflError
 
 
 def add_parser(sub) -> None:
@@ -39,26 +35,16 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from guardfl.redteam.data import DataError
+    from guardfl.redteam.cli import guarded
     from guardfl.redteam.sweep import sweep
 
-    try:
-        result = sweep(args.config, out=args.out, backend=args.backend, workers=args.workers, threads=args.threads,
-                       ray_address=args.ray_address, fallback_local=args.fallback_local, resume=args.resume,
-                       strength=args.strength, device=args.device, progress=not args.quiet)
-    except KeyboardInterrupt:
-        print("interrupted: no sweep result (continue with --resume)", file=sys.stderr)
-        return 130
-    except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
-        if args.debug:
-            traceback.print_exc()
-        print(f"error: {(str(err).strip().splitlines() or [type(err).__name__])[0]}", file=sys.stderr)
-        return 2
-    except Exception as err:
-        if args.debug:
-            traceback.print_exc()
-        print(f"error: {type(err).__name__}: {err} (run with --debug for the traceback)", file=sys.stderr)
-        return 2
+    result, failed = guarded(lambda: sweep(args.config, out=args.out, backend=args.backend, workers=args.workers,
+                                           threads=args.threads, ray_address=args.ray_address,
+                                           fallback_local=args.fallback_local, resume=args.resume,
+                                           strength=args.strength, device=args.device, progress=not args.quiet),
+                             args.debug, "sweep result")
+    if failed is not None:
+        return failed
     for w in result.warnings:
         print(f"  [warn] {w}")
     data = result.to_dict()
