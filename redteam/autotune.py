@@ -12,7 +12,9 @@ Monotonicity is an assumption, not a guarantee (an attack's optimisation can fai
 succeed at a stronger one): ``violations`` lists the evaluated pairs that contradict it, and the sweep
 warns when there are any; ``autotune: false`` evaluates the full grid.
 
-**Choice.** Among certified points, the least accuracy drop; ties go to the earlier axis, then to the
+**Choice.** Among certified points, the least accuracy drop (with autotune, among the points it
+evaluated: it assumes that a stronger setting of one defense never costs less accuracy, so that an axis's
+weakest certifying point is its best); ties go to the earlier axis, then to the
 weaker setting (never to a timing, so that the choice reproduces). ``frontier`` is the per-axis weakest certifying point.
 """
 
