@@ -13,6 +13,18 @@ from torch import Tensor, nn
 from guardfl.redteam.attacks.base import progress_bar
 
 
+def holdout_split(n: int, holdout: float, batch: int, gen: torch.Generator, what: str) -> tuple[Tensor, Tensor]:
+    """(validation, training) indices of ``n`` auxiliary samples in a random order from ``gen``: a
+    ``holdout`` share held out, rounded down to whole batches of ``batch``; ValueError when the rest
+    cannot fill one training batch."""
+    order = torch.randperm(n, generator=gen)
+    n_val = int(round(holdout * n))
+    n_val = n_val - n_val % batch
+    if n - n_val < batch:
+        raise ValueError(f"aux: {n} auxiliary {what} cannot fill one training batch of {batch} after the holdout")
+    return order[:n_val], order[n_val:]
+
+
 def standardiser(feats: Tensor, enabled: bool) -> tuple[Tensor, Tensor]:
     """(mean, std) per coordinate of the first training draw (std 1 where a coordinate is constant), or
     (0, 1) when standardisation is off."""

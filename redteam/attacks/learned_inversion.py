@@ -63,7 +63,7 @@ from guardfl.redteam.attacks.base import (
     Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
 )
 from guardfl.redteam.attacks.hashing import CountSketch
-from guardfl.redteam.attacks.inverter_training import standardiser, train_inverter
+from guardfl.redteam.attacks.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.attacks.learned_inversion_text import invert_text, prepare_text, text_refusal
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.augment import TransmitSimulator, config_stages, defense_leaves, flatten_update
@@ -195,12 +195,7 @@ class LearnedInversion(Attack):
         t0 = time.time()
         b = setting.num_samples
         images, labels = training_pool(threat.aux, setting.num_classes, gen, setting.input_range)
-        order = torch.randperm(len(images), generator=gen)
-        n_val = int(round(c.holdout * len(images)))
-        n_val = n_val - n_val % b
-        if len(images) - n_val < b:
-            raise ValueError(f"aux: {len(images)} auxiliary images cannot fill one training batch of {b} after the holdout")
-        val_idx, train_idx = order[:n_val], order[n_val:]
+        val_idx, train_idx = holdout_split(len(images), c.holdout, b, gen, "images")
         defense = setting.defense_config if threat.defense == "known" else None
         # the simulated defense's randomness: the attacker's own stream, from the attack's generator (the
         # client's seed is dropped), so the same run seed gives the same inverter
@@ -238,7 +233,7 @@ class LearnedInversion(Attack):
                                 "input_dim": sim.dim, "hash_dim": sketch.dim_out if sketch else None,
                                 "epochs": c.epochs, "final_train_mse": losses[-1],
                                 "defense_augmentation": defense is not None, "fresh_draws": bool(random_defense)}
-        if n_val >= b:
+        if len(val_idx) >= b:
             net.eval()
             with torch.no_grad():
                 vf, vt = draw(val_idx)

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
 from guardfl.redteam.attacks.hashing import CountSketch
-from guardfl.redteam.attacks.inverter_training import standardiser, train_inverter
+from guardfl.redteam.attacks.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.augment import TransmitSimulator, flatten_update
 from guardfl.redteam.textmodels import next_token_labels
 from guardfl.redteam.threat import ThreatModel
@@ -252,12 +252,7 @@ def prepare_text(config, name: str, setting: Setting, threat: ThreatModel, devic
     vocab = output_vocabulary(setting, threat)
     lookup = torch.full((int(setting.input_range[1]) + 1,), -1, dtype=torch.long)
     lookup[vocab] = torch.arange(len(vocab))
-    order = torch.randperm(len(ids), generator=gen)
-    n_val = int(round(c.holdout * len(ids)))
-    n_val = n_val - n_val % b
-    if len(ids) - n_val < b:
-        raise ValueError(f"aux: {len(ids)} auxiliary sequences cannot fill one training batch of {b} after the holdout")
-    val_idx, train_idx = order[:n_val], order[n_val:]
+    val_idx, train_idx = holdout_split(len(ids), c.holdout, b, gen, "sequences")
     defense = setting.defense_config if threat.defense == "known" else None
     dim = sum(p.numel() for p in setting.model.parameters() if p.requires_grad)
     sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
@@ -300,7 +295,7 @@ def prepare_text(config, name: str, setting: Setting, threat: ThreatModel, devic
         "draws": draws,
         "token_rows": rows_of is not None,  # the token embedding is trained: its rows name the batch's tokens
     }
-    if n_val >= b:
+    if len(val_idx) >= b:
         net.eval()
         with torch.no_grad():
             vf, vt, vrows = draw(val_idx, with_rows=True)
