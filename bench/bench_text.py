@@ -2,7 +2,7 @@
 
     python bench/bench_text.py [--seq-lens 16,32] [--batch-sizes 1,4] [--targets 4]
                                [--defenses none,sign,prune,gauss] [--strength quick|paper]
-                               [--tag-iterations N] [--aux 2000] [--model transformer3|transformer3-tied]
+                               [--tag-iterations N] [--aux 2000] [--model transformer3|transformer3-tied] [--out PATH]
 
 Setting: ``transformer3`` (3 layers, width 96, 8 heads, learned positions, the GPT-2 BPE vocabulary of
 50,257 tokens; every weight trained, so the token embedding's gradient is in the update) on the built-in
@@ -75,8 +75,9 @@ def main() -> None:
     ap.add_argument("--tag-iterations", type=int, default=None)
     ap.add_argument("--aux", type=int, default=2000, help="auxiliary windows (LTI's training text)")
     ap.add_argument("--model", default="transformer3", choices=sorted(k for k in TEXT_MODELS if k.startswith("transformer")))
-    ap.add_argument("--attacks", default="tag,learned_inversion")
+    ap.add_argument("--attacks", default="tag,learned_inversion,embedding_readout")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(OUT / "text.json"), help="where the JSON goes")
     args = ap.parse_args()
 
     tok = load_tokenizer("gpt2")
@@ -132,9 +133,10 @@ def main() -> None:
                     print(f"L={seq_len:2d} B={b} {dname:6s} {name:17s} R1 {fmt(mean['rouge1'])} R2 {fmt(mean['rouge2'])} "
                           f"RL {fmt(mean['rougeL'])} acc {fmt(mean['token_acc'])} bag {fmt(mean['bag'])}  "
                           f"{seconds:6.1f} s (prep {prep:5.1f})  paper B=1 acc/R1/R2/RL {paper}", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "text.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
-    print(f"wrote {OUT / 'text.json'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

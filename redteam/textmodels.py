@@ -82,6 +82,9 @@ class _TextModel(nn.Module):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.token
 
+    def get_position_embeddings(self) -> nn.Embedding:
+        return self.position
+
     def _encode(self, tokens: Tensor | None, inputs_embeds: Tensor | None) -> Tensor:
         if (tokens is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of tokens and inputs_embeds")

@@ -9,6 +9,7 @@ from guardfl.redteam.attacks.base import (
 )
 from guardfl.redteam.attacks.cocktail_party import CocktailParty
 from guardfl.redteam.attacks.dlg import DLG, IDLG
+from guardfl.redteam.attacks.embedding_readout import EmbeddingReadout
 from guardfl.redteam.attacks.fishing import Fishing
 from guardfl.redteam.attacks.gradinversion import GradInversion
 from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
@@ -21,6 +22,7 @@ from guardfl.redteam.attacks.tag import TAG
 __all__ = [
     "ATTACKS",
     "DLG",
+    "EmbeddingReadout",
     "IDLG",
     "Attack",
     "AttackConfig",

@@ -47,6 +47,7 @@ from guardfl.redteam.attacks.base import (
 )
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
+from guardfl.redteam.attacks.textleak import token_bag
 from guardfl.redteam.client import Observation
 from guardfl.redteam.textmodels import is_text_model, next_token_labels
 
@@ -68,24 +69,6 @@ def embedding_name(observation: Observation) -> str | None:
         if p is emb.weight:
             return name
     return None
-
-
-def token_bag(rows: Tensor, most: int) -> Tensor | None:
-    """The token ids whose embedding-gradient rows carry the batch: the non-zero rows when they are few
-    (at most half the vocabulary: no defense, pruning, sign), else the rows whose norm stands out from the
-    bulk (robust z-score > 6 with median and MAD; noise makes every row non-zero), at most ``most`` of
-    them, largest first. None when nothing stands out."""
-    norms = rows.detach().float().norm(dim=1)
-    nonzero = (norms > 0).nonzero().flatten()
-    if 0 < len(nonzero) <= rows.shape[0] // 2:
-        return nonzero
-    med = norms.median()
-    mad = (norms - med).abs().median().clamp(min=1e-30)
-    z = (norms - med) / (1.4826 * mad)
-    picked = (z > 6).nonzero().flatten()
-    if not len(picked):
-        return None
-    return picked[norms[picked].argsort(descending=True)[:most]].sort().values
 
 
 @register

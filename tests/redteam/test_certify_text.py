@@ -144,6 +144,9 @@ def test_attacks_all_lists_the_image_attacks_as_not_applicable(monkeypatch):
     for name in image_only:
         assert lines[name]["status"] == "not applicable" and "image" in lines[name]["reason"], lines[name]
     assert "tag" in [r["attack"] for r in cert.results]
+    # the analytic readout needs no budget and no auxiliary text: it runs in every text certificate
+    assert lines["embedding_readout"]["status"] == "ran"
+    assert "embedding_readout" in [r["attack"] for r in cert.results]
 
 
 def test_a_text_classifier_on_labelled_sentences_restores_labels():
