@@ -26,8 +26,7 @@ frozen, tied embedding: Wu et al.'s ``transformer3-tied``; sinusoidal or rotary 
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from guardfl.redteam.attacks.base import Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, labels_for
 from guardfl.redteam.attacks.registry import register
