@@ -67,15 +67,15 @@ class EncodedLoader:
     here, before training (``check_loader``); every batch is checked again when encoded."""
 
     def __init__(self, loader, encoding: Defense, num_classes: int) -> None:
-        check = getattr(encoding, "check_loader", None)
-        if check is not None:
-            check(loader)
         try:
             first = loader.dataset[0][0]
         except Exception:  # noqa: BLE001  no indexable sample: every batch is checked in __iter__
             first = None
-        if isinstance(first, Tensor):
+        if isinstance(first, Tensor):  # token ids are refused before any batch-size complaint
             _require_float_inputs(encoding, first)
+        check = getattr(encoding, "check_loader", None)
+        if check is not None:
+            check(loader)
         self.loader = loader
         self.encoding = encoding
         self.num_classes = num_classes

@@ -1051,7 +1051,8 @@ class _BatchSource:
     def describe(self) -> dict[str, Any]:
         if self.target is None:
             kind = "simulated"
-            note = "the red team ran guardfl's client simulation with the configured defense"
+            note = ("the red team ran guardfl's client simulation with the configured defense"
+                    if self.cfg.defense is not None else "the red team ran guardfl's client simulation without a defense (defense: null)")
         else:
             kind = "clientapp" if self.target.clientapp else "train_fn"
             note = ("the red team ran the user's own client code; the configured defense is what the attacker "

@@ -114,8 +114,9 @@ def _evidence_html(cert: Certificate) -> str:
         return ""
     if pop:
         source = f"{html.escape(str(pop['source']))}{' (' + html.escape(str(pop['path'])) + ')' if pop.get('path') else ''}"
+        unit = "sequences" if cert.config.get("data", {}).get("source") in TEXT_SOURCES else "images"
         population = (f"{rate['samples']} private samples drawn uniformly at random (seed {pop['seed']}) from a population "
-                      f"of {pop['size']} images: {source} from index {pop['offset']}.")
+                      f"of {pop['size']} {unit}: {source} from index {pop['offset']}.")
     else:
         population = f"{rate['samples']} private samples: the data of the user's client (the red team did not draw them)."
     claim = (f"<b>{rate['leaked']} of {rate['samples']}</b> samples leaked (some attack reconstructed them past a threshold). "

@@ -257,6 +257,13 @@ def test_input_encodings_refuse_a_token_loader_at_protect(kind, encoding):
     assert "mixes images" in message
 
 
+def test_a_token_loader_of_batch_size_one_hears_about_the_dtype_first():
+    """Both are wrong (token ids, and a batch of 1 for k = 2): the dtype is the refusal that helps."""
+    model = make("classifier")
+    with pytest.raises(ConfigError, match="^defense: mixup mixes images"):
+        guardfl.protect(model, torch.optim.SGD(model.parameters(), lr=LR), loader("classifier", batch_size=1), MixUp(k=2, seed=0))
+
+
 def test_input_encodings_refuse_token_batches_of_a_loader_without_a_dataset():
     model = make("classifier")
     data = [batch("classifier")]  # a plain list of batches: nothing to probe at protect time

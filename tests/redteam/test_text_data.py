@@ -235,3 +235,15 @@ def test_named_data_is_looked_up_offline_only(monkeypatch):
 def test_named_data_names_and_splits_are_checked():
     assert "'wikitext', 'cola'" in one_line_error("data.source", textdata.load_named, "imdb")
     one_line_error("data.split", textdata.load_named, "cola", "dev")
+
+
+def test_aux_overlap_is_named_in_sequences_for_token_ids():
+    """Auxiliary text sharing a window with the client's: refused, in the modality's words."""
+    from guardfl.redteam.auxdata import AuxData
+    from guardfl.redteam.textmodels import next_token_labels
+
+    private = torch.arange(16).reshape(2, 8)
+    aux_ids = torch.cat([private[:1], private[1:] + 100])
+    aux = AuxData(aux_ids, next_token_labels(aux_ids), name="aux")
+    with pytest.raises(ConfigError, match=r"^aux: 1 auxiliary sequence\(s\) are private sequence\(s\) of the client"):
+        aux.check_disjoint(private)
