@@ -95,7 +95,7 @@ def _where(where: dict | None) -> str:
     if not where:
         return "n/a"
     limit = f', limit there {_fmt(where["threshold_here"])}' if where.get("threshold_here") is not None else ""
-    return (f'<a href="#batch-{int(where["batch"])}">batch {int(where["batch"])}</a>, image {html.escape(str(where.get("image")))}, '
+    return (f'<a href="#batch-{int(where["batch"])}">batch {int(where["batch"])}</a>, sample {html.escape(str(where.get("image")))}, '
             f'{html.escape(str(where.get("attack")))}{limit}')
 
 
@@ -274,7 +274,7 @@ pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
 {report_text.STYLE if text else ""}
 </style></head><body>
 <div class="banner">{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small></div>
-<p>Attacked: {attacked}. {html.escape(client.get('note', ''))}<br>
+<p>Attacked: {attacked}. {html.escape(client.get('note', '')[:1].upper() + client.get('note', '')[1:])}.<br>
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
 {'"best" = the most leaking sample; text metrics per sample after matching.' if text else '"best" = the most leaking image. LPIPS: ' + ('available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')') + '.'}</p>
