@@ -2,7 +2,8 @@
 
     python bench/bench_text.py [--seq-lens 16,32] [--batch-sizes 1,4] [--targets 4]
                                [--defenses none,sign,prune,gauss] [--strength quick|paper]
-                               [--tag-iterations N] [--aux 2000] [--model transformer3|transformer3-tied] [--out PATH]
+                               [--tag-iterations N] [--aux 2000] [--model transformer3|transformer3-tied]
+                               [--labels inferred|known] [--out PATH]
 
 Setting: ``transformer3`` (3 layers, width 96, 8 heads, learned positions, the GPT-2 BPE vocabulary of
 50,257 tokens; every weight trained, so the token embedding's gradient is in the update) on the built-in
@@ -77,13 +78,15 @@ def main() -> None:
     ap.add_argument("--model", default="transformer3", choices=sorted(k for k in TEXT_MODELS if k.startswith("transformer")))
     ap.add_argument("--attacks", default="tag,learned_inversion,embedding_readout")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--labels", default="inferred", choices=("inferred", "known"),
+                    help="known: grant the attacks the next tokens (a causal LM's labels are its text: a what-if)")
     ap.add_argument("--out", default=str(OUT / "text.json"), help="where the JSON goes")
     args = ap.parse_args()
 
     tok = load_tokenizer("gpt2")
     text = builtin_text()
     rows = []
-    print(f"threads {torch.get_num_threads()}, device cpu, model {args.model}, strength {args.strength}")
+    print(f"threads {torch.get_num_threads()}, device cpu, model {args.model}, strength {args.strength}, labels {args.labels}")
     for seq_len in [int(s) for s in args.seq_lens.split(",")]:
         windows = sequences(text, tok, seq_len)
         order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(args.seed))
@@ -105,7 +108,7 @@ def main() -> None:
                     x = private[t * b : (t + 1) * b]
                     cfg = None if defense is None else {**defense, "seed": 1000 + t}
                     observations.append(simulate_client(model, x, next_token_labels(x), cfg, FedSGD()))
-                threat = ThreatModel(labels="inferred", aux=aux)
+                threat = ThreatModel(labels=args.labels, aux=aux)
                 for name in args.attacks.split(","):
                     cls = attacks.ATTACKS[name]
                     budget = cls.budget_for(args.strength)
