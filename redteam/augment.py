@@ -20,6 +20,8 @@ gradient and then averages them: a weaker, different threat that we do not copy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import copy
 
 import torch
@@ -118,12 +120,17 @@ class TransmitSimulator:
                 params, momentum = sgd_step(params, g, momentum, p)
         return torch.cat([(params[name] - self.params[name]).reshape(n, -1) for name in self.names], 1)
 
+    def chunks(self, x: Tensor, y: Tensor) -> Iterator[Tensor]:
+        """The rows of ``updates(x, y)``, ``chunk`` batches at a time (for a consumer that reduces each
+        chunk, e.g. hashes it, instead of holding every full row). ``y`` is ``(N, B)`` or, for a causal
+        LM's next tokens (or soft labels), ``(N, B, ...)``."""
+        if x.dim() < 3 or y.dim() < 2 or x.shape[:2] != y.shape[:2]:
+            raise ValueError(f"updates: expected x (N, B, ...) and y (N, B, ...); got {tuple(x.shape)} and {tuple(y.shape)}")
+        for i in range(0, x.shape[0], self.chunk):
+            yield self._chunk(x[i : i + self.chunk].to(self.device), y[i : i + self.chunk].to(self.device)).detach()
+
     def updates(self, x: Tensor, y: Tensor) -> Tensor:
-        if x.dim() < 3 or y.dim() != 2 or x.shape[:2] != y.shape:
-            raise ValueError(f"updates: expected x (N, B, ...) and y (N, B); got {tuple(x.shape)} and {tuple(y.shape)}")
-        out = [self._chunk(x[i : i + self.chunk].to(self.device), y[i : i + self.chunk].to(self.device)).detach()
-               for i in range(0, x.shape[0], self.chunk)]
-        return torch.cat(out)
+        return torch.cat(list(self.chunks(x, y)))
 
 
 def flatten_update(update: dict[str, Tensor], names: list[str]) -> Tensor:

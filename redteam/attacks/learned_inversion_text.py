@@ -223,12 +223,10 @@ def sketched_updates(sim: TransmitSimulator, ids: Tensor, labels: Tensor, sketch
                      rows_of: tuple[int, int, int] | None = None, rows_limit: int = 0,
                      ) -> tuple[Tensor, list[Tensor | None]]:
     """What the client would transmit for each batch of ``ids`` ``(N, B, L)``, hashed chunk by chunk (the
-    full rows of one chunk at a time); with ``rows_of``, also each batch's informative token rows.
-    (``TransmitSimulator.updates`` would hold every full row at once, and takes ``(N, B)`` labels only: a
-    causal LM's are ``(N, B, L)``; its ``_chunk`` is the same computation for one chunk.)"""
+    full rows of one chunk at a time: ``TransmitSimulator.chunks``); with ``rows_of``, also each batch's
+    informative token rows."""
     feats, rows = [], []
-    for lo in range(0, ids.shape[0], sim.chunk):
-        full = sim._chunk(ids[lo : lo + sim.chunk].to(sim.device), labels[lo : lo + sim.chunk].to(sim.device)).detach()
+    for full in sim.chunks(ids, labels):
         if rows_of is not None:
             rows.extend(token_rows(r, rows_of, rows_limit) for r in full)
         feats.append(sketch(full) if sketch is not None else full)

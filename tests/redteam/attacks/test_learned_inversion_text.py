@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
+from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.attacks import LearnedInversion, PreparedCache, Setting
 from guardfl.redteam.attacks.learned_inversion_text import chunk_for, matched_cross_entropy, token_rows
 from guardfl.redteam.auxdata import AuxData
@@ -202,3 +202,22 @@ def test_hash_dim_is_absolute_for_images_and_text(lm, data, few):
     attacks.get("learned_inversion", **{**TINY, "text_hash_dim": None, "hash_dim": 123}).prepare(text, few, on_done=infos.append)
     attacks.get("learned_inversion", **{**TINY, "hash_dim": 123}).prepare(text, few, on_done=infos.append)
     assert infos[1]["hash_dim"] == 123 and infos[2]["hash_dim"] == TINY["text_hash_dim"]
+
+
+@pytest.mark.parametrize("defense", [None, {"kind": "gradprune", "ratio": 0.9}])
+def test_the_simulators_chunks_of_a_causal_lm_equal_the_client_simulation(defense):
+    """``TransmitSimulator.chunks`` with (N, B, L) next-token labels, two to a chunk: every row is what the
+    real client path transmits for that batch."""
+    from guardfl.redteam.augment import TransmitSimulator, flatten_update
+
+    torch.manual_seed(0)
+    model = Transformer3(vocab_size=1000, context=16)
+    ids = markov(6, L).view(3, 2, L)
+    labels = next_token_labels(ids.view(6, L)).view(3, 2, L)
+    protocol = FedAvg(epochs=1, batch_size=2, lr=0.1) if defense is None else FedSGD()
+    sim = TransmitSimulator(model, defense, protocol, chunk=2)
+    rows = list(sim.chunks(ids, labels))
+    assert [r.shape[0] for r in rows] == [2, 1]
+    for i, row in enumerate(torch.cat(rows)):
+        obs = simulate_client(model, ids[i], labels[i], defense, sim.protocol)
+        torch.testing.assert_close(row, flatten_update(obs.update, sim.names), atol=2e-6, rtol=1e-5)
