@@ -242,3 +242,13 @@ def test_the_console_script_exits_2_with_one_line(tmp_path):
     err = run.stderr.strip()
     assert run.returncode == 2 and err.count("\n") == 0 and "data.tokenizer" in err, err
     assert not (tmp_path / "o" / "certificate.json").exists()
+
+
+def test_the_shipped_text_default_does_not_certify_against_the_readout_alone():
+    """configs/text-default.yaml as shipped (population, aux, thresholds), with only its analytic attack
+    (the full run adds TAG and learned inversion: minutes): every sequence leaks."""
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "text-default.yaml").read_text())
+    cfg["attacks"] = ["embedding_readout"]
+    cert = certify(cfg, threads=1)
+    assert cert.verdict == "NOT CERTIFIED"
+    assert cert.evidence["leak_rate"]["leaked"] == cert.evidence["leak_rate"]["samples"] == 4
