@@ -13,7 +13,8 @@ text, the order within a position is arbitrary and only the bag and the position
 
 Defenses, as the attacker knows them (never their randomness): sign compression keeps a single token's
 row identical to its position's row (both are signs of one vector), so the readout survives it;
-pruning keeps the coordinates where both are large (the same values); Gaussian noise or DP-SGD drown the
+pruning per layer keeps the sparse token rows whole and cuts the dense position rows, which are then
+compared on their surviving coordinates (equal to the token row's there); Gaussian noise or DP-SGD drown the
 rows (the bag falls back to rows whose norm stands out, ``token_bag``), and the readout then reads noise.
 
 Gaps, stated: a causal LM's last position has no target, so its row is zero and its token is missing from

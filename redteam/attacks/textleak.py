@@ -55,14 +55,22 @@ def assign_positions(token_rows: Tensor, position_rows: Tensor) -> Tensor:
     position's row is zero (a causal LM's last position; a position pruned away). ``position_rows`` is
     L x D. Least squares ``R = A Q`` over the non-zero positions when they number at most D (exact for an
     undefended update); cosine similarity otherwise, and where the least-squares coefficients are
-    ill-posed (a rank-deficient Q)."""
+    ill-posed (a rank-deficient Q). Position rows with exact zeros inside (pruned: the zeros are missing
+    values, not values) are compared on their surviving coordinates only (a masked cosine): pruning per
+    layer keeps a sparse embedding's few non-zero rows whole but cuts the dense position rows, whose
+    surviving coordinates equal the token row's there."""
     r, q = token_rows.double(), position_rows.double()
     active = (q.norm(dim=1) > 0).nonzero().flatten()
     out = torch.full((q.shape[0],), -1, dtype=torch.long)
     if not len(active) or not len(r):
         return out
     qa = q[active]
-    if len(active) <= q.shape[1] and torch.linalg.matrix_rank(qa) == len(active):
+    if bool((qa == 0).any()):
+        mask = (qa != 0).double()  # (La, D)
+        dots = r @ qa.T  # zeros of qa drop out of the product by themselves
+        r_norms = (r.pow(2) @ mask.T).sqrt()  # each token row's norm on each position's coordinates
+        scores = dots / (r_norms * qa.norm(dim=1)).clamp(min=1e-30)
+    elif len(active) <= q.shape[1] and torch.linalg.matrix_rank(qa) == len(active):
         scores = r @ torch.linalg.pinv(qa)  # (k, La): the assignment's least-squares coefficients
     else:
         scores = _unit(r) @ _unit(qa).T

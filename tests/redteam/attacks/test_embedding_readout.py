@@ -41,6 +41,21 @@ def test_assignment_is_exact_when_token_rows_are_sums_of_position_rows(seed, len
     assert assign_positions(r, q).tolist() == which.tolist()
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.5, 0.95))
+def test_pruned_position_rows_are_matched_on_their_surviving_coordinates(seed, pruned):
+    """Unique tokens, the position rows cut (a share of each row's coordinates set to zero, at least
+    three kept): their surviving coordinates still equal the token rows' there, so each finds its token."""
+    gen = torch.Generator().manual_seed(seed)
+    length, width = 10, 48
+    q = torch.randn(length, width, generator=gen, dtype=torch.float64)
+    r = q[torch.randperm(length, generator=gen)]
+    truth = [int((r == q[p]).all(1).nonzero()) for p in range(length)]
+    keep = torch.rand(length, width, generator=gen) > pruned
+    keep[:, :3] = True
+    assert assign_positions(r, q * keep).tolist() == truth
+
+
 def test_zero_position_rows_are_left_unassigned():
     q = torch.randn(4, 8, dtype=torch.float64)
     q[3] = 0
