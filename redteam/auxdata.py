@@ -102,9 +102,9 @@ class AuxData:
             hits = [(j, where[h]) for j, h in enumerate(content_hashes(images, input_range)) if h in where]
             if hits:
                 j, i = hits[0]
-                what = "image(s)" if images.is_floating_point() else "sequence(s)"
+                what = "image" if images.is_floating_point() else "sequence"
                 raise ConfigError(
-                    f"{part}: {len(hits)} auxiliary {what} are private {what} of the client (e.g. {part} #{j} = private "
+                    f"{part}: {len(hits)} auxiliary {what}(s) are private {what}s of the client (e.g. {part} #{j} = private "
                     f"#{i}); the attacker's auxiliary data must be disjoint from the client's (move aux.offset, or "
                     "choose other data)"
                 )

@@ -79,8 +79,8 @@ class ThreatModel(StrictModel):
         if self.aux is not None and observation.side.input_hashes:
             shared = set(observation.side.input_hashes) & set(content_hashes(self.aux.images, observation.input_range))
             if shared:
-                what = "sequence(s)" if getattr(observation, "modality", "image") == "text" else "image(s)"
-                raise ConfigError(f"threat.aux: {len(shared)} auxiliary {what} are private {what} of this client; the "
+                what = "sequence" if getattr(observation, "modality", "image") == "text" else "image"
+                raise ConfigError(f"threat.aux: {len(shared)} auxiliary {what}(s) are private {what}s of this client; the "
                                   "attacker's auxiliary data must be disjoint from the client's")
         protocol = observation.protocol
         if isinstance(protocol, FedAvg) and self.fedavg == "unknown":

@@ -245,5 +245,5 @@ def test_aux_overlap_is_named_in_sequences_for_token_ids():
     private = torch.arange(16).reshape(2, 8)
     aux_ids = torch.cat([private[:1], private[1:] + 100])
     aux = AuxData(aux_ids, next_token_labels(aux_ids), name="aux")
-    with pytest.raises(ConfigError, match=r"^aux: 1 auxiliary sequence\(s\) are private sequence\(s\) of the client"):
+    with pytest.raises(ConfigError, match=r"^aux: 1 auxiliary sequence\(s\) are private sequences of the client"):
         aux.check_disjoint(private)
