@@ -1,4 +1,5 @@
-"""TAG vs learned inversion on a causal language model, the direction of Wu et al. 2023, Table 3(b).
+"""TAG vs learned inversion (and the embedding readout) on a causal LM, the direction of Wu et al. 2023,
+Table 3(b).
 
     python bench/bench_text.py [--seq-lens 16,32] [--batch-sizes 1,4] [--targets 4]
                                [--defenses none,sign,prune,gauss] [--strength quick|paper]
@@ -18,8 +19,10 @@ the next ``--aux`` are the attacker's auxiliary text (disjoint by content: check
 same observations in the same run.
 
 Prints ROUGE-1/2/L, token accuracy (after matching) and the bag-of-words recall, means over the targets,
-for TAG and LTI, with wall times, and the paper's Table 3(b) row for the defense (TAG / LTI, %). Writes
-JSON to ``bench/results/text.json``. Not a test: run it on a quiet machine; report threads and device.
+for each attack, with wall times, and the paper's Table 3(b) row for the defense (TAG / LTI, %). Writes
+JSON to ``--out`` (default ``bench/results/text.json``). Not a test: run it on a quiet machine; report
+threads and device. The paper-comparable TAG is ``--model transformer3-tied --labels known`` (Wu et al.
+freeze the embedding; without the next tokens TAG on the tied model recovers nothing here).
 """
 
 from __future__ import annotations
