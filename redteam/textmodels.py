@@ -162,6 +162,28 @@ def is_text_model(model: nn.Module) -> bool:
     return getattr(model, "task", None) in ("causal-lm", "classification") and callable(getattr(model, "get_input_embeddings", None))
 
 
+def embedding_names(model: nn.Module) -> tuple[str | None, str | None]:
+    """The parameter names of the model's token embedding (``get_input_embeddings``) and of its learned
+    position embedding: ``get_position_embeddings()`` when the model has it (Hugging Face's name), else
+    the one other ``nn.Embedding`` of the token embedding's width. None for what it lacks (a Hugging Face
+    model whose ``get_position_embeddings`` raises ``NotImplementedError`` has none to read)."""
+    token = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    position = None
+    getter = getattr(model, "get_position_embeddings", None)
+    if callable(getter):
+        try:
+            position = getter()
+        except NotImplementedError:
+            position = None
+    elif token is not None:
+        others = [m for m in model.modules() if isinstance(m, nn.Embedding) and m is not token
+                  and m.embedding_dim == token.embedding_dim]
+        position = others[0] if len(others) == 1 else None
+    names = {id(p): n for n, p in model.named_parameters()}
+    return (names.get(id(token.weight)) if token is not None else None,
+            names.get(id(position.weight)) if isinstance(position, nn.Embedding) else None)
+
+
 def next_token_labels(tokens: Tensor, ignore: int = -100) -> Tensor:
     """The causal-LM targets of ``tokens`` (N, L): position t predicts token t+1; the last position has no
     target (``ignore``, skipped by the loss as in Hugging Face's models)."""

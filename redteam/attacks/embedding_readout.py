@@ -27,34 +27,14 @@ frozen, tied embedding: Wu et al.'s ``transformer3-tied``; sinusoidal or rotary 
 
 from __future__ import annotations
 
-from torch import nn
-
 from guardfl.redteam.attacks.base import Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, labels_for
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.textleak import Bigram, assign_positions, order_sequences, position_sets, token_bag
-from guardfl.redteam.textmodels import is_text_model, next_token_labels
+from guardfl.redteam.textmodels import embedding_names, is_text_model, next_token_labels
 
 
 class EmbeddingReadoutConfig(AttackConfig):
     pass
-
-
-def embedding_names(model: nn.Module) -> tuple[str | None, str | None]:
-    """The parameter names of the model's token embedding (``get_input_embeddings``) and of its learned
-    position embedding: ``get_position_embeddings()`` when the model has it (Hugging Face's name), else
-    the one other ``nn.Embedding`` of the token embedding's width. None for what it lacks."""
-    token = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
-    position = None
-    getter = getattr(model, "get_position_embeddings", None)
-    if callable(getter):
-        position = getter()
-    elif token is not None:
-        others = [m for m in model.modules() if isinstance(m, nn.Embedding) and m is not token
-                  and m.embedding_dim == token.embedding_dim]
-        position = others[0] if len(others) == 1 else None
-    names = {id(p): n for n, p in model.named_parameters()}
-    return (names.get(id(token.weight)) if token is not None else None,
-            names.get(id(position.weight)) if isinstance(position, nn.Embedding) else None)
 
 
 @register

@@ -49,7 +49,7 @@ from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.textleak import token_bag
 from guardfl.redteam.client import Observation
-from guardfl.redteam.textmodels import is_text_model, next_token_labels
+from guardfl.redteam.textmodels import embedding_names, is_text_model, next_token_labels
 
 
 class TAGConfig(OptimisationConfig):
@@ -60,15 +60,6 @@ class TAGConfig(OptimisationConfig):
     tau: float = Field(default=0.25, gt=0, json_schema_extra={
         "allowed": "> 0 (temperature of tied soft labels, in units of the mean squared distance of two token embeddings)"})
     use_bag: bool = True
-
-
-def embedding_name(observation: Observation) -> str | None:
-    """The parameter name of the model's token embedding (None when the model has none by that protocol)."""
-    emb = observation.model.get_input_embeddings()
-    for name, p in observation.model.named_parameters():
-        if p is emb.weight:
-            return name
-    return None
 
 
 @register
@@ -92,7 +83,7 @@ class TAG(Attack):
         model = observation.model
         causal = model.task == "causal-lm"
         n, length = observation.num_samples, observation.input_shape[0]
-        emb_name = embedding_name(observation)
+        emb_name = embedding_names(model)[0]
         table = model.get_input_embeddings().weight.detach().to(device)
         bag = None
         if emb_name is not None and emb_name in observation.update and c.use_bag:

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
 from guardfl.redteam.attacks.base import NotApplicable, Setting
-from guardfl.redteam.attacks.embedding_readout import EmbeddingReadout, embedding_names
+from guardfl.redteam.attacks.embedding_readout import EmbeddingReadout
 from guardfl.redteam.attacks.textleak import Bigram, assign_positions, order_sequences, position_sets
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.textmodels import TextClassifier, Transformer3, next_token_labels
+from guardfl.redteam.textmodels import TextClassifier, Transformer3, embedding_names, next_token_labels
 
 V, L = 500, 8
 
