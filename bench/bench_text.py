@@ -89,6 +89,11 @@ def main() -> None:
     tok = load_tokenizer("gpt2")
     text = builtin_text()
     rows = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every row: a long run that is stopped keeps what it measured
+        out.write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "rows": rows}, indent=2))
     print(f"threads {torch.get_num_threads()}, device cpu, model {args.model}, strength {args.strength}, labels {args.labels}")
     for seq_len in [int(s) for s in args.seq_lens.split(",")]:
         windows = sequences(text, tok, seq_len)
@@ -135,13 +140,12 @@ def main() -> None:
                            "paper_b1_percent": paper, "example": {"truth": tok.decode(private[0].tolist()),
                                                                   "recon": tok.decode(recs[0].inputs[0].tolist())}}
                     rows.append(row)
+                    save()
                     fmt = lambda v: "  -  " if v is None else f"{v:5.2f}"  # noqa: E731
                     print(f"L={seq_len:2d} B={b} {dname:6s} {name:17s} R1 {fmt(mean['rouge1'])} R2 {fmt(mean['rouge2'])} "
                           f"RL {fmt(mean['rougeL'])} acc {fmt(mean['token_acc'])} bag {fmt(mean['bag'])}  "
                           f"{seconds:6.1f} s (prep {prep:5.1f})  paper B=1 acc/R1/R2/RL {paper}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    save()
     print(f"wrote {out}")
 
 
