@@ -100,27 +100,14 @@ class TAG(Attack):
         vocab = observation.num_classes
         scale = float(table.std())
         temperature = c.tau * 2 * table.shape[1] * scale**2  # tau relative to the embeddings' squared distances
+        objective = tag_objective(replica, labels, candidates, bag, vocab, temperature)
         results = []
         bar = progress_bar(c.progress, c.iterations * c.restarts, self.name)
         for _ in range(c.restarts):
-            e = (scale * torch.randn(n, length, table.shape[1], generator=gen)).to(device).requires_grad_(True)
-            opt = torch.optim.Adam([e], lr=c.lr)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: _schedule(i, c.iterations, c.warmup))
-
-            def objective(x: Tensor) -> Tensor:
-                y = labels if labels is not None else _tied_labels(x, candidates, bag, vocab, temperature)
-                return replica.objective(x, y)
-
-            for _ in range(c.iterations):
-                opt.zero_grad(set_to_none=True)
-                loss = objective(e)
-                loss.backward()
-                opt.step()
-                sched.step()
-                if bar is not None:
-                    bar.update(1)
-            value = float(objective(e.detach()).detach())
-            results.append((value if math.isfinite(value) else float("inf"), e.detach()))
+            e0 = (scale * torch.randn(n, length, table.shape[1], generator=gen)).to(device)
+            e = optimise_embeddings(objective, e0, c.iterations, c.lr, c.warmup, None if bar is None else bar.update)
+            value = float(objective(e).detach())  # one read-back per restart, after its loop
+            results.append((value if math.isfinite(value) else float("inf"), e))
         if bar is not None:
             bar.close()
         best = min(range(len(results)), key=lambda i: results[i][0])
@@ -134,6 +121,36 @@ class TAG(Attack):
             out_labels = labels
         info = {"labels": source, "winner": best, "bag": None if bag is None else int(len(bag))}
         return Reconstruction(tokens.cpu(), out_labels.cpu(), value, [r[0] for r in results], info)
+
+
+def tag_objective(replica: Replica, labels: Tensor | None, candidates: Tensor, bag: Tensor | None, vocab: int,
+                  temperature: float):
+    """TAG's objective of the embeddings ``x`` (B x L x D): the replica's gradient distance, with the granted
+    labels or a causal LM's soft labels tied to ``x`` (``_tied_labels``)."""
+
+    def objective(x: Tensor) -> Tensor:
+        y = labels if labels is not None else _tied_labels(x, candidates, bag, vocab, temperature)
+        return replica.objective(x, y)
+
+    return objective
+
+
+def optimise_embeddings(objective, e0: Tensor, iterations: int, lr: float, warmup: int, step=None) -> Tensor:
+    """Adam on the embeddings from ``e0`` with a linear warm-up and a cosine decay (``_schedule``); ``step``
+    (e.g. a progress bar's ``update``) is called with 1 after each iteration. Nothing is read back to the
+    host inside the loop: on a GPU the iterations queue without a synchronisation. Returns the detached
+    final embeddings."""
+    e = e0.detach().clone().requires_grad_(True)
+    opt = torch.optim.Adam([e], lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: _schedule(i, iterations, warmup))
+    for _ in range(iterations):
+        opt.zero_grad(set_to_none=True)
+        objective(e).backward()
+        opt.step()
+        sched.step()
+        if step is not None:
+            step(1)
+    return e.detach()
 
 
 def _schedule(i: int, iterations: int, warmup: int) -> float:

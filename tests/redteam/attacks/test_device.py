@@ -161,3 +161,67 @@ def test_the_batched_optimiser_over_samples_never_syncs_with_the_host(wide_lenet
     x = optimise_batched(lambda x, a, t: replica.objective(x, t["labels"], a, t), torch.zeros(3, 2, 1, 1, 25, 25, device=META),
                          iterations=20, lr=0.1, bounds=(0, 1), group_every=5, progress=steps.append, targets=targets)
     assert x.device == META and x.shape == (3, 2, 1, 1, 25, 25) and len(steps) == 20
+
+
+# --- text attacks -------------------------------------------------------------------------------------
+
+
+def _text_client(kind: str, batch: int, defense=None):
+    from guardfl.redteam.textmodels import next_token_labels
+    from tests.textmodels import LENGTH, VOCAB, make
+
+    model = make(kind)
+    x = torch.randint(0, VOCAB, (batch, LENGTH), generator=torch.Generator().manual_seed(1))
+    y = torch.arange(batch) % 3 if kind == "classifier" else next_token_labels(x)
+    return simulate_client(model, x, y, defense)
+
+
+@pytest.mark.parametrize("kind, labels, defense", [
+    ("causal-lm", "tied", None), ("causal-lm", "known", None), ("causal-lm-tied", "known", None),
+    ("classifier", "known", None), ("causal-lm", "tied", "prune"), ("causal-lm", "known", "sign"),
+])
+def test_tag_inner_loop_never_syncs_with_the_host(kind, labels, defense):
+    """TAG's loop (the replica's L2 + L1 distance, masked for a pruned update, the hinge for a sign-compressed
+    one, soft labels tied to the guess, Adam with warm-up and cosine decay) runs on meta to the end. Its
+    data-dependent setup (the token bag, the embedding scale) reads back once, before the loop."""
+    from guardfl.defenses import SignCompression
+    from guardfl.redteam.attacks.tag import _without, optimise_embeddings, tag_objective
+    from guardfl.redteam.textmodels import embedding_names
+
+    chosen = {None: None, "prune": GradPrune(0.9, seed=0), "sign": SignCompression()}[defense]
+    obs = _text_client(kind, 1, chosen)
+    view = _without(obs, embedding_names(obs.model)[0]).to(META)
+    knowledge = ThreatModel(labels="known").knowledge(view).to(META)
+    replica = Replica(view, knowledge, ObjectiveWeights(distance="tag", tag_alpha=0.1), META)
+    table = view.model.get_input_embeddings().weight.detach()
+    bag = torch.arange(7, device=META)
+    objective = tag_objective(replica, None if labels == "tied" else knowledge.labels, table[bag], bag,
+                              obs.num_classes, 1.0)
+    steps = []
+    e = optimise_embeddings(objective, torch.zeros(1, *obs.input_shape, table.shape[1], device=META),
+                            iterations=6, lr=0.05, warmup=2, step=steps.append)
+    assert e.device == META and len(steps) == 6
+
+
+@pytest.mark.parametrize("kind", ["causal-lm", "classifier"])
+def test_learned_inversion_for_tokens_trains_on_the_device(kind):
+    """Simulated updates of the auxiliary sequences, their count sketch and a whole epoch of the token
+    inverter's training run on the attack's device: the first read-back is the epoch's mean loss."""
+    import traceback
+
+    from guardfl.redteam.auxdata import AuxData
+    from guardfl.redteam.textmodels import next_token_labels
+    from tests.textmodels import LENGTH, VOCAB
+
+    obs = _text_client(kind, 1)
+    ax = torch.randint(0, VOCAB, (40, LENGTH), generator=torch.Generator().manual_seed(2))
+    ay = torch.arange(40) % 3 if kind == "classifier" else next_token_labels(ax)
+    attack = attacks.get("learned_inversion", device="meta", seed=0, epochs=2, batch=8)
+    try:
+        attack.reconstruct(obs, ThreatModel(labels="known", aux=AuxData(ax, ay, name="aux")))
+    except RuntimeError as err:
+        assert READBACK.search(str(err)), err
+        where = traceback.extract_tb(err.__traceback__)[-2]  # the frame that read back (the last is torch's)
+        assert where.name == "train_inverter" and "losses.append" in where.line, where  # the epoch's loss
+    else:
+        raise AssertionError("a meta run cannot finish: its result is read back")
