@@ -5,6 +5,7 @@ Table 3(b).
                                [--defenses none,sign,prune,gauss] [--strength quick|paper]
                                [--tag-iterations N] [--aux 2000] [--model transformer3|transformer3-tied]
                                [--labels inferred|known] [--out PATH]
+    python bench/bench_text.py --table RESULTS.json [RESULTS.json ...]   # a markdown table of saved runs
 
 Setting: ``transformer3`` (3 layers, width 96, 8 heads, learned positions, the GPT-2 BPE vocabulary of
 50,257 tokens; every weight trained, so the token embedding's gradient is in the update) on the built-in
@@ -19,7 +20,8 @@ the next ``--aux`` are the attacker's auxiliary text (disjoint by content: check
 same observations in the same run.
 
 Prints ROUGE-1/2/L, token accuracy (after matching) and the bag-of-words recall, means over the targets,
-for each attack, with wall times, and the paper's Table 3(b) row for the defense (TAG / LTI, %). Writes
+for each attack and for the certificate's baseline ``prior`` (the attacker's no-update guess: the most
+frequent auxiliary token at each position), with wall times, and the paper's Table 3(b) row for the defense (TAG / LTI, %). Writes
 JSON to ``--out`` (default ``bench/results/text.json``). Not a test: run it on a quiet machine; report
 threads and device. The paper-comparable TAG is ``--model transformer3-tied --labels known`` (Wu et al.
 freeze the embedding; without the next tokens TAG on the tied model recovers nothing here).
@@ -37,6 +39,7 @@ import torch
 
 from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.certify import prior_guess
 from guardfl.redteam.textdata import builtin_text, sequences
 from guardfl.redteam.textmetrics import evaluate_text
 from guardfl.redteam.textmodels import TEXT_MODELS, next_token_labels
@@ -69,6 +72,35 @@ def _means(rows: list[dict]) -> dict[str, float | None]:
     return out
 
 
+def table(paths: list[str]) -> str:
+    """A markdown table of the rows of saved runs: one line per (model, labels, L, B, defense), a column
+    per attack with token accuracy / ROUGE-1 / ROUGE-2 / ROUGE-L, the seconds per update and, for an attack
+    that prepares (learned inversion), the once-per-setting preparation's seconds."""
+    cells: dict[tuple, dict[str, dict]] = {}
+    names: list[str] = []
+    for path in paths:
+        run = json.loads(Path(path).read_text())
+        for row in run["rows"]:
+            key = (run["args"]["model"], run["args"]["labels"], row["seq_len"], row["batch"], row["defense"])
+            cells.setdefault(key, {})[row["attack"]] = row
+            names += [row["attack"]] if row["attack"] not in names else []
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = ["| model, labels | L | B | defense | " + " | ".join(f"{n}: acc / R1 / R2 / RL (s per update)" for n in names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for (model, labels, seq_len, b, defense), by in cells.items():
+        parts = []
+        for n in names:
+            r = by.get(n)
+            if r is None:
+                parts.append("")
+                continue
+            per = (r["seconds"] - r["prepare_seconds"]) / r["targets"]
+            prep = f" + {r['prepare_seconds']:.0f} prep" if r["prepare_seconds"] else ""
+            parts.append(" / ".join(fmt(r[k]) for k in ("token_acc", "rouge1", "rouge2", "rougeL")) + f" ({per:.1f}{prep})")
+        lines.append(f"| {model}, {labels} | {seq_len} | {b} | {defense} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq-lens", default="16,32")
@@ -84,7 +116,11 @@ def main() -> None:
     ap.add_argument("--labels", default="inferred", choices=("inferred", "known"),
                     help="known: grant the attacks the next tokens (a causal LM's labels are its text: a what-if)")
     ap.add_argument("--out", default=str(OUT / "text.json"), help="where the JSON goes")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print a markdown table of saved runs and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
 
     tok = load_tokenizer("gpt2")
     text = builtin_text()
@@ -117,7 +153,13 @@ def main() -> None:
                     cfg = None if defense is None else {**defense, "seed": 1000 + t}
                     observations.append(simulate_client(model, x, next_token_labels(x), cfg, FedSGD()))
                 threat = ThreatModel(labels=args.labels, aux=aux)
-                for name in args.attacks.split(","):
+                guess = prior_guess(aux)  # the certificate's baseline: the no-update guess, per position
+                per = []
+                for t in range(args.targets):
+                    per += evaluate_text(guess.expand(b, -1), private[t * b : (t + 1) * b], tok)["per_image"]
+                rows.append({"seq_len": seq_len, "batch": b, "defense": dname, "attack": "prior", **_means(per),
+                             "seconds": 0.0, "prepare_seconds": 0.0, "targets": args.targets})
+                for name in [n for n in args.attacks.split(",") if n]:  # --attacks "": the prior alone
                     cls = attacks.ATTACKS[name]
                     budget = cls.budget_for(args.strength)
                     if name == "tag" and args.tag_iterations:
