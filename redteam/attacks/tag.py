@@ -28,6 +28,9 @@ What the attacker uses besides the update, and the choices where the paper is va
   (breaching's TAG: scale 0.1 with a decreasing schedule it calls a guess). Defenses (Wu et al. 2023,
   appendix A): a pruned update is matched on its non-zero coordinates only; a sign-compressed update of
   one sample through Eq. 4's hinge in both terms; B > 1 through a tanh surrogate of sign (``Replica``).
+- Budgets: ``paper`` is Deng et al.'s / breaching's 1,000 iterations. ``quick`` is 600 (measured in
+  bench/bench_text.py: without the token bag, TAG at 300 iterations recovers half the tokens it recovers
+  at 1,000; at 600, 93% of them).
 - Initial embeddings are N(0, s^2), s the standard deviation of the model's token embedding (the
   attacker knows the model). Adam, step ``lr`` (breaching: 0.05) with a linear warm-up over ``warmup``
   iterations and a cosine decay after. Restarts run one after another; the winner is the lowest final
@@ -69,7 +72,10 @@ class TAG(Attack):
     name = "tag"
     Config = TAGConfig
     capabilities = Capabilities(modalities=frozenset({"text"}))
-    budgets = {"quick": {"iterations": 300}, "paper": {"iterations": 1000}}
+    #: quick: 600, where TAG has nearly converged without the token bag (transformer3-tied, next tokens
+    #: granted, B = 1, L = 16, 3 sequences: token accuracy 0.31 at 300 iterations, 0.62 at 600, 0.67 at 1,000;
+    #: with the bag 300 already reach 0.94, so the bag alone would not justify 600)
+    budgets = {"quick": {"iterations": 600}, "paper": {"iterations": 1000}}
     paper_budget = ("Deng et al. 2021 / breaching's TAG: Adam step 0.05, 1,000 iterations with a 50-iteration warm-up, "
                     "L1 weight 0.1 with decreasing per-layer weights")
 
