@@ -21,6 +21,7 @@ gradient and then averages them: a weaker, different threat that we do not copy.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import copy
 
@@ -101,12 +102,14 @@ class TransmitSimulator:
                                   params=[params[name] for name in self.names], names=self.names,
                                   batched_params=batched_params)
 
-    def _chunk(self, x: Tensor, y: Tensor) -> Tensor:
+    def _chunk_parts(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        """Each parameter's rows ``(n, numel)`` in ``names`` order, each with its own storage (the
+        consumer may overwrite them): the columns of ``_chunk``'s rows without the copy into them."""
         n = x.shape[0]
         if isinstance(self.protocol, FedSGD):
             g = vmap(grad(self._loss), in_dims=(None, 0, 0), randomness="different")(self.params, x, y)
             self._defend(g, 1, self.params, batched_params=False)
-            return torch.cat([g[name].reshape(n, -1) for name in self.names], 1)
+            return [g.pop(name).reshape(n, -1) for name in self.names]
         p = self.protocol
         params = {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in self.params.items()}
         momentum: dict[str, Tensor] | None = None
@@ -118,16 +121,25 @@ class TransmitSimulator:
                 g = step_grad(params, x[:, lo : lo + b], y[:, lo : lo + b])
                 self._defend(g, it, params, batched_params=True)
                 params, momentum = sgd_step(params, g, momentum, p)
-        return torch.cat([(params[name] - self.params[name]).reshape(n, -1) for name in self.names], 1)
+        return [(params.pop(name) - self.params[name]).reshape(n, -1) for name in self.names]
 
-    def chunks(self, x: Tensor, y: Tensor) -> Iterator[Tensor]:
+    def _chunk(self, x: Tensor, y: Tensor) -> Tensor:
+        return torch.cat(self._chunk_parts(x, y), 1)
+
+    def chunks(self, x: Tensor, y: Tensor, parts: bool = False) -> Iterator[Any]:
         """The rows of ``updates(x, y)``, ``chunk`` batches at a time (for a consumer that reduces each
         chunk, e.g. hashes it, instead of holding every full row). ``y`` is ``(N, B)`` or, for a causal
-        LM's next tokens (or soft labels), ``(N, B, ...)``."""
+        LM's next tokens (or soft labels), ``(N, B, ...)``. With ``parts``, each chunk comes as the list
+        of its per-parameter column blocks (``_chunk_parts``: ``CountSketch.of_parts`` hashes them
+        without building the rows, which for a language model are hundreds of MB per chunk)."""
         if x.dim() < 3 or y.dim() < 2 or x.shape[:2] != y.shape[:2]:
             raise ValueError(f"updates: expected x (N, B, ...) and y (N, B, ...); got {tuple(x.shape)} and {tuple(y.shape)}")
         for i in range(0, x.shape[0], self.chunk):
-            yield self._chunk(x[i : i + self.chunk].to(self.device), y[i : i + self.chunk].to(self.device)).detach()
+            xi, yi = x[i : i + self.chunk].to(self.device), y[i : i + self.chunk].to(self.device)
+            if parts:
+                yield [t.detach() for t in self._chunk_parts(xi, yi)]
+            else:
+                yield self._chunk(xi, yi).detach()
 
     def updates(self, x: Tensor, y: Tensor) -> Tensor:
         return torch.cat(list(self.chunks(x, y)))

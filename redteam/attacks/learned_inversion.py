@@ -212,8 +212,10 @@ class LearnedInversion(Attack):
 
         def draw(idx: Tensor) -> tuple[Tensor, Tensor]:
             x, y = _group(images[idx], labels[idx], b, gen)
-            feats = sim.updates(x, y)
-            return (sketch(feats) if sketch is not None else feats), x.to(device)
+            if sketch is None:
+                return sim.updates(x, y), x.to(device)
+            # hashed chunk by chunk, block by block: the N full rows are never held
+            return torch.cat([sketch.of_parts(parts) for parts in sim.chunks(x, y, parts=True)]), x.to(device)
 
         feats, targets = draw(train_idx)
         mu, sd = standardiser(feats, c.standardize)

@@ -10,7 +10,8 @@ client's B and pushed through ``TransmitSimulator`` (the client's loss, protocol
 defense with fresh randomness: the defense is data augmentation). A text model's update is large (10.7M
 coordinates for the untied transformer3: a vmapped chunk of 256 gradients would be 11 GB), so the
 simulator runs ``chunk_for(dim)`` batches at a time and every chunk is count-sketched (``CountSketch``,
-Sec. 3.2) right away; only the hashed rows are kept. The inverter is the public LTI code's text network,
+Sec. 3.2) right away, parameter block by parameter block (``CountSketch.of_parts``: the rows are never
+concatenated); only the hashed rows are kept. The inverter is the public LTI code's text network,
 ``Linear(d, hidden)-ReLU-Linear(hidden, B*L*token_hidden)-ReLU-View(B, L, token_hidden)-Linear(token_hidden,
 V_out)`` (the paper: hidden 600, token_hidden 1000), trained with Adam on the per-position cross-entropy,
 Hungarian-matched over the batch for B > 1 (cost: the mean cross-entropy of predicted sequence i against
@@ -226,6 +227,9 @@ def sketched_updates(sim: TransmitSimulator, ids: Tensor, labels: Tensor, sketch
     full rows of one chunk at a time: ``TransmitSimulator.chunks``); with ``rows_of``, also each batch's
     informative token rows."""
     feats, rows = [], []
+    if rows_of is None and sketch is not None:  # hashed block by block: the full rows are never built
+        feats = [sketch.of_parts(parts) for parts in sim.chunks(ids, labels, parts=True)]
+        return torch.cat(feats), rows
     for full in sim.chunks(ids, labels):
         if rows_of is not None:
             rows.extend(token_rows(r, rows_of, rows_limit) for r in full)
