@@ -38,7 +38,7 @@ from guardfl.defenses import from_config, untouched_layers
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
-from guardfl.redteam import evidence, metrics, privacy
+from guardfl.redteam import allocator, evidence, metrics, privacy
 from guardfl.redteam.attacks.encoded import attack_view, decode
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.attacks.server import ServerAttack
@@ -571,7 +571,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
         environment={
             "guardfl": guardfl.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-            "threads": threads, "workers": workers, "cores": available_cores(),
+            "threads": threads, "workers": workers, "cores": available_cores(), "allocator": allocator.state(),
         },
         wall_time_s=time.time() - started,
         lpips={"available": lp.available, "reason": lp.reason},

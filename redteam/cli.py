@@ -87,8 +87,10 @@ def guarded(call, debug: bool, what: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from guardfl.redteam.allocator import tune_malloc
     from guardfl.redteam.certify import certify
 
+    tune_malloc()  # the command's own process (workers tune theirs): see allocator.py
     cert, failed = guarded(lambda: certify(args.config, out=args.out, device=args.device, resume=args.resume,
                                            progress=not args.quiet, strength=args.strength, workers=args.workers,
                                            threads=args.threads, samples=args.samples), args.debug, "verdict")

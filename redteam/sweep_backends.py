@@ -21,6 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from guardfl.errors import GuardflError
+from guardfl.redteam.allocator import tune_malloc
 
 BACKENDS = ("auto", "ray", "processes", "sequential")
 
@@ -59,7 +60,8 @@ class Processes:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=tune_malloc)  # guardfl's own processes: allocator.py
         self._futures: dict[Future, Any] = {}
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:

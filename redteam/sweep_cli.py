@@ -35,8 +35,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from guardfl.redteam.allocator import tune_malloc
     from guardfl.redteam.cli import guarded
     from guardfl.redteam.sweep import sweep
+
+    tune_malloc()  # the command's own process (workers tune theirs): see allocator.py
 
     result, failed = guarded(lambda: sweep(args.config, out=args.out, backend=args.backend, workers=args.workers,
                                            threads=args.threads, ray_address=args.ray_address,

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from guardfl.errors import GuardflError
+from guardfl.redteam.allocator import tune_malloc
 
 #: parameters from which a model's operators are large enough to use several intra-op threads
 LARGE_MODEL = 2_000_000
@@ -90,6 +91,7 @@ _CONTEXT: RunContext | None = None
 
 def _init_worker(payload: bytes, app_dir: str | None, threads: int) -> None:
     global _CONTEXT
+    tune_malloc()  # a guardfl process: keep the blocks every iteration reuses (allocator.py)
     torch.set_num_threads(threads)
     with contextlib.suppress(RuntimeError):  # only settable before any inter-op work
         torch.set_num_interop_threads(1)
