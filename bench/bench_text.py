@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -72,6 +73,19 @@ def _means(rows: list[dict]) -> dict[str, float | None]:
     return out
 
 
+def column(row: dict, args: dict) -> str:
+    """A table column: the attack and the budget it ran at, so that runs at different budgets (TAG's
+    iterations, learned inversion's auxiliary text) never share a cell. Rows saved before the budget was
+    recorded show the arguments they were run with."""
+    name = row["attack"]
+    if name == "tag":
+        iterations = (row.get("budget") or {}).get("iterations") or args.get("tag_iterations")
+        return f"tag {iterations} it." if iterations else f"tag ({args.get('strength', 'quick')})"
+    if name == "learned_inversion":
+        return f"learned_inversion aux {row.get('aux') or args.get('aux')}"
+    return name
+
+
 def table(paths: list[str]) -> str:
     """A markdown table of the rows of saved runs: one line per (model, labels, L, B, defense), a column
     per attack with token accuracy / ROUGE-1 / ROUGE-2 / ROUGE-L, the seconds per update and, for an attack
@@ -82,8 +96,13 @@ def table(paths: list[str]) -> str:
         run = json.loads(Path(path).read_text())
         for row in run["rows"]:
             key = (run["args"]["model"], run["args"]["labels"], row["seq_len"], row["batch"], row["defense"])
-            cells.setdefault(key, {})[row["attack"]] = row
-            names += [row["attack"]] if row["attack"] not in names else []
+            name = column(row, run["args"])
+            earlier = cells.get(key, {}).get(name)
+            if earlier is not None and any(earlier[m] != row[m] for m in METRICS):
+                print(f"warning: {path}: {key} {name} repeats an earlier file's cell; the later one is shown",
+                      file=sys.stderr)
+            cells.setdefault(key, {})[name] = row
+            names += [name] if name not in names else []
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["| model, labels | L | B | defense | " + " | ".join(f"{n}: acc / R1 / R2 / RL (s per update)" for n in names) + " |",
              "|---|---|---|---|" + "---|" * len(names)]
@@ -178,6 +197,7 @@ def main() -> None:
                     mean = _means(per)
                     paper = PAPER.get(dname, {}).get("lti" if name == "learned_inversion" else name)
                     row = {"seq_len": seq_len, "batch": b, "defense": dname, "attack": name, **mean,
+                           "budget": budget, "aux": args.aux if cls.capabilities.prepares else None,
                            "seconds": seconds, "prepare_seconds": prep, "targets": args.targets,
                            "paper_b1_percent": paper, "example": {"truth": tok.decode(private[0].tolist()),
                                                                   "recon": tok.decode(recs[0].inputs[0].tolist())}}
