@@ -73,6 +73,16 @@ def _means(rows: list[dict]) -> dict[str, float | None]:
     return out
 
 
+def _scores(guesses: list, private, tok) -> dict[str, float | None]:
+    """Mean metrics of one guess ``(B, L)`` per client update against that update's B private sequences
+    (update t holds ``private[t * B : (t + 1) * B]``)."""
+    per = []
+    for t, guess in enumerate(guesses):
+        b = guess.shape[0]
+        per += evaluate_text(guess, private[t * b : (t + 1) * b], tok)["per_image"]
+    return _means(per)
+
+
 def column(row: dict, args: dict) -> str:
     """A table column: the attack and the budget it ran at, so that runs at different budgets (TAG's
     iterations, learned inversion's auxiliary text) never share a cell. Rows saved before the budget was
@@ -173,10 +183,8 @@ def main() -> None:
                     observations.append(simulate_client(model, x, next_token_labels(x), cfg, FedSGD()))
                 threat = ThreatModel(labels=args.labels, aux=aux)
                 guess = prior_guess(aux)  # the certificate's baseline: the no-update guess, per position
-                per = []
-                for t in range(args.targets):
-                    per += evaluate_text(guess.expand(b, -1), private[t * b : (t + 1) * b], tok)["per_image"]
-                rows.append({"seq_len": seq_len, "batch": b, "defense": dname, "attack": "prior", **_means(per),
+                rows.append({"seq_len": seq_len, "batch": b, "defense": dname, "attack": "prior",
+                             **_scores([guess.expand(b, -1)] * args.targets, private, tok),
                              "seconds": 0.0, "prepare_seconds": 0.0, "targets": args.targets})
                 for name in [n for n in args.attacks.split(",") if n]:  # --attacks "": the prior alone
                     cls = attacks.ATTACKS[name]
@@ -191,10 +199,7 @@ def main() -> None:
                         prep = time.time() - t0
                     recs = attack.reconstruct_many(observations, threat, [args.seed + t for t in range(args.targets)])
                     seconds = time.time() - t0
-                    per = []
-                    for t, rec in enumerate(recs):
-                        per += evaluate_text(rec.inputs, private[t * b : (t + 1) * b], tok)["per_image"]
-                    mean = _means(per)
+                    mean = _scores([rec.inputs for rec in recs], private, tok)
                     paper = PAPER.get(dname, {}).get("lti" if name == "learned_inversion" else name)
                     row = {"seq_len": seq_len, "batch": b, "defense": dname, "attack": name, **mean,
                            "budget": budget, "aux": args.aux if cls.capabilities.prepares else None,

@@ -36,26 +36,27 @@ _state = "untouched"
 def tune_malloc() -> str:
     """Set the thresholds once per process (idempotent); returns the state, as ``state()``."""
     global _state
-    if _state != "untouched":
-        return _state
+    if _state == "untouched":
+        _state = _tune()
+    return _state
+
+
+def _tune() -> str:
     if os.environ.get("GUARDFL_MALLOC", "").lower() == "default":
-        _state = "default (GUARDFL_MALLOC=default)"
-        return _state
+        return "default (GUARDFL_MALLOC=default)"
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        _state = "default (not glibc)"
-        return _state
+        return "default (not glibc)"
     named = [v for v in _USER_VARIABLES if v in os.environ]
     if named:
-        _state = f"the user's ({', '.join(named)})"
-        return _state
+        return f"the user's ({', '.join(named)})"
     try:
         libc = ctypes.CDLL(None)
         ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     except (OSError, AttributeError):
         ok = False
-    _state = f"glibc: mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB" if ok \
-        else "default (mallopt refused)"
-    return _state
+    if not ok:
+        return "default (mallopt refused)"
+    return f"glibc: mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB"
 
 
 def state() -> str:

@@ -21,7 +21,7 @@ gradient and then averages them: a weaker, different threat that we do not copy.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import copy
 
@@ -32,6 +32,9 @@ from torch.func import functional_call, grad, vmap
 from guardfl.defenses import REGISTRY, Defense, from_config, parse_config
 from guardfl.protect import soft_cross_entropy
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
+
+if TYPE_CHECKING:
+    from guardfl.redteam.attacks.hashing import CountSketch
 
 
 def unseeded(config: dict | None) -> dict | None:
@@ -104,7 +107,7 @@ class TransmitSimulator:
 
     def _chunk_parts(self, x: Tensor, y: Tensor) -> list[Tensor]:
         """Each parameter's rows ``(n, numel)`` in ``names`` order, each with its own storage (the
-        consumer may overwrite them): the columns of ``_chunk``'s rows without the copy into them."""
+        consumer may overwrite them): the columns of a chunk's rows without the copy into them."""
         n = x.shape[0]
         if isinstance(self.protocol, FedSGD):
             g = vmap(grad(self._loss), in_dims=(None, 0, 0), randomness="different")(self.params, x, y)
@@ -123,9 +126,6 @@ class TransmitSimulator:
                 params, momentum = sgd_step(params, g, momentum, p)
         return [(params.pop(name) - self.params[name]).reshape(n, -1) for name in self.names]
 
-    def _chunk(self, x: Tensor, y: Tensor) -> Tensor:
-        return torch.cat(self._chunk_parts(x, y), 1)
-
     def chunks(self, x: Tensor, y: Tensor, parts: bool = False) -> Iterator[Any]:
         """The rows of ``updates(x, y)``, ``chunk`` batches at a time (for a consumer that reduces each
         chunk, e.g. hashes it, instead of holding every full row). ``y`` is ``(N, B)`` or, for a causal
@@ -136,13 +136,15 @@ class TransmitSimulator:
             raise ValueError(f"updates: expected x (N, B, ...) and y (N, B, ...); got {tuple(x.shape)} and {tuple(y.shape)}")
         for i in range(0, x.shape[0], self.chunk):
             xi, yi = x[i : i + self.chunk].to(self.device), y[i : i + self.chunk].to(self.device)
-            if parts:
-                yield [t.detach() for t in self._chunk_parts(xi, yi)]
-            else:
-                yield self._chunk(xi, yi).detach()
+            blocks = [t.detach() for t in self._chunk_parts(xi, yi)]
+            yield blocks if parts else torch.cat(blocks, 1)
 
-    def updates(self, x: Tensor, y: Tensor) -> Tensor:
-        return torch.cat(list(self.chunks(x, y)))
+    def updates(self, x: Tensor, y: Tensor, sketch: CountSketch | None = None) -> Tensor:
+        """Every batch's row, or with ``sketch`` its hash, computed chunk by chunk and parameter block by
+        parameter block (``CountSketch.of_parts``): the full rows are never held."""
+        if sketch is None:
+            return torch.cat(list(self.chunks(x, y)))
+        return torch.cat([sketch.of_parts(blocks) for blocks in self.chunks(x, y, parts=True)])
 
 
 def flatten_update(update: dict[str, Tensor], names: list[str]) -> Tensor:

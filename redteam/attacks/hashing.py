@@ -34,25 +34,21 @@ class CountSketch:
     def of_parts(self, parts: list[Tensor]) -> Tensor:
         """The sketch of rows given as consecutive column blocks, ``self(torch.cat(parts, 1))`` without
         building the rows (the same sums in the same order). CONSUMES ``parts``: each block is multiplied
-        by its signs in place and dropped from the list once added, so at most one block is alive beside
-        the output (a language model's rows are ~43 MB each, and the copy into them cost more than the
-        gradients on a CPU)."""
-        if not parts:
-            raise ValueError("of_parts: no column blocks")
-        first = parts[0]
-        bins, signs = self.bins.to(first.device), self.signs.to(first.device, first.dtype)
-        out = first.new_zeros(first.shape[0], self.dim_out)
+        by its signs in place and dropped from the list once added, so it is freed as the hashing goes (a
+        language model's rows are ~43 MB each, and the copy into them cost more than the gradients on a
+        CPU)."""
+        total = sum(block.shape[1] for block in parts)
+        if total != self.dim_in:
+            raise ValueError(f"of_parts: the blocks have {total} columns, the sketch takes {self.dim_in}")
+        device, dtype, rows = parts[0].device, parts[0].dtype, parts[0].shape[0]
+        bins, signs = self.bins.to(device), self.signs.to(device, dtype)
+        out = torch.zeros(rows, self.dim_out, device=device, dtype=dtype)
         offset = 0
         while parts:
             block = parts.pop(0)
             k = block.shape[1]
-            if offset + k > self.dim_in:
-                break
             out.index_add_(1, bins[offset : offset + k], block.mul_(signs[offset : offset + k]))
             offset += k
-            del block
-        if offset != self.dim_in or parts:
-            raise ValueError(f"of_parts: the blocks have more or fewer than {self.dim_in} columns")
         return out
 
     def spec(self) -> dict:

@@ -212,10 +212,7 @@ class LearnedInversion(Attack):
 
         def draw(idx: Tensor) -> tuple[Tensor, Tensor]:
             x, y = _group(images[idx], labels[idx], b, gen)
-            if sketch is None:
-                return sim.updates(x, y), x.to(device)
-            # hashed chunk by chunk, block by block: the N full rows are never held
-            return torch.cat([sketch.of_parts(parts) for parts in sim.chunks(x, y, parts=True)]), x.to(device)
+            return sim.updates(x, y, sketch), x.to(device)
 
         feats, targets = draw(train_idx)
         mu, sd = standardiser(feats, c.standardize)

@@ -223,16 +223,14 @@ def restricted_argmax(logits: Tensor, allowed: Tensor | None, positions: int) ->
 def sketched_updates(sim: TransmitSimulator, ids: Tensor, labels: Tensor, sketch: CountSketch | None,
                      rows_of: tuple[int, int, int] | None = None, rows_limit: int = 0,
                      ) -> tuple[Tensor, list[Tensor | None]]:
-    """What the client would transmit for each batch of ``ids`` ``(N, B, L)``, hashed chunk by chunk (the
-    full rows of one chunk at a time: ``TransmitSimulator.chunks``); with ``rows_of``, also each batch's
-    informative token rows."""
+    """What the client would transmit for each batch of ``ids`` ``(N, B, L)``, hashed as it is computed
+    (``TransmitSimulator.updates``); with ``rows_of``, also each batch's informative token rows (then one
+    chunk's full rows at a time: ``TransmitSimulator.chunks``)."""
+    if rows_of is None:
+        return sim.updates(ids, labels, sketch), []
     feats, rows = [], []
-    if rows_of is None and sketch is not None:  # hashed block by block: the full rows are never built
-        feats = [sketch.of_parts(parts) for parts in sim.chunks(ids, labels, parts=True)]
-        return torch.cat(feats), rows
-    for full in sim.chunks(ids, labels):
-        if rows_of is not None:
-            rows.extend(token_rows(r, rows_of, rows_limit) for r in full)
+    for full in sim.chunks(ids, labels):  # the token rows are read off the full rows, then hashed
+        rows.extend(token_rows(r, rows_of, rows_limit) for r in full)
         feats.append(sketch(full) if sketch is not None else full)
         del full
     return torch.cat(feats), rows
