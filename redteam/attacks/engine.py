@@ -338,8 +338,9 @@ def optimise_batched(
 
     ``vmap_restarts``: the R (or S x R) objectives as one vmapped forward (one set of larger kernels:
     fast for small models, where per-operator overhead dominates) or as ordinary forwards summed (the
-    same gradients: restarts are independent; faster for large models on a CPU, where vmap's batched
-    convolution gradients cost more than R plain ones). ``restarts_vmapped`` chooses.
+    same gradients: restarts are independent; faster for large models on a CPU, where vmap's per-restart
+    weight gradients are grouped convolutions, unless the replica factors them: ``factored``).
+    ``Replica.vmap_restarts`` chooses.
 
     ``autotune`` (None: on CUDA): cuDNN benchmarks its convolution algorithms for each shape once, in the
     warm-up before the graph is recorded, instead of taking its heuristic's first choice; every iteration

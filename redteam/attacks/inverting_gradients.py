@@ -51,8 +51,9 @@ class InvertingGradients(Attack):
     to float32 reduction order. Loops instead (one call per sample, exact): a chunk of one; BatchNorm
     knowledge ``proxy`` on a model with BatchNorm (each sample's released running statistics are written
     into the replica's model, so the samples do not share one replica); a large model on a CPU
-    (``restarts_vmapped`` False: its restarts already run as separate forwards, so batching samples would
-    save nothing and hold S times the autograd graphs in memory).
+    (``restarts_vmapped`` False: batching samples would save little there and hold S times the autograd
+    graphs in memory; each sample's restarts are still vmapped when its replica factors the cosine,
+    ``Replica.vmap_restarts``).
     """
 
     name = "inverting_gradients"
