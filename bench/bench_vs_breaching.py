@@ -61,10 +61,12 @@ Not matched (each library keeps its own behaviour; none changes the work per ite
 - which restart wins: breaching scores restarts by the cosine distance alone; guardfl by the full objective
   (cosine + TV).
 - restarts: breaching runs them one after another; guardfl runs them batched (that is the point).
-- float32 accuracy of the cosine: breaching sums squares and products layer by layer; guardfl reduces the
-  flattened update at once. On ResNet-18 (11M entries) on CPU, guardfl's float32 norm of the update was
-  0.1% off (its cosine at the true image came out 1.002), and its input gradient differed from breaching's
-  by 0.4% (relative norm, 99.9% equal signs); on LeNet the two objectives and gradients agree to 1e-5.
+- float32 accuracy of the cosine: breaching adds each layer's float32 sums into float32 totals; guardfl adds
+  each layer's float32 sums in float64 (``objectives.dot_and_square``). (Earlier guardfl reduced the flat
+  update at once in float32: on ResNet-18 its norm was 0.1% off and the cosine at the true image 1.002.)
+- how the cosine is computed: on ResNet-18 guardfl never builds the weight gradients of stages 3-4
+  (``redteam/attacks/factored.py``: <dW, O> and |dW|^2 from each layer's output gradient and input), the same
+  value in another summation order (tested to 1e-6); breaching builds every weight gradient.
 
 Measured, per model: restart-iterations per second of each optimisation loop (setup, the choice of the
 winner and the warm-up excluded; the loop is timed from its first to its last step), the wall time of the
