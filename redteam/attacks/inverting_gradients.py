@@ -72,7 +72,7 @@ class InvertingGradients(Attack):
         shape = (self.config.restarts, observation.num_samples, *observation.input_shape)
         return random_inputs(shape, observation.input_range, gen, device)
 
-    def _optimise(self, objective, x0, observation, device, replica, targets=None):
+    def _optimise(self, objective, x0, observation, replica, targets=None):
         c = self.config
         bar = progress_bar(c.progress, c.iterations, self.name)
         x = optimise_batched(
@@ -91,7 +91,7 @@ class InvertingGradients(Attack):
         def objective(x, anchor):
             return replica.objective(x, labels, anchor)
 
-        x = self._optimise(objective, self._initial(observation, gen, device), observation, device, replica)
+        x = self._optimise(objective, self._initial(observation, gen, device), observation, replica)
         return self._choose(objective, x, labels, source)
 
     def _reconstruct_many(self, observations, knowledges, device, gens) -> list[Reconstruction]:
@@ -111,7 +111,7 @@ class InvertingGradients(Attack):
             return replica.objective(x, target["labels"], anchor, target)
 
         x0 = torch.stack([self._initial(o, g, device) for o, g in zip(observations, gens)])
-        x = self._optimise(objective, x0, observations[0], device, replica, targets)
+        x = self._optimise(objective, x0, observations[0], replica, targets)
         out = []
         for s, (labels, source) in enumerate(labelled):
             target = target_of(targets, s)
