@@ -6,7 +6,9 @@ sequential vs worker processes, all in one run (issue 14).
 
 Each row is one ``guardfl redteam`` command line, timed from outside (interpreter start, data, client,
 every attack, report): what a user waits for. ``busy``: a neighbour process runs a 2-thread PyTorch loop
-of small matrix products for the whole row (a second red team, a CI neighbour), started before the row.
+of small matrix products for the whole row (a second red team, a CI neighbour), started before the row;
+on 2 cores it is entitled to half the machine, so 2x the idle time is the floor there. ``busy1``: the
+issue's own case, one other busy process on one thread (a Python job, a compiler), ``--loads idle,busy1``.
 ``--legacy`` adds the behaviour before threads were chosen per job (one process, PyTorch's default of
 one intra-op thread per core): the cliff the issue reports. A row that passes ``--timeout`` is reported
 as a lower bound. The certificates of every finished row are compared with the first one (timings
@@ -32,11 +34,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
 
+#: the busy neighbour; it exits when the bench does (a killed bench must not leave it loading the machine)
 NEIGHBOUR = """
-import torch
-torch.set_num_threads(2)
+import os, sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+parent = os.getppid()
 x = torch.randn(64, 64)
-while True:
+while os.getppid() == parent:
     for _ in range(1000):
         y = (x @ x).tanh_()
 """
@@ -51,8 +55,8 @@ def _untimed(cert: dict) -> str:
 
 def run_row(config: Path, workers: int | None, threads: int | None, load: str, timeout: float) -> dict:
     neighbour = None
-    if load == "busy":
-        neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if load != "idle":
+        neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(LOADS[load])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(2.0)  # let it reach its loop
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)  # the product chooses its threads; the legacy row gets torch's default
@@ -86,6 +90,10 @@ def run_row(config: Path, workers: int | None, threads: int | None, load: str, t
     }
 
 
+#: neighbour threads of each load
+LOADS = {"idle": 0, "busy": 2, "busy1": 1}
+
+
 def pinned_config(config: Path, folder: Path) -> Path:
     """A copy of ``config`` whose defense has a seed: without one its randomness comes from OS entropy, so
     two runs attack different updates and their certificates cannot be compared. Same workload."""
@@ -103,11 +111,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
-    ap.add_argument("--loads", default="idle,busy")
+    ap.add_argument("--loads", default="idle,busy", help="comma-separated, of " + ", ".join(LOADS))
     ap.add_argument("--legacy", action="store_true", help="also the pre-issue-14 behaviour (1 process, torch's default threads)")
     ap.add_argument("--legacy-loads", default=None, help="loads for the legacy rows (default: all of --loads)")
     ap.add_argument("--timeout", type=float, default=1200)
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.loads.split(",")) - set(LOADS))
+    if unknown:
+        ap.error(f"--loads: {', '.join(unknown)} not one of {', '.join(LOADS)}")
     cores = len(os.sched_getaffinity(0))
     settings = [(int(w), None, f"{w} worker(s), 1 thread/job") for w in args.workers.split(",")]
     if args.legacy:
@@ -141,9 +152,10 @@ def main(argv=None):
     if w1 and w2:
         ratios["idle: 1 worker / 2 workers (target >= 1.7)"] = w1["seconds"] / w2["seconds"]
     for w in sorted({r["workers"] for r in rows}):
-        idle, busy = find("idle", w), find("busy", w)
-        if idle and busy:
-            ratios[f"{w} worker(s): busy / idle (target <= 2)"] = busy["seconds"] / idle["seconds"]
+        for load in [name for name in LOADS if name != "idle"]:
+            idle, busy = find("idle", w), find(load, w)
+            if idle and busy:
+                ratios[f"{w} worker(s): {load} / idle (target <= 2)"] = busy["seconds"] / idle["seconds"]
     legacy_idle, legacy_busy = find("idle", 1, cores), next((r for r in rows if r["load"] == "busy" and r["threads"] == cores), None)
     if legacy_idle and legacy_busy:
         ratios["legacy: busy / idle"] = legacy_busy["seconds"] / legacy_idle["seconds"]
