@@ -9,7 +9,7 @@ client's length, ``aux.labels`` the client's targets for them) are grouped into 
 client's B and pushed through ``TransmitSimulator`` (the client's loss, protocol and the real guardfl
 defense with fresh randomness: the defense is data augmentation). A text model's update is large (10.7M
 coordinates for the untied transformer3: a vmapped chunk of 256 gradients would be 11 GB), so the
-simulator runs ``chunk_for(dim)`` batches at a time and every chunk is count-sketched (``CountSketch``,
+simulator runs ``chunk_for`` batches at a time and every chunk is count-sketched (``CountSketch``,
 Sec. 3.2) right away, parameter block by parameter block (``CountSketch.of_parts``: the rows are never
 concatenated); only the hashed rows are kept. The inverter is the public LTI code's text network,
 ``Linear(d, hidden)-ReLU-Linear(hidden, B*L*token_hidden)-ReLU-View(B, L, token_hidden)-Linear(token_hidden,
@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
+from guardfl.redteam.allocator import MMAP_THRESHOLD
 from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.inverter_training import holdout_split, standardiser, train_inverter
@@ -80,9 +81,19 @@ CHUNK_BYTES = 256 * 2**20
 PAPER_HASH_RATIO = 0.1
 
 
-def chunk_for(dim: int, limit: int = 256) -> int:
-    """How many batches the simulator differentiates at once: ``chunk * dim * 4 bytes <= CHUNK_BYTES``."""
-    return max(1, min(limit, CHUNK_BYTES // (4 * dim)))
+def chunk_for(dim: int, largest: int = 0, device: torch.device | str = "cpu", limit: int = 256) -> int:
+    """How many batches the simulator differentiates at once: ``chunk * dim * 4 bytes <= CHUNK_BYTES``,
+    and on a CPU also ``chunk * largest * 4 bytes <= MMAP_THRESHOLD`` (``largest``: the largest parameter's
+    entries). A chunk's gradient of one parameter is one block; above glibc's mmap threshold (32 MiB, the
+    most it accepts, ``allocator.py``) every chunk gets it from fresh ``mmap`` pages and pays a page fault
+    per 4 KiB. transformer3's token embedding is 4.8M entries (19 MB per batch), so its chunk is 1, not 6:
+    192 aux batches, one thread, 2026-11-25: 8.8-9.8 s and 0.43M page faults, against 11.2-11.7 s and
+    2.2M (vmapping 6 batches saves nothing there: the embedding and head gradients are memory-bound).
+    A GPU's caching allocator reuses its blocks, so there only the first bound applies."""
+    chunk = CHUNK_BYTES // (4 * dim)
+    if torch.device(device).type == "cpu" and largest:
+        chunk = min(chunk, MMAP_THRESHOLD // (4 * largest))
+    return max(1, min(limit, chunk))
 
 
 def is_causal(model: nn.Module) -> bool:
@@ -254,9 +265,10 @@ def prepare_text(config, name: str, setting: Setting, threat: ThreatModel, devic
     lookup[vocab] = torch.arange(len(vocab))
     val_idx, train_idx = holdout_split(len(ids), c.holdout, b, gen, "sequences")
     defense = setting.defense_config if threat.defense == "known" else None
-    dim = sum(p.numel() for p in setting.model.parameters() if p.requires_grad)
+    trained = [p.numel() for p in setting.model.parameters() if p.requires_grad]
+    dim, largest = sum(trained), max(trained)
     sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
-                            chunk=chunk_for(dim), seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
+                            chunk=chunk_for(dim, largest, device), seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
     random_defense = sim.defense is not None and sim.defense.randomized
     if c.text_hash_dim is not None or c.hash_dim is not None:
         hash_dim = min(dim, c.text_hash_dim if c.text_hash_dim is not None else c.hash_dim)

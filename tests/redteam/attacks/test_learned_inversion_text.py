@@ -119,6 +119,9 @@ def test_matched_cross_entropy_finds_the_assignment():
 
 def test_token_rows_and_chunk_size():
     assert chunk_for(10_726_705) == 6 and chunk_for(1000) == 256
+    # on a CPU, one parameter's block per chunk stays under glibc's mmap threshold (transformer3's embedding)
+    assert chunk_for(10_726_705, 50_257 * 96) == 1 and chunk_for(10_726_705, 50_257 * 96, "meta") == 6
+    assert chunk_for(1000, 100) == 256 and chunk_for(8_000_000, 4_000_000) == 2
     flat = torch.zeros(3 + 5 * 2)
     flat[3 + 2 * 2] = 1.0  # row 2 of a 5 x 2 embedding at offset 3
     assert token_rows(flat, (3, 5, 2), limit=4).tolist() == [2]
