@@ -34,6 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
 
+#: neighbour threads of each load
+LOADS = {"idle": 0, "busy": 2, "busy1": 1}
+
 #: the busy neighbour; it exits when the bench does (a killed bench must not leave it loading the machine)
 NEIGHBOUR = """
 import os, sys, torch
@@ -88,10 +91,6 @@ def run_row(config: Path, workers: int | None, threads: int | None, load: str, t
         "stderr_tail": None if proc is None else proc.stderr.strip().splitlines()[-1:] ,
         "_fingerprint": None if cert is None else _untimed(cert),
     }
-
-
-#: neighbour threads of each load
-LOADS = {"idle": 0, "busy": 2, "busy1": 1}
 
 
 def pinned_config(config: Path, folder: Path) -> Path:
