@@ -119,7 +119,6 @@ def choose_taps(model: nn.Module, update_names: Sequence[str], example: Tensor) 
         for h in handles:
             h.remove()
     # a layer called more than once per forward (shared weights) keeps its weight gradient
-    chosen = [n for n, s in shapes.items()
-              if len(s) == 1 and gram_pays(model.get_submodule(n).weight.shape, s[0][0] * math.prod(s[0][2:]))]
-    shapes = {n: s[0] for n, s in shapes.items()}
-    return ConvTaps(model, chosen, [shapes[n] for n in chosen]) if chosen else None
+    once = {n: s[0] for n, s in shapes.items() if len(s) == 1}
+    chosen = [n for n, s in once.items() if gram_pays(model.get_submodule(n).weight.shape, s[0] * math.prod(s[2:]))]
+    return ConvTaps(model, chosen, [once[n] for n in chosen]) if chosen else None
