@@ -8,7 +8,7 @@
 from guardfl import defenses
 from guardfl._version import __version__
 from guardfl.defenses import from_config
-from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UnsupportedOptimizerError
+from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError, UnsupportedOptimizerError
 from guardfl.inspect import Inspection, inspect_model
 from guardfl.optimizer import GuardedOptimizer, wrap
 from guardfl.protect import PrivateOptimizer, dp_compatible, load_plain_state_dict, plain_state_dict, protect, soft_cross_entropy
@@ -25,6 +25,7 @@ __all__ = [
     "PrivateOptimizer",
     "StageStats",
     "StepStats",
+    "UndefendedUpdateError",
     "UnsupportedOptimizerError",
     "__version__",
     "defenses",

@@ -19,6 +19,11 @@ class NonFiniteGradientError(GuardflError, FloatingPointError):
     """A gradient handed to a defense holds NaN or infinite entries."""
 
 
+class UndefendedUpdateError(GuardflError, ValueError):
+    """Part of an update cannot be defended (an integer, boolean or complex array that training changed, a
+    changed buffer no gradient defense reaches): the update is refused rather than sent undefended."""
+
+
 class UnsupportedOptimizerError(GuardflError, TypeError):
     """The optimizer cannot be guarded (for example it re-evaluates gradients inside step())."""
 

@@ -28,7 +28,10 @@ Update-level defenses (prune / noise / clip on the delta, when the optimizer is 
 
 ``GuardUpdateMod`` follows the built-in mods' contract: it needs exactly one ``ArrayRecord`` in the message
 and in the reply, the reply must keep the received keys (order included) and shapes, and every failure
-comes back as an error ``Message`` (code ``MOD_FAILED_PRECONDITION``), never as an exception. Mods wrap
+comes back as an error ``Message`` (code ``MOD_FAILED_PRECONDITION``), never as an exception. It fails
+closed: floating-point arrays are defended whatever their precision, an integer / boolean / complex array
+is sent only when training left it bit for bit as received, and any other array (quantised weights that
+changed) makes the reply an error naming it instead of an undefended update (``UpdateDefense``). Mods wrap
 the app in list order, so replies pass them in reverse: with ``[LocalDpMod(...), GuardUpdateMod(...)]``
 the update is pruned first and ``LocalDpMod`` clips and noises it last, which keeps its sensitivity
 and (epsilon, delta) meaning intact (Flower: clipping mods should be the last to act on the parameters).
@@ -42,6 +45,7 @@ import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 try:
@@ -52,7 +56,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("guardfl.integrations.flower needs Flower: pip install 'guardfl[flower]'") from err
 
 from guardfl.defenses import Defense
-from guardfl.errors import ConfigError, GuardflError, MaliciousModelError
+from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError
 from guardfl.inspect import inspect_model
 from guardfl.integrations.torch import ClientState, MakeOptimizer, _inspect_mode, inspect_received, local_update
 from guardfl.integrations.update import BN_BUFFERS, UpdateDefense, key_mismatch
@@ -86,6 +90,10 @@ def received_arrays(msg: Message) -> tuple[str, ArrayRecord]:
 
 
 def _array_record(state: Mapping[str, Tensor], keys: Sequence[str]) -> ArrayRecord:
+    unsent = [f"{k} ({state[k].dtype})" for k in keys if state[k].dtype == torch.bfloat16]
+    if unsent:  # numpy, and so a Flower Array, has no bfloat16
+        raise UndefendedUpdateError(f"update: a Flower ArrayRecord cannot carry bfloat16 tensors: {', '.join(unsent[:5])}; "
+                                    "train in bfloat16 if you like, but keep the model's parameters in float32 or float16")
     return ArrayRecord({k: Array(state[k].detach().cpu().numpy()) for k in keys})
 
 
@@ -140,11 +148,13 @@ def train(
             return _error_reply(msg, f"guardfl inspect_model: {err}")
     load_plain_state_dict(model, received)
     state = client_state(context, state_key)
-    result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
-                          num_classes=num_classes, max_steps=max_steps)
+    try:
+        result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
+                              num_classes=num_classes, max_steps=max_steps)
+        arrays = _array_record(model.state_dict(), list(record.keys()))  # the received key order
+    except (UndefendedUpdateError, NonFiniteGradientError) as err:
+        return _error_reply(msg, f"guardfl train: {err}")
     save_client_state(context, result.state, state_key)
-    trained = model.state_dict()
-    arrays = _array_record(trained, list(record.keys()))  # the received key order
     metrics: dict[str, int | float] = {
         # FedAvg's weight: the local dataset's size, as Flower's examples report it (not the number of
         # samples drawn, which with DP-SGD's Poisson sampling is random and would leak the draw)
@@ -182,8 +192,8 @@ class GuardUpdateMod:
 
     ``defense``: GradPrune, GaussianNoise, LaplaceNoise, Identity or a stack of them (others raise
     ``ConfigError`` here, at construction). ``clip_norm``: L2 bound on the whole delta, applied first.
-    ``skip``: array-name endings left as trained (default: BatchNorm buffers). Acts on ``train`` messages
-    only. The round counter of the per-round defense seed lives in ``context.state["guardfl-update"]``.
+    ``skip``: array-name endings left as trained (default: BatchNorm buffers); every other array is
+    defended, or the reply is an error (a changed non-floating array). Acts on ``train`` messages only. The round counter of the per-round defense seed lives in ``context.state["guardfl-update"]``.
     Adds ``guardfl-update-zero-fraction`` and ``guardfl-update-clip-factor`` to the reply's
     ``MetricRecord`` when it has exactly one.
     """
@@ -214,8 +224,9 @@ class GuardUpdateMod:
         try:
             arrays, stats = self.update_defense(received.to_numpy_ndarrays(), returned.to_numpy_ndarrays(), names,
                                                 round_index=round_index)
-        except (ValueError, GuardflError) as err:
-            return _error_reply(msg, f"{name}: {err}")
+        except Exception as err:  # noqa: BLE001 - fail closed: whatever went wrong, the reply is an error, never the undefended update
+            return _error_reply(msg, f"{name}: {err}" if isinstance(err, (ValueError, GuardflError))
+                                else f"{name}: the update could not be defended ({type(err).__name__}: {err}); nothing was sent")
         out.content.array_records[out_key] = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(names, arrays, strict=True)})
         if len(out.content.metric_records) == 1:
             metrics = next(iter(out.content.metric_records.values()))
@@ -270,7 +281,9 @@ class GuardedNumPyClient(NumPyClient):
     """Wraps a legacy ``NumPyClient``: ``fit`` returns the update defended by ``UpdateDefense``.
 
     ``names``: the arrays' names in ``get_parameters`` order (for example ``list(model.state_dict())``),
-    so that BatchNorm buffers are left alone; without it every floating-point array is defended. Pass the
+    so that BatchNorm buffers are left alone; without it every floating-point array is defended and a
+    changed integer array (``num_batches_tracked``) makes ``fit`` raise ``UndefendedUpdateError`` (Flower
+    then reports the client's failure: nothing undefended is sent). Pass the
     ``context`` of ``client_fn(context)`` to derive per-round seeds for an explicitly seeded defense.
     Everything else is delegated to the wrapped client. For optimizer-level defenses inside your own
     ``fit``, use ``guardfl.wrap`` / ``local_update`` and keep ``client_state(context)``.

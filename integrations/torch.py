@@ -31,17 +31,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from guardfl.defenses import Defense, Identity, from_config
-from guardfl.errors import ConfigError
+from guardfl.errors import ConfigError, UndefendedUpdateError
 from guardfl.inspect import Inspection, inspect_model
 from guardfl.protect import dp_compatible, protect, soft_cross_entropy, split_stages
 
 MakeOptimizer = Callable[[Iterable[nn.Parameter]], Optimizer]
 
 _STATE_VERSION = 1
+
+#: state-dict name endings sent as trained by default (BatchNorm buffers): no gradient defense reaches a
+#: buffer, and noise would make a running variance negative
+BN_BUFFERS: tuple[str, ...] = ("running_mean", "running_var", "num_batches_tracked")
 
 
 @dataclass
@@ -164,6 +169,27 @@ def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, 
     return inspect_model(received, model if reference is None else reference, batch=batch, strict=True)
 
 
+def _is_identity(defense: Defense) -> bool:
+    members = getattr(defense, "members", None)
+    return all(_is_identity(m) for m in members) if members is not None else defense.kind == "identity"
+
+
+def _refuse_undefended_changes(model: nn.Module, optimizer: Optimizer, start: Mapping[str, Tensor],
+                               after: Mapping[str, Tensor]) -> None:
+    """``UndefendedUpdateError`` when training changed a state entry that no gradient defense reached: a
+    buffer other than BatchNorm's (``BN_BUFFERS``) or a parameter outside the optimizer. Such an entry
+    would be sent as trained, whatever the defense; the update fails closed instead."""
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    defended = {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in optimized}
+    changed = [f"{k} ({after[k].dtype})" for k in start
+               if k not in defended and not k.endswith(BN_BUFFERS) and not torch.equal(after[k], start[k])]
+    if changed:
+        raise UndefendedUpdateError(
+            f"update: training changed {len(changed)} state entr{'y' if len(changed) == 1 else 'ies'} that no "
+            f"gradient defense reaches: {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}; the update "
+            "was not returned. Only the optimizer's parameters are defended (and BatchNorm's buffers sent as trained)")
+
+
 def local_update(
     model: nn.Module,
     loader: Iterable,
@@ -191,6 +217,11 @@ def local_update(
     reasons, the model untouched. There is no warn-and-train mode: the update of a malicious model is
     what leaks, and a client that trained on one has nothing safe to send. The architecture is the
     client's own (the received state was loaded into ``model``, which refuses other names and shapes).
+
+    Fail closed: when a defense acts, every state entry that training changed must be one of the
+    optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer
+    (``BN_BUFFERS``, sent as trained as documented); any other changed entry (a custom buffer a forward
+    pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
     """
     if not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"epochs: must be an integer >= 1 (got {epochs!r})")
@@ -249,6 +280,8 @@ def local_update(
         epsilon = optimizer.epsilon(dp_delta)
         privacy = optimizer.privacy_state()
     after = model.state_dict()
+    if not _is_identity(current):
+        _refuse_undefended_changes(model, optimizer, start, after)
     delta = {k: after[k].detach() - start[k] for k in start}
     new_state = ClientState(rounds=state.rounds + 1, steps=state.steps + steps, privacy=privacy)
     return LocalUpdate(delta=delta, state=new_state, num_examples=examples, steps=steps,
@@ -256,4 +289,4 @@ def local_update(
                        inspection=inspection)
 
 
-__all__ = ["ClientState", "LocalUpdate", "MakeOptimizer", "first_batch", "inspect_received", "local_update", "round_defense"]
+__all__ = ["BN_BUFFERS", "ClientState", "LocalUpdate", "MakeOptimizer", "first_batch", "inspect_received", "local_update", "round_defense"]

@@ -8,10 +8,25 @@ Order of operations: optional L2 clipping of the whole delta to ``clip_norm`` (a
 ``fixedclipping_mod`` / ``LocalDpMod`` do), then the defense (GradPrune, GaussianNoise, LaplaceNoise or a
 stack of them) on the delta tensors, then ``received + defended delta`` is sent.
 
-What is defended: every floating-point array except those whose name ends with one of ``skip`` (by
-default BatchNorm's ``running_mean``, ``running_var`` and ``num_batches_tracked``: the optimizer-level
-defenses do not touch buffers either, and noise would make a running variance negative). Integer arrays
-pass through. Arrays without names (a ``NumPyClient``) are all defended unless ``names`` is given.
+What is defended, array by array (``classify``; the update fails closed):
+
+- a returned array whose name ends with one of ``skip`` is sent as trained (by default BatchNorm's
+  ``running_mean``, ``running_var`` and ``num_batches_tracked``: the optimizer-level defenses do not
+  touch buffers either, and noise would make a running variance negative). Naming an array in ``skip``
+  is the one way to send it undefended on purpose;
+- every other floating-point array (float16, float32, float64) is defended: its delta is taken in
+  float64, defended, added back to the received array and cast to the dtype the app returned (rounding a
+  defended value is post-processing: it never undoes the defense). A defended array that overflows its
+  dtype (float16 + noise) is refused;
+- any other array (integer, boolean, complex, object: quantised weights, say) is sent only when it is
+  bit for bit the array the client received (nothing of the client's data is in it). One that training
+  changed, or that came back with another dtype, cannot be defended (a noise scale or a pruning rule
+  means nothing on quantisation codes whose scale lives elsewhere), so the whole update is refused with
+  ``UndefendedUpdateError`` naming the arrays: defend before quantising, or name them in ``skip``.
+
+Arrays without names (a ``NumPyClient``) are named ``array0``, ``array1``, ... unless ``names`` is given, so
+a changed integer buffer there (BatchNorm's ``num_batches_tracked``) is refused until ``names`` lets
+``skip`` recognise it.
 
 Refused: ``sign`` (the sign of a multi-step delta loses its scale, so the server would add a +-1 step to
 every weight) and ``outpost`` (its Fisher weighting and iteration schedule are defined on gradients);
@@ -32,12 +47,10 @@ from torch import Tensor
 
 from guardfl.defenses import Defense, from_config
 from guardfl.defenses.base import StepContext
-from guardfl.errors import ConfigError, NonFiniteGradientError
-from guardfl.integrations.torch import round_defense
+from guardfl.errors import ConfigError, NonFiniteGradientError, UndefendedUpdateError
+from guardfl.integrations.torch import BN_BUFFERS, round_defense
 from guardfl.protect import split_stages
 
-#: state-dict name endings left untouched by default (BatchNorm buffers)
-BN_BUFFERS: tuple[str, ...] = ("running_mean", "running_var", "num_batches_tracked")
 #: defense kinds meaningful on a multi-step model delta
 UPDATE_KINDS: tuple[str, ...] = ("gradprune", "gaussian", "laplace", "identity")
 
@@ -51,6 +64,7 @@ class UpdateStats:
     zeros: int  # entries that are exactly zero in the defended delta
     clip_factor: float  # factor the delta was scaled by (1.0 when not clipped)
     norm_before: float  # L2 norm of the defended part of the delta before clipping and defense
+    sent_as_trained: tuple[str, ...] = ()  # arrays named in ``skip`` that training changed, sent undefended
 
     @property
     def zero_fraction(self) -> float:
@@ -93,9 +107,17 @@ class UpdateDefense:
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.skip = tuple(skip)
 
-    def selected(self, name: str, array: np.ndarray | Tensor) -> bool:
-        floating = array.is_floating_point() if isinstance(array, Tensor) else np.issubdtype(array.dtype, np.floating)
-        return bool(floating) and not name.endswith(self.skip)
+    def classify(self, name: str, received: np.ndarray, new: np.ndarray) -> str:
+        """What happens to one returned array: ``"skip"`` (named in ``skip``: sent as trained),
+        ``"defend"`` (floating point), ``"same"`` (not floating point and bit for bit the received array:
+        sent as it is) or ``"refuse"`` (not floating point and changed: the update cannot be defended)."""
+        if name.endswith(self.skip):
+            return "skip"
+        if np.issubdtype(new.dtype, np.floating):
+            return "defend"
+        if new.dtype == received.dtype and np.array_equal(new, received):
+            return "same"
+        return "refuse"
 
     def __call__(
         self,
@@ -106,7 +128,8 @@ class UpdateDefense:
         round_index: int | None = None,
     ) -> tuple[list[np.ndarray], UpdateStats]:
         """``received`` (the global model) and ``new`` (after local training), same order and shapes.
-        Returns the arrays to send (``received + defended delta``), dtypes kept, and the stats.
+        Returns the arrays to send (``received + defended delta`` in the dtype the app returned) and the
+        stats; raises ``UndefendedUpdateError`` when an array cannot be defended (see the module docstring).
 
         ``round_index``: the client's FL round (0-based); when given, the round gets a fresh defense whose
         explicit seed, if any, is derived from (seed, round), as in ``guardfl.integrations.torch``."""
@@ -115,18 +138,25 @@ class UpdateDefense:
             received = list(received.values())
         if isinstance(new, Mapping):
             new = list(new.values())
+        received, new = [np.asarray(a) for a in received], [np.asarray(b) for b in new]
         names = list(names) if names is not None else [f"array{i}" for i in range(len(received))]
         if not (len(received) == len(new) == len(names)):
             raise ValueError(f"update: {len(new)} arrays returned for {len(received)} received ({len(names)} names)")
         for name, a, b in zip(names, received, new):
-            if np.shape(a) != np.shape(b):
-                raise ValueError(f"update: {name} came back with shape {tuple(np.shape(b))}, it was sent as {tuple(np.shape(a))}")
+            if a.shape != b.shape:
+                raise ValueError(f"update: {name} came back with shape {b.shape}, it was sent as {a.shape}")
 
-        picked = [i for i, (n, b) in enumerate(zip(names, new)) if self.selected(n, np.asarray(b))]
-        chosen = set(picked)
-        out = [b if i in chosen else np.array(b, copy=True) for i, b in enumerate(new)]  # picked ones are rebuilt below
-        deltas = [torch.from_numpy(np.asarray(new[i], dtype=np.float64) - np.asarray(received[i], dtype=np.float64))
-                  for i in picked]
+        kinds = [self.classify(n, a, b) for n, a, b in zip(names, received, new)]
+        refused = [f"{n} ({a.dtype}->{b.dtype})" if a.dtype != b.dtype else f"{n} ({b.dtype})"
+                   for n, a, b, k in zip(names, received, new, kinds) if k == "refuse"]
+        if refused:
+            raise UndefendedUpdateError(
+                f"update: {len(refused)} array(s) changed in training but are not floating point, so no defense "
+                f"can act on them: {', '.join(refused[:5])}{' ...' if len(refused) > 5 else ''}; the update was not "
+                "sent. Defend before quantising, or name them in skip= to send them undefended deliberately")
+        picked = [i for i, k in enumerate(kinds) if k == "defend"]
+        out = [np.array(b, copy=True) for b in new]  # the defended ones are rebuilt below
+        deltas = [torch.from_numpy(new[i].astype(np.float64) - received[i].astype(np.float64)) for i in picked]
         bad = [names[i] for i, d in zip(picked, deltas) if not torch.isfinite(d).all()]
         if bad:
             raise NonFiniteGradientError(f"update: non-finite entries in {', '.join(bad[:5])}; the client's training diverged")
@@ -140,12 +170,20 @@ class UpdateDefense:
             defense = self.defense if round_index is None else round_defense(self.defense, round_index)
             defense.apply_(deltas, StepContext(iteration=1, names=[names[i] for i in picked]))
         zeros = entries = 0
+        overflow = []
         for i, d in zip(picked, deltas):
             zeros += int((d == 0).sum())
             entries += d.numel()
-            base = np.asarray(received[i])
-            out[i] = (base.astype(np.float64) + d.numpy()).astype(base.dtype)
-        return out, UpdateStats(len(picked), entries, zeros, factor, norm)
+            with np.errstate(over="ignore"):
+                out[i] = (received[i].astype(np.float64) + d.numpy()).astype(new[i].dtype)
+            if not np.isfinite(out[i]).all():
+                overflow.append(f"{names[i]} ({new[i].dtype})")
+        if overflow:
+            raise NonFiniteGradientError(f"update: the defended {', '.join(overflow[:5])} overflows its dtype; "
+                                         "the update was not sent (send float32)")
+        as_trained = tuple(n for n, a, b, k in zip(names, received, new, kinds)
+                           if k == "skip" and not (a.dtype == b.dtype and np.array_equal(a, b)))
+        return out, UpdateStats(len(picked), entries, zeros, factor, norm, as_trained)
 
 
 __all__ = ["BN_BUFFERS", "UPDATE_KINDS", "UpdateDefense", "UpdateStats", "key_mismatch"]
