@@ -123,8 +123,11 @@ def main(argv=None) -> int:
             lambda: [g.abs().reshape(-1).kthvalue(max(1, int(0.9 * g.numel()))) for g in work], device, args.steps, reset
         ),
     }
-    ctx = StepContext(iteration=1, params=[p.detach() for p in params])
-    cost = {k: _median_time(lambda d=d: d.apply_(work, ctx), device, args.steps, reset) for k, d in defenses.items()}
+    weights = [p.detach() for p in params]
+    # a fresh context per call, as every optimizer step builds one (a context records which gradients it has
+    # seen finite; reusing it would skip the input check on the timed calls)
+    cost = {k: _median_time(lambda d=d: d.apply_(work, StepContext(iteration=1, params=weights)), device, args.steps, reset)
+            for k, d in defenses.items()}
 
     # -- report -------------------------------------------------------------------------------------------
     ms = lambda s: f"{1e3 * s:8.2f} ms"  # noqa: E731

@@ -12,7 +12,7 @@ silently repeat the stream of a smaller one (2**64 gave the stream of 0) and is 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Sequence
 
 import torch
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from guardfl.config import StrictModel, validate
 from guardfl.errors import ConfigError, NonFiniteGradientError
 from guardfl.ops.finite import nonfinite_counts, nonfinite_where
+from guardfl.ops.scratch import Scratch
 from guardfl.stats import StageStats, StepStats
 
 NonFinitePolicy = Literal["raise", "zero"]
@@ -66,9 +67,31 @@ class StepContext:
     names: Sequence[str] | None = None
     model: nn.Module | None = None
     inputs: Tensor | None = None
+    #: The gradients ``apply_`` last found (or made sure) finite, each with its version counter: the next
+    #: stage of a stack and ``GuardedOptimizer`` skip checking them again while they are the same tensors
+    #: at the same versions. Any in-place edit bumps a tensor's version, so nothing can spoil the record
+    #: unseen (a subclass's own ``apply_``, a caller reusing the context for the next step's gradients).
+    checked: tuple = field(default=(), repr=False, compare=False)
 
     def name(self, i: int) -> str:
         return self.names[i] if self.names is not None else f"param{i}"
+
+    def mark_finite(self, grads: Sequence[Tensor]) -> None:
+        """Record that ``grads`` hold no NaN or inf as they are now."""
+        self.checked = tuple((g, _version(g)) for g in grads)
+
+    def known_finite(self, grads: Sequence[Tensor]) -> bool:
+        """Whether ``grads`` are the tensors ``mark_finite`` recorded, unchanged since."""
+        return len(grads) == len(self.checked) and all(
+            g is t and v is not None and _version(g) == v for g, (t, v) in zip(grads, self.checked))
+
+
+def _version(t: Tensor) -> int | None:
+    """A tensor's in-place version counter (None where it has none: inference-mode tensors)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 #: kind -> defense class; filled by ``@register``.
@@ -143,6 +166,9 @@ class Defense:
     #: Whether the defense draws randomness (two applications to the same gradient can differ). The red
     #: team's learned attacks redraw randomised defenses; deterministic ones need one draw.
     randomized: ClassVar[bool] = False
+    #: Whether ``_apply_`` maps finite gradients to finite gradients in every dtype (sign, pruning, the
+    #: identity): then ``apply_`` skips checking its output. Noise can overflow a 16-bit dtype: False.
+    keeps_finite: ClassVar[bool] = False
 
     def leaves(self) -> list["Defense"]:
         """The defenses this one applies, in the order it applies them: itself, or a stack's members
@@ -164,7 +190,15 @@ class Defense:
         self._seed = config.seed if config.seed is not None else os_entropy_seed()
         self._entropy = config.seed is None  # streams from OS entropy (not reproducible), see make_generator
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._scratch: Scratch | None = None
         self._check_config()
+
+    @property
+    def scratch(self) -> Scratch:
+        """This defense's reusable work buffers (``guardfl.ops.scratch``), created on first use."""
+        if getattr(self, "_scratch", None) is None:
+            self._scratch = Scratch()
+        return self._scratch
 
     def _check_config(self) -> None:
         """Cross-field checks a subclass needs (raise ConfigError)."""
@@ -218,10 +252,13 @@ class Defense:
         if self.needs_model and ctx.inputs is None:
             raise ConfigError(f"{self.kind} needs the batch inputs: none recorded (the model ran no forward pass "
                               "with grad enabled since the last step)")
-        self._handle_nonfinite(grads, ctx)
+        if not ctx.known_finite(grads):
+            self._handle_nonfinite(grads, ctx)
         with torch.no_grad():
             stats = self._apply_(list(grads), ctx)
-        self._check_output(grads, ctx)
+        if not self.keeps_finite:
+            self._check_output(grads, ctx)
+        ctx.mark_finite(grads)
         return (stats,)
 
     def __call__(

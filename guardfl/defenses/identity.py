@@ -24,6 +24,7 @@ class Identity(Defense):
     """No defense. ``wrap(opt, Identity())`` trains bit-for-bit like ``opt``."""
 
     Config = IdentityConfig
+    keeps_finite = True  # nothing changes
 
     def __init__(self, *, seed: int | None = None, nonfinite: str = "raise") -> None:
         super().__init__(seed=seed, nonfinite=nonfinite)

@@ -25,6 +25,7 @@ from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.strength import refuse_zero
 from guardfl.ops.change import add_counting_, to_ints
 from guardfl.ops.noise import gaussian_like, laplace_like
+from guardfl.ops.scratch import Scratch
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -56,11 +57,12 @@ class _AdditiveNoise(Defense):
     def _std(self) -> float:
         raise NotImplementedError
 
-    def _sample(self, g: Tensor) -> Tensor:
+    def _sample(self, g: Tensor, scratch: Scratch | None = None) -> Tensor:
         raise NotImplementedError
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        changed = to_ints([add_counting_(g, self._sample(g)) for g in grads])
+        scratch = self.scratch
+        changed = to_ints([add_counting_(g, self._sample(g, scratch), scratch) for g in grads])
         std = self._std()
         return StageStats.from_layers(self.kind, tuple(
             LayerStats.counted(ctx.name(i), g.numel(), changed=c, noised=c, noise_std=std)
@@ -80,8 +82,8 @@ class GaussianNoise(_AdditiveNoise):
     def _std(self) -> float:
         return self.config.sigma
 
-    def _sample(self, g: Tensor) -> Tensor:
-        return gaussian_like(g, self.config.sigma, self.generator(g.device))
+    def _sample(self, g: Tensor, scratch: Scratch | None = None) -> Tensor:
+        return gaussian_like(g, self.config.sigma, self.generator(g.device), scratch)
 
 
 @register
@@ -96,5 +98,5 @@ class LaplaceNoise(_AdditiveNoise):
     def _std(self) -> float:
         return self.config.scale * math.sqrt(2.0)
 
-    def _sample(self, g: Tensor) -> Tensor:
-        return laplace_like(g, self.config.scale, self.generator(g.device))
+    def _sample(self, g: Tensor, scratch: Scratch | None = None) -> Tensor:
+        return laplace_like(g, self.config.scale, self.generator(g.device), scratch)

@@ -42,6 +42,7 @@ class GradPrune(Defense):
     """Zero the ``ratio`` fraction of smallest-|g| entries, per layer or globally."""
 
     Config = GradPruneConfig
+    keeps_finite = True  # pruning only writes zeros
 
     def __init__(
         self, ratio: float, scope: str = "layer", *, seed: int | None = None, nonfinite: str = "raise"

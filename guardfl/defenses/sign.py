@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
-from guardfl.ops.change import changed_count, to_ints
+from guardfl.ops.change import sign_counting_, to_ints
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -24,14 +23,13 @@ class SignCompression(Defense):
     """Replace every gradient entry by its sign."""
 
     Config = SignCompressionConfig
+    keeps_finite = True  # sign maps finite entries to -1, 0 or +1
 
     def __init__(self, *, seed: int | None = None, nonfinite: str = "raise") -> None:
         super().__init__(seed=seed, nonfinite=nonfinite)
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        signs = torch._foreach_sign(grads)
-        changed = to_ints([changed_count(g, s) for g, s in zip(grads, signs)])
-        torch._foreach_copy_(grads, signs)
+        changed = to_ints([sign_counting_(g, self.scratch) for g in grads])
         return StageStats.from_layers(self.kind, tuple(
             LayerStats.counted(ctx.name(i), g.numel(), changed=c) for i, (g, c) in enumerate(zip(grads, changed))
         ))

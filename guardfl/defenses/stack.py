@@ -112,7 +112,9 @@ class Stack(Defense):
 
     def apply_(self, grads, ctx: StepContext | None = None) -> tuple[StageStats, ...]:
         ctx = ctx if ctx is not None else StepContext()
-        self._handle_nonfinite(grads, ctx)
+        if not ctx.known_finite(grads):
+            self._handle_nonfinite(grads, ctx)
+            ctx.mark_finite(grads)
         stages: list[StageStats] = []
         for member in self.members:
             stages.extend(member.apply_(grads, ctx))

@@ -3,6 +3,9 @@
 A defense's ``StageStats.fired`` and its per-layer fractions come from these counts, not from its settings:
 noise too small to move an entry in its dtype, pruning of entries that were already zero, or clipping of a
 slice already within the bound change nothing, and are reported as nothing.
+
+The counting forms that apply a change (``add_counting_``, ``sign_counting_``) do it in the same pass over a
+layer as the count, in a ``Scratch`` buffer when one is given, so the step allocates nothing.
 """
 
 from __future__ import annotations
@@ -12,19 +15,32 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from guardfl.ops.scratch import Scratch
 
-def changed_count(before: Tensor, after: Tensor) -> Tensor:
+
+def changed_count(before: Tensor, after: Tensor, scratch: Scratch | None = None) -> Tensor:
     """How many entries differ between ``before`` and ``after`` (a 0-d tensor on their device)."""
-    return torch.count_nonzero(before != after)
+    if scratch is None:
+        return torch.count_nonzero(before != after)
+    return torch.count_nonzero(torch.ne(before, after, out=scratch.like(before, torch.bool)))
 
 
-def add_counting_(x: Tensor, delta: Tensor) -> Tensor:
+def add_counting_(x: Tensor, delta: Tensor, scratch: Scratch | None = None) -> Tensor:
     """``x += delta`` in place (bit for bit what ``x.add_(delta)`` gives); returns how many entries of
     ``x`` changed value, as a 0-d tensor. A delta entry of 0, or one too small to move its entry of ``x``
     in ``x``'s dtype, changes nothing. ``delta`` is overwritten (it holds ``x + delta`` afterwards)."""
     new = delta.add_(x)
-    count = changed_count(x, new)
+    count = changed_count(x, new, scratch)
     x.copy_(new)
+    return count
+
+
+def sign_counting_(x: Tensor, scratch: Scratch) -> Tensor:
+    """``x = sign(x)`` in place; returns how many entries changed (those not already -1, 0 or +1, NaN
+    included), as a 0-d tensor. The sign is formed in ``scratch`` and copied back, so nothing is allocated."""
+    signs = torch.sign(x, out=scratch.like(x))
+    count = changed_count(x, signs, scratch)
+    x.copy_(signs)
     return count
 
 

@@ -12,19 +12,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from guardfl.ops.scratch import Scratch
+
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype noise is computed in: float64 for float64 tensors, float32 for every other one."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def gaussian_like(x: Tensor, std: float, generator: torch.Generator) -> Tensor:
-    """Samples of N(0, std^2) with the shape, dtype and device of ``x``."""
-    noise = torch.randn(x.shape, generator=generator, dtype=_work_dtype(x.dtype), device=x.device)
-    return noise.mul_(std).to(x.dtype)
+def _draw(x: Tensor, sample, generator: torch.Generator, scratch: Scratch | None) -> Tensor:
+    """``sample`` (torch.randn or torch.rand) of ``x``'s shape in the work dtype, into ``scratch`` when given
+    (the same values either way: ``out=`` changes where they land, not the stream)."""
+    work = _work_dtype(x.dtype)
+    if scratch is None:
+        return sample(x.shape, generator=generator, dtype=work, device=x.device)
+    return sample(x.shape, generator=generator, out=scratch.like(x, work))
 
 
-def laplace_like(x: Tensor, scale: float, generator: torch.Generator) -> Tensor:
+def gaussian_like(x: Tensor, std: float, generator: torch.Generator, scratch: Scratch | None = None) -> Tensor:
+    """Samples of N(0, std^2) with the shape, dtype and device of ``x`` (in a view of ``scratch`` when
+    given and ``x`` is float32 or float64)."""
+    return _draw(x, torch.randn, generator, scratch).mul_(std).to(x.dtype)
+
+
+def laplace_like(x: Tensor, scale: float, generator: torch.Generator, scratch: Scratch | None = None) -> Tensor:
     """Samples of Laplace(0, scale) (std = scale * sqrt(2)) with the shape, dtype and device of ``x``.
 
     One uniform draw u in [0, 1) per entry gives the sign (u < 1/2) and, from w = 2u mod 1 in [0, 1), the
@@ -32,8 +43,7 @@ def laplace_like(x: Tensor, scale: float, generator: torch.Generator) -> Tensor:
     pole log(0) is never reached: the largest magnitude is about 16.6 * scale (float32 work) or
     36.7 * scale (float64).
     """
-    u = torch.rand(x.shape, generator=generator, dtype=_work_dtype(x.dtype), device=x.device)
-    return laplace_from_uniform_(u, scale).to(x.dtype)
+    return laplace_from_uniform_(_draw(x, torch.rand, generator, scratch), scale).to(x.dtype)
 
 
 def laplace_from_uniform_(u: Tensor, scale: float) -> Tensor:

@@ -1,0 +1,92 @@
+"""One finiteness check per step where one suffices, and never one too few (issue 33, item 6).
+
+``Defense.apply_`` records in ``StepContext`` which gradients it found (or left) finite, with their version
+counters; a stack's next stage and ``GuardedOptimizer`` skip checking them again only while they are the
+same tensors, unchanged. These tests try to slip a NaN past that record.
+"""
+
+import pytest
+import torch
+
+import guardfl.defenses.base as base
+import guardfl.ops.finite as finite
+from guardfl import wrap
+from guardfl.defenses import GaussianNoise, GradPrune, LaplaceNoise, Outpost, SignCompression, Stack, StepContext
+from guardfl.errors import NonFiniteGradientError
+
+
+def grads(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(40, 30, generator=g).to(dtype), torch.randn(30, generator=g).to(dtype)]
+
+
+def test_a_reused_context_does_not_vouch_for_new_gradients():
+    ctx = StepContext()
+    SignCompression().apply_(grads(), ctx)
+    bad = grads()
+    bad[1][3] = float("inf")  # sign would turn it into a silent +1
+    with pytest.raises(NonFiniteGradientError, match="param1"):
+        SignCompression().apply_(bad, ctx)
+
+
+def test_an_in_place_edit_after_the_check_is_seen():
+    ctx, g = StepContext(), grads()
+    SignCompression().apply_(g, ctx)
+    g[0][0, 0] = float("nan")
+    with pytest.raises(NonFiniteGradientError, match="param0"):
+        GradPrune(0.5).apply_(g, ctx)
+
+
+class LateNaN(SignCompression):
+    """A user's subclass that edits the gradient after guardfl's apply_ has checked it."""
+
+    def apply_(self, grads, ctx=None):
+        stages = super().apply_(grads, ctx)
+        grads[0].view(-1)[0] = float("nan")
+        return stages
+
+
+def test_the_optimizer_checks_what_a_subclass_changed_after_its_checks():
+    model = torch.nn.Linear(4, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), LateNaN(), model=model)
+    model(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(NonFiniteGradientError, match="weight"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_a_stack_member_after_a_late_nan_checks_its_input():
+    with pytest.raises(NonFiniteGradientError):
+        Stack(LateNaN(), GradPrune(0.5)).apply_(grads(), StepContext())
+
+
+def test_noise_that_overflows_float16_is_caught_before_a_sign_hides_it():
+    with pytest.raises(NonFiniteGradientError, match="gaussian"):
+        Stack(GaussianNoise(sigma=1e5), SignCompression()).apply_(grads(torch.float16), StepContext())
+
+
+@pytest.mark.parametrize("defense, passes", [
+    (SignCompression(), 1),                                  # input only: sign keeps finite entries finite
+    (GradPrune(0.9), 1),
+    (Stack(GradPrune(0.9), SignCompression()), 1),
+    (GaussianNoise(0.1), 2),                                 # input, and output (noise can overflow float16)
+    (LaplaceNoise(0.1), 2),
+    (Stack(GradPrune(0.9), GaussianNoise(0.1)), 2),
+    (Outpost(), 2),
+])
+def test_a_step_checks_finiteness_once_per_change_that_can_break_it(monkeypatch, defense, passes):
+    calls = []
+    real = finite.nonfinite_counts
+
+    def spy(tensors):
+        calls.append(len(tensors))
+        return real(tensors)
+
+    monkeypatch.setattr(base, "nonfinite_counts", spy)
+    monkeypatch.setattr(finite, "nonfinite_counts", spy)  # nonfinite_where (output and optimizer checks)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), defense, model=model)
+    torch.nn.functional.cross_entropy(model(torch.randn(5, 8)), torch.tensor([0, 1, 2, 0, 1])).backward()
+    opt.step()
+    assert calls == [4] * passes
