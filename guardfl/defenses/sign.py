@@ -10,7 +10,7 @@ from typing import Literal
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
-from guardfl.ops.change import sign_counting_, to_ints
+from guardfl.ops.change import signs_counting_, to_ints
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -29,7 +29,7 @@ class SignCompression(Defense):
         super().__init__(seed=seed, nonfinite=nonfinite)
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        changed = to_ints([sign_counting_(g, self.scratch) for g in grads])
+        changed = to_ints(signs_counting_(grads, self.scratch))
         return StageStats.from_layers(self.kind, tuple(
             LayerStats.counted(ctx.name(i), g.numel(), changed=c) for i, (g, c) in enumerate(zip(grads, changed))
         ))

@@ -44,6 +44,25 @@ def sign_counting_(x: Tensor, scratch: Scratch) -> Tensor:
     return count
 
 
+def signs_counting_(xs: Sequence[Tensor], scratch: Scratch) -> list[Tensor]:
+    """``sign_counting_`` on every tensor, cheaper where the count is known without comparing: a finite
+    tensor whose entries all lie in (-1, 1) changes at exactly its non-zero entries (sign keeps only 0, -1
+    and +1), so one min/max pass decides, and the sign is taken in place. Tensors with an entry of
+    magnitude >= 1 (which may already be -1 or +1) or a non-finite one are compared entry by entry."""
+    if not xs:
+        return []
+    extremes = [torch.aminmax(x) for x in xs]
+    exact = (torch.stack([torch.maximum(-lo, hi).float() for lo, hi in extremes]) < 1).logical_not_().tolist()
+    counts = []
+    for x, compare in zip(xs, exact):
+        if compare:
+            counts.append(sign_counting_(x, scratch))
+        else:
+            counts.append(torch.count_nonzero(x))
+            x.sign_()
+    return counts
+
+
 def to_ints(counts: Sequence[Tensor | int]) -> list[int]:
     """Python ints of 0-d count tensors (ints pass through), with one device sync per device instead of
     one per tensor."""

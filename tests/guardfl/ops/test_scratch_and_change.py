@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guardfl.ops.change import add_counting_, changed_count, sign_counting_
+from guardfl.ops.change import add_counting_, changed_count, sign_counting_, signs_counting_
 from guardfl.ops.noise import gaussian_like, laplace_like
 from guardfl.ops.scratch import Scratch
 
@@ -33,6 +33,25 @@ def test_sign_counting_equals_sign_and_counts_the_entries_it_changed(seed, n, dt
     y = x.clone()
     assert int(sign_counting_(y, scratch)) == count
     assert torch.equal(y.nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(0, 2**16), st.lists(st.tuples(st.integers(1, 500), st.sampled_from([0.0, 0.3, 1.0, 3.0]),
+                                                 st.booleans()), min_size=1, max_size=4), st.sampled_from(DTYPES))
+def test_signs_counting_counts_exactly_on_both_paths(seed, layers, dtype):
+    """Layers inside (-1, 1) take the min/max shortcut; the others (an entry of exactly +-1, or larger, or
+    an inf) are compared entry by entry; both count exactly what the sign changed."""
+    g = torch.Generator().manual_seed(seed)
+    xs = []
+    for n, scale, special in layers:
+        x = (torch.rand(n, generator=g) * 2 - 1) * scale
+        if special:
+            x[0] = [1.0, -1.0, float("inf"), 0.0][n % 4]
+        xs.append(x.to(dtype))
+    expected = [int(torch.count_nonzero(x != torch.sign(x))) for x in xs]
+    signs = [torch.sign(x) for x in xs]
+    assert [int(c) for c in signs_counting_(xs, Scratch())] == expected
+    assert all(torch.equal(x, s) for x, s in zip(xs, signs))
 
 
 @settings(deadline=None, max_examples=40)
