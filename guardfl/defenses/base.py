@@ -68,9 +68,11 @@ class StepContext:
     model: nn.Module | None = None
     inputs: Tensor | None = None
     #: The gradients ``apply_`` last found (or made sure) finite, each with its version counter: the next
-    #: stage of a stack and ``GuardedOptimizer`` skip checking them again while they are the same tensors
-    #: at the same versions. Any in-place edit bumps a tensor's version, so nothing can spoil the record
-    #: unseen (a subclass's own ``apply_``, a caller reusing the context for the next step's gradients).
+    #: stage of a stack skips checking its input again while they are the same tensors at the same
+    #: versions. An in-place edit bumps a tensor's version (a subclass's own ``apply_``, a caller reusing
+    #: the context for the next step's gradients), so the next stage checks again; an edit through
+    #: ``.data`` (a version counter of its own) is not seen here, but ``GuardedOptimizer`` checks the
+    #: final gradients whatever this records.
     checked: tuple = field(default=(), repr=False, compare=False)
 
     def name(self, i: int) -> str:

@@ -118,6 +118,8 @@ class Stack(Defense):
         stages: list[StageStats] = []
         for member in self.members:
             stages.extend(member.apply_(grads, ctx))
+            if type(member).apply_ not in (Defense.apply_, Stack.apply_):
+                ctx.checked = ()  # a member's own apply_ may edit past the record (through .data): check again
         return tuple(stages)
 
     def apply_batch_(self, grads, *, iteration: int = 1, params=None, names=None, batched_params: bool = False) -> None:
