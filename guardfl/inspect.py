@@ -335,6 +335,8 @@ def inspect_model(
                 if load_reason:
                     reasons.append(load_reason)
 
+    # names come from the sender: keep every reason on one line
+    reasons = [r.replace("\r", "\\r").replace("\n", "\\n") for r in reasons]
     result = Inspection(ok=not reasons, reasons=reasons, checks=checks)
     if strict and not result.ok:
         raise MaliciousModelError(result.reasons)
