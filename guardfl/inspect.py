@@ -96,7 +96,8 @@ EXACT_SVD_COST = 2**32
 #: copies stay small (32 MiB)
 CHUNK_ELEMENTS = 2**22
 #: integer and bool weights are examined as float64 (a layer loaded from them computes with their values)
-_INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                   *(getattr(torch, f"uint{n}") for n in (16, 32, 64) if hasattr(torch, f"uint{n}")))
 
 
 @dataclass(frozen=True)
@@ -308,16 +309,18 @@ def inspect_model(
     tensor_reasons, skipped, checks["tensors"] = _examine_tensors(state)
     reasons += tensor_reasons
 
-    linears = _linear_layers(state, skipped)
-    imprint_reasons, checks["imprint"] = _imprint(linears[:-1])
+    linears = _linear_layers(state, skipped)  # refused tensors included, as (name, None, None): the classifier is the last
+    imprint_reasons, checks["imprint"] = _imprint([layer for layer in linears[:-1] if layer[1] is not None])
     reasons += imprint_reasons
 
     classifier = linears[-1] if linears else None
-    if classifier is not None:
+    if classifier is not None and classifier[1] is not None:
         fishing_reasons, checks["class_fishing"] = _class_fishing(*classifier)
         reasons += fishing_reasons
     else:
-        checks["class_fishing"] = {"skipped": "no examinable 2-D weight (linear layer) in the model"}
+        checks["class_fishing"] = {"skipped": "no 2-D weight (linear layer) in the model" if classifier is None else
+                                   f"the classification layer '{classifier[0]}' was refused unexamined (see reasons)"}
+        classifier = None
 
     if batch is not None:
         _valid_batch(batch)
@@ -426,16 +429,17 @@ def _examine_tensors(state: Mapping[str, Tensor]) -> tuple[list[str], set[str], 
     return reasons, set(non_finite) | set(unusable), found
 
 
-def _linear_layers(state: Mapping[str, Tensor], skipped: set[str] = frozenset()) -> list[tuple[str, Tensor, Tensor | None]]:
+def _linear_layers(state: Mapping[str, Tensor], skipped: set[str] = frozenset()) -> list[tuple[str, Tensor | None, Tensor | None]]:
     """(name, weight, bias) of every 2-D ``*weight`` in state-dict order (linear layers), floating-point or
-    integer / bool (cast to float64); tensors in ``skipped`` (refused unexamined) are left out."""
-    out = []
+    integer / bool (cast to float64); a weight in ``skipped`` (refused unexamined) is (name, None, None)."""
+    out: list[tuple[str, Tensor | None, Tensor | None]] = []
     for k, v in state.items():
-        if k in skipped or not (k.endswith("weight") and v.dim() == 2):
+        if not (k.endswith("weight") and v.dim() == 2):
+            continue
+        if k in skipped or not (v.is_floating_point() or v.dtype in _INTEGER_DTYPES):
+            out.append((k.removesuffix(".weight"), None, None))
             continue
         if not v.is_floating_point():
-            if v.dtype not in _INTEGER_DTYPES:
-                continue
             v = v.double()
         bk = k[: -len("weight")] + "bias"
         b = state.get(bk) if bk not in skipped else None
