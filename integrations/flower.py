@@ -130,11 +130,15 @@ def train(
     ``inspect=True`` (or ``"strict"``) checks the received arrays with ``guardfl.inspect_model`` first,
     against ``model`` as the expected architecture and on the loader's first batch; a model that is not
     ok gets an error reply (``MOD_FAILED_PRECONDITION``) naming the reasons: nothing is trained, nothing
-    sent, ``model`` and the client state are untouched."""
+    sent, ``model`` and the client state are untouched. With inspection on, arrays that do not convert
+    to tensors, a first batch the model cannot run on (``ConfigError`` naming ``batch``) and any other
+    error while inspecting also come back as that error reply (fail closed), never as an exception."""
     key, record = received_arrays(msg)
-    received = record.to_torch_state_dict()
-    if _inspect_mode(inspect):
+    if not _inspect_mode(inspect):
+        received = record.to_torch_state_dict()
+    else:
         try:
+            received = record.to_torch_state_dict()
             inspect_received(getattr(model, "_module", model), loader, received=received)
         except MaliciousModelError as err:
             return _error_reply(msg, f"guardfl inspect_model: {err}")
