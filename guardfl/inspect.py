@@ -22,6 +22,10 @@ docstrings say why. The thresholds were chosen from measurements on benign model
 initialisations, DLG's wide initialisation, checkpoints trained on CIFAR-10, FedAvg averages; see
 ``bench/bench_inspect.py``): the benign values are orders of magnitude from the attacks' values.
 
+Broken and hostile input fails closed (see ``inspect_model``): non-finite or unexaminable tensors and a
+forward pass with non-finite activations are reasons, bad arguments one ``ConfigError`` line, and the
+work on huge layers is bounded (``MAX_TENSOR_ELEMENTS``, ``EXACT_SVD_COST``, ``CHUNK_ELEMENTS``).
+
 What it does not do: it cannot prove a model benign (an attacker who knows these checks can look for
 constructions that avoid them), and it compares the received parameters with ``reference`` by name and
 shape only, not by value.
@@ -107,8 +111,9 @@ class Inspection:
     ok: bool
     #: each reason names the check, the layer and the number that tripped it
     reasons: list[str] = field(default_factory=list)
-    #: per check, the headline measurements (whether or not they tripped); checks that did not run
-    #: (no reference, no batch) are absent
+    #: per check, the headline measurements (whether or not they tripped); checks not asked for (no
+    #: reference, no batch) are absent, checks that could not be made are ``{"skipped": why}``;
+    #: ``checks["tensors"]`` lists the non-finite tensors, those not examined and those cast to float64
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
