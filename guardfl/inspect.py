@@ -144,7 +144,7 @@ def rank_ratio(weight: Tensor) -> float:
     Exact below ``EXACT_SVD_COST``, a randomized estimate (never above the true ratio) above it."""
     rows, cols = weight.shape
     if rows * cols * min(rows, cols) <= EXACT_SVD_COST:
-        s = torch.linalg.svdvals(weight.detach().float())
+        s = torch.linalg.svdvals(_unit(weight, torch.float32))
     else:
         s, _ = _sketch_svd(weight)
     if s.numel() < 2 or float(s[0]) == 0.0:
@@ -155,7 +155,7 @@ def rank_ratio(weight: Tensor) -> float:
 def _sketch_svd(weight: Tensor, q: int = 8, iters: int = 4) -> tuple[Tensor, Tensor]:
     """Randomized range finder (Halko et al. 2011): approximate top singular values and right singular
     vectors of a large 2-D weight from ``q`` fixed-seed random directions (the caller's RNG untouched)."""
-    w = weight.detach().float()
+    w = _unit(weight, torch.float32)
     q = min(q, *w.shape)
     g = torch.Generator(device=w.device).manual_seed(0)
     y = w @ torch.randn(w.shape[1], q, generator=g, device=w.device)
@@ -172,21 +172,39 @@ def _row_chunks(w: Tensor):
         yield w[i:i + step]
 
 
+def _max_abs(w: Tensor) -> float:
+    """The largest |entry| of a 2-D tensor (read in row chunks); 0.0 when it is empty or all zero."""
+    return max((float(c.double().abs().max()) for c in _row_chunks(w.detach()) if c.numel()), default=0.0)
+
+
+def _unit(weight: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``weight`` (2-D) divided by its largest |entry|, as ``dtype``, built in row chunks. The checks are
+    scale-free; this keeps float overflow (a float64 layer of 1e300 is inf in float32, 1e37 squared
+    overflows an SVD) and underflow (rows of 1e-300 have norm 0) out of them."""
+    w = weight.detach().reshape(weight.shape[0], -1)
+    top = _max_abs(w) or 1.0
+    if w.shape[0] == 0:
+        return w.to(dtype)
+    return torch.cat([(c.double() / top).to(dtype) for c in _row_chunks(w)])
+
+
 def threshold_monotone_share(weight: Tensor, bias: Tensor) -> float:
     """For a (near) rank-one weight, rows ``s_i * v``: the share of consecutive steps of the row
     thresholds ``-b_i / s_i`` (in row order) that go the majority's way (1.0: a monotone sequence, the
     imprint's bins)."""
     rows, cols = weight.shape
     if rows * cols * min(rows, cols) <= EXACT_SVD_COST:
-        w = weight.detach().double()
+        w = _unit(weight)
         _, _, vh = torch.linalg.svd(w, full_matrices=False)
         scale = w @ vh[0]
     else:
         _, vh = _sketch_svd(weight)
-        v = vh[0].double()
-        scale = torch.cat([c.double() @ v for c in _row_chunks(weight.detach())])
+        v, top = vh[0].double(), _max_abs(weight) or 1.0
+        scale = torch.cat([(c.double() / top) @ v for c in _row_chunks(weight.detach())])
     keep = scale.abs() > 1e-12 * scale.abs().max().clamp_min(1e-300)
-    t = (-bias.detach().double()[keep] / scale[keep])
+    b = bias.detach().double()
+    b = b / (float(b.abs().max()) or 1.0) if b.numel() else b  # a positive scale keeps the thresholds' order
+    t = (-b[keep] / scale[keep])
     if t.numel() < 3:
         return 0.0
     steps = torch.sign(t[1:] - t[:-1])
@@ -207,10 +225,11 @@ def duplicate_row_share(weight: Tensor) -> float:
         return float((counts[inverse] > 1).double().mean())
     g = torch.Generator().manual_seed(0)
     proj = torch.randn(w.shape[1], 2, generator=g, dtype=torch.float64).to(w.device)
+    top = _max_abs(w) or 1.0
     nonzero, prints = [], []
     for c in _row_chunks(w):
         nonzero.append(c.abs().amax(dim=1) > 0)
-        prints.append(torch.cat([c[:, :32].double(), c.double() @ proj], dim=1))
+        prints.append(torch.cat([c[:, :32].double(), (c.double() / top) @ proj], dim=1))
     keep = torch.cat(nonzero)
     prints = torch.cat(prints)[keep]
     if prints.shape[0] < 2:
@@ -223,7 +242,8 @@ def zero_row_share(weight: Tensor) -> float:
     """Share of the rows of ``weight`` whose norm is at most ``ZERO_ROW_RELATIVE`` of the largest row's
     (0 for an all-zero weight: nothing is singled out)."""
     w = weight.detach().reshape(weight.shape[0], -1)
-    norms = torch.cat([c.double().norm(dim=1) for c in _row_chunks(w)]) if w.shape[0] else torch.zeros(0, dtype=torch.float64)
+    top = _max_abs(w) or 1.0
+    norms = torch.cat([(c.double() / top).norm(dim=1) for c in _row_chunks(w)]) if w.shape[0] else torch.zeros(0, dtype=torch.float64)
     top = float(norms.max()) if norms.numel() else 0.0
     if top == 0.0:
         return 0.0
@@ -370,6 +390,9 @@ def _state_of(obj: Any, name: str) -> dict[str, Tensor]:
                               f"{type(state[bad[0]]).__name__}); inspect_model examines tensors only")
         return state
     if isinstance(obj, Mapping):
+        bad = [k for k in obj if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{name}: a state dict maps names (strings) to tensors; key {bad[0]!r} is a {type(bad[0]).__name__}")
         bad = [k for k, v in obj.items() if not isinstance(v, Tensor)]
         if bad:
             raise ConfigError(f"{name}: a state dict maps names to tensors; {bad[0]!r} is a {type(obj[bad[0]]).__name__}")
@@ -383,6 +406,8 @@ def _shapes_of(reference: Any) -> dict[str, tuple[int, ...]]:
     if isinstance(reference, Mapping):
         shapes = {}
         for k, v in reference.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"reference: a state dict maps names (strings) to tensors or shapes; key {k!r} is a {type(k).__name__}")
             if isinstance(v, Tensor):
                 shapes[k] = tuple(v.shape)
             elif (isinstance(v, (tuple, list, torch.Size)) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)):

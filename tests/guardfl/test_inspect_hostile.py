@@ -364,3 +364,28 @@ def test_a_refused_classifier_is_named_as_skipped_not_replaced_by_a_hidden_layer
     assert result.checks["class_fishing"] == {"skipped": "the classification layer '3' was refused unexamined (see reasons)"}
     assert result.reasons == ["non-finite: 1 tensor(s) hold NaN or infinite values (3.weight (1 NaN)): "
                               "the model cannot be trained on or examined"]
+
+
+# -- extreme but finite scales: the checks are scale-free, no float overflow or underflow ---------------------
+@pytest.mark.parametrize("scale", [1e300, 1e-300, 1e30, 1e-30])
+def test_attacks_are_found_at_any_finite_scale(scale):
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(32, generator=g, dtype=torch.float64)
+    imprint = torch.arange(1.0, 17.0, dtype=torch.float64)[:, None] * v * scale
+    state = {"0.weight": imprint, "0.bias": -torch.arange(16.0, dtype=torch.float64) * scale,
+             "1.weight": torch.randn(3, 16, generator=g, dtype=torch.float64) * scale}
+    refused(guardfl.inspect_model(state), "imprint:")
+    fishing = torch.cat([torch.zeros(9, 16, dtype=torch.float64), torch.randn(1, 16, generator=g, dtype=torch.float64)]) * scale
+    refused(guardfl.inspect_model({"1.weight": fishing}), "class fishing:")
+    benign = {"0.weight": torch.randn(16, 32, generator=g, dtype=torch.float64) * scale,
+              "1.weight": torch.randn(10, 16, generator=g, dtype=torch.float64) * scale}
+    assert guardfl.inspect_model(benign).ok
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: guardfl.inspect_model({0: torch.randn(2, 2)}), "received"),
+    (lambda: guardfl.inspect_model({("a", "weight"): torch.randn(2, 2)}), "received"),
+    (lambda: guardfl.inspect_model(net(), {1: (8, 16)}), "reference"),
+])
+def test_non_string_names_are_a_config_error(call, field):
+    one_line_config_error(call, field)
