@@ -349,6 +349,8 @@ def inspect_model(
 
     if batch is not None:
         _valid_batch(batch)
+        if not isinstance(received, nn.Module) and not isinstance(reference, nn.Module):
+            raise ConfigError("batch: needs a model to run: pass received as an nn.Module, or reference as the client's nn.Module")
         if tensor_reasons:
             checks["batch"] = {"skipped": "the model's tensors were refused (see reasons): it is not run"}
         else:
@@ -592,9 +594,11 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tupl
         return hook
 
     leaves = [(name, m) for name, m in module.named_modules() if not any(True for _ in m.children()) or isinstance(m, nn.Linear)]
-    hooks = [m.register_forward_hook(watch(name)) for name, m in leaves]
+    hooks = []
     was_training = module.training
     try:
+        for name, m in leaves:  # one at a time: a failure part-way still removes those already registered
+            hooks.append(m.register_forward_hook(watch(name)))
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         module.eval()
         with torch.no_grad():

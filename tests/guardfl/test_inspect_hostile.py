@@ -389,3 +389,8 @@ def test_attacks_are_found_at_any_finite_scale(scale):
 ])
 def test_non_string_names_are_a_config_error(call, field):
     one_line_config_error(call, field)
+
+
+def test_a_batch_without_a_module_to_run_is_a_config_error_even_for_a_refused_state():
+    for state in (net().state_dict(), edited(net(), "1.weight", NAN).state_dict()):
+        one_line_config_error(lambda: guardfl.inspect_model(state, batch=BATCH), "batch")
