@@ -144,7 +144,7 @@ def app_with(mods, inspect):
 
 def message(case):
     arrays = HOSTILE[case]()
-    return gf.train_message(arrays if isinstance(arrays, ArrayRecord) else {k: v for k, v in arrays.items()})
+    return gf.train_message(arrays)
 
 
 def assert_error_reply(reply, *expected):
@@ -179,7 +179,7 @@ def test_train_helper_answers_a_hostile_model_with_an_error_message(case):
 
 
 def test_train_helper_answers_an_overflowing_forward_with_an_error_message():
-    app, _, model = app_with([], inspect=True)
+    app, _, _ = app_with([], inspect=True)
     reply = app(gf.train_message(overflowing()), context())
     assert_error_reply(reply, "non-finite: the forward pass on the batch")
 
