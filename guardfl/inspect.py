@@ -22,6 +22,10 @@ docstrings say why. The thresholds were chosen from measurements on benign model
 initialisations, DLG's wide initialisation, checkpoints trained on CIFAR-10, FedAvg averages; see
 ``bench/bench_inspect.py``): the benign values are orders of magnitude from the attacks' values.
 
+Broken and hostile input fails closed (see ``inspect_model``): non-finite or unexaminable tensors and a
+forward pass with non-finite activations are reasons, bad arguments one ``ConfigError`` line, and the
+work on huge layers is bounded (``MAX_TENSOR_ELEMENTS``, ``EXACT_SVD_COST``, ``CHUNK_ELEMENTS``).
+
 What it does not do: it cannot prove a model benign (an attacker who knows these checks can look for
 constructions that avoid them), and it compares the received parameters with ``reference`` by name and
 shape only, not by value.
@@ -80,6 +84,24 @@ CONCENTRATION_LABEL_FRACTION = 0.5
 #: concentration is judged only on batches of at least this many samples and 2+ labels (in a batch of
 #: 2 one sample carrying most of the gradient is ordinary)
 CONCENTRATION_MIN_BATCH = 8
+#: the most elements one tensor may have for inspect_model to examine it (2**27 ~ 134M: VGG-16's first
+#: fully connected layer has 103M, a 7B language model's output layer 131M). A larger tensor is refused
+#: ("too large to examine") instead of examined: the finiteness scan and the float copies the checks make
+#: would each need up to 1 GiB per such tensor, and a hostile checkpoint can hold a zero-stride
+#: (expanded) tensor of any size in a few bytes
+MAX_TENSOR_ELEMENTS = 2**27
+#: a linear layer whose exact SVD would cost more than this (rows x cols x min(rows, cols), ~ flops: a
+#: 1000 x 2048 classifier is below it, 4096 x 4096 above) gets a randomized estimate of its top singular
+#: values instead (a fixed-seed range finder of 8 columns, 4 power iterations, float32). The estimated
+#: second singular value is a lower bound of the true one, so a rank-one layer is never missed; benign
+#: layers (measured >= 0.18) stay orders of magnitude above RANK_ONE_RATIO
+EXACT_SVD_COST = 2**32
+#: the checks read large layers this many elements at a time (rows in chunks), so that their float64
+#: copies stay small (32 MiB)
+CHUNK_ELEMENTS = 2**22
+#: integer and bool weights are examined as float64 (a layer loaded from them computes with their values)
+_INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                   *(getattr(torch, f"uint{n}") for n in (16, 32, 64) if hasattr(torch, f"uint{n}")))
 
 
 @dataclass(frozen=True)
@@ -89,8 +111,9 @@ class Inspection:
     ok: bool
     #: each reason names the check, the layer and the number that tripped it
     reasons: list[str] = field(default_factory=list)
-    #: per check, the headline measurements (whether or not they tripped); checks that did not run
-    #: (no reference, no batch) are absent
+    #: per check, the headline measurements (whether or not they tripped); checks not asked for (no
+    #: reference, no batch) are absent, checks that could not be made are ``{"skipped": why}``;
+    #: ``checks["tensors"]`` lists the non-finite tensors, those not examined and those cast to float64
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
@@ -117,22 +140,71 @@ def architecture_mismatch(received: Mapping[str, tuple[int, ...]], expected: Map
 
 
 def rank_ratio(weight: Tensor) -> float:
-    """Second over first singular value of a 2-D weight (0 for rank one, nan for an all-zero weight)."""
-    s = torch.linalg.svdvals(weight.detach().float())
+    """Second over first singular value of a 2-D weight (0 for rank one, nan for an all-zero weight).
+    Exact below ``EXACT_SVD_COST``, a randomized estimate (never above the true ratio) above it."""
+    rows, cols = weight.shape
+    if rows * cols * min(rows, cols) <= EXACT_SVD_COST:
+        s = torch.linalg.svdvals(_unit(weight, torch.float32))
+    else:
+        s, _ = _sketch_svd(weight)
     if s.numel() < 2 or float(s[0]) == 0.0:
         return float("nan")
     return float(s[1] / s[0])
+
+
+def _sketch_svd(weight: Tensor, q: int = 8, iters: int = 4) -> tuple[Tensor, Tensor]:
+    """Randomized range finder (Halko et al. 2011): approximate top singular values and right singular
+    vectors of a large 2-D weight from ``q`` fixed-seed random directions (the caller's RNG untouched)."""
+    w = _unit(weight, torch.float32)
+    q = min(q, *w.shape)
+    g = torch.Generator(device=w.device).manual_seed(0)
+    y = w @ torch.randn(w.shape[1], q, generator=g, device=w.device)
+    for _ in range(iters):
+        y = w @ (w.T @ torch.linalg.qr(y).Q)
+    basis = torch.linalg.qr(y).Q
+    _, s, vh = torch.linalg.svd(basis.T @ w, full_matrices=False)
+    return s, vh
+
+
+def _row_chunks(w: Tensor):
+    step = max(1, CHUNK_ELEMENTS // max(1, w.shape[1]))
+    for i in range(0, w.shape[0], step):
+        yield w[i:i + step]
+
+
+def _max_abs(w: Tensor) -> float:
+    """The largest |entry| of a 2-D tensor (read in row chunks); 0.0 when it is empty or all zero."""
+    return max((float(c.double().abs().max()) for c in _row_chunks(w.detach()) if c.numel()), default=0.0)
+
+
+def _unit(weight: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``weight`` (2-D) divided by its largest |entry|, as ``dtype``, built in row chunks. The checks are
+    scale-free; this keeps float overflow (a float64 layer of 1e300 is inf in float32, 1e37 squared
+    overflows an SVD) and underflow (rows of 1e-300 have norm 0) out of them."""
+    w = weight.detach().reshape(weight.shape[0], -1)
+    top = _max_abs(w) or 1.0
+    if w.shape[0] == 0:
+        return w.to(dtype)
+    return torch.cat([(c.double() / top).to(dtype) for c in _row_chunks(w)])
 
 
 def threshold_monotone_share(weight: Tensor, bias: Tensor) -> float:
     """For a (near) rank-one weight, rows ``s_i * v``: the share of consecutive steps of the row
     thresholds ``-b_i / s_i`` (in row order) that go the majority's way (1.0: a monotone sequence, the
     imprint's bins)."""
-    w = weight.detach().double()
-    _, _, vh = torch.linalg.svd(w, full_matrices=False)
-    scale = w @ vh[0]
+    rows, cols = weight.shape
+    if rows * cols * min(rows, cols) <= EXACT_SVD_COST:
+        w = _unit(weight)
+        _, _, vh = torch.linalg.svd(w, full_matrices=False)
+        scale = w @ vh[0]
+    else:
+        _, vh = _sketch_svd(weight)
+        v, top = vh[0].double(), _max_abs(weight) or 1.0
+        scale = torch.cat([(c.double() / top) @ v for c in _row_chunks(weight.detach())])
     keep = scale.abs() > 1e-12 * scale.abs().max().clamp_min(1e-300)
-    t = (-bias.detach().double()[keep] / scale[keep])
+    b = bias.detach().double()
+    b = b / (float(b.abs().max()) or 1.0) if b.numel() else b  # a positive scale keeps the thresholds' order
+    t = (-b[keep] / scale[keep])
     if t.numel() < 3:
         return 0.0
     steps = torch.sign(t[1:] - t[:-1])
@@ -141,19 +213,37 @@ def threshold_monotone_share(weight: Tensor, bias: Tensor) -> float:
 
 
 def duplicate_row_share(weight: Tensor) -> float:
-    """Share of the non-zero rows of ``weight`` that are exactly equal to another row."""
+    """Share of the non-zero rows of ``weight`` that are exactly equal to another row. Layers of up to
+    ``CHUNK_ELEMENTS`` are compared whole; larger ones by a fingerprint of each row (its first 32 entries
+    and two fixed-seed float64 projections), read in chunks."""
     w = weight.detach().reshape(weight.shape[0], -1)
-    w = w[w.abs().amax(dim=1) > 0]
-    if w.shape[0] < 2:
+    if w.numel() <= CHUNK_ELEMENTS:
+        w = w[w.abs().amax(dim=1) > 0] if w.shape[1] else w[:0]
+        if w.shape[0] < 2:
+            return 0.0
+        _, inverse, counts = torch.unique(w, dim=0, return_inverse=True, return_counts=True)
+        return float((counts[inverse] > 1).double().mean())
+    g = torch.Generator().manual_seed(0)
+    proj = torch.randn(w.shape[1], 2, generator=g, dtype=torch.float64).to(w.device)
+    top = _max_abs(w) or 1.0
+    nonzero, prints = [], []
+    for c in _row_chunks(w):
+        nonzero.append(c.abs().amax(dim=1) > 0)
+        prints.append(torch.cat([c[:, :32].double(), (c.double() / top) @ proj], dim=1))
+    keep = torch.cat(nonzero)
+    prints = torch.cat(prints)[keep]
+    if prints.shape[0] < 2:
         return 0.0
-    _, inverse, counts = torch.unique(w, dim=0, return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(prints, dim=0, return_inverse=True, return_counts=True)
     return float((counts[inverse] > 1).double().mean())
 
 
 def zero_row_share(weight: Tensor) -> float:
     """Share of the rows of ``weight`` whose norm is at most ``ZERO_ROW_RELATIVE`` of the largest row's
     (0 for an all-zero weight: nothing is singled out)."""
-    norms = weight.detach().double().reshape(weight.shape[0], -1).norm(dim=1)
+    w = weight.detach().reshape(weight.shape[0], -1)
+    top = _max_abs(w) or 1.0
+    norms = torch.cat([(c.double() / top).norm(dim=1) for c in _row_chunks(w)]) if w.shape[0] else torch.zeros(0, dtype=torch.float64)
     top = float(norms.max()) if norms.numel() else 0.0
     if top == 0.0:
         return 0.0
@@ -212,6 +302,24 @@ def inspect_model(
     indices), for the output and gradient checks; it needs a module to run (``received``, or ``reference``
     with the received state loaded into a copy). The model is run in eval mode without autograd and its
     training flag restored. ``strict=True`` raises ``MaliciousModelError`` when the model is not ok.
+
+    Broken or hostile models fail closed: a model is **not ok** (a reason, or ``MaliciousModelError``
+    with ``strict=True``) when a tensor holds NaN or infinite values ("non-finite:"), cannot be examined
+    (meta device, sparse or complex, an unsupported dtype, more than ``MAX_TENSOR_ELEMENTS`` elements:
+    "unusable:"), when the received state does not load into the reference, when the batch's forward
+    pass gives NaN or infinite activations, or when the model has ``nn.Linear`` layers of which none ran
+    on the batch. Integer and bool weight matrices are examined as float64 (``checks["tensors"]``
+    lists them). A check that could not be made is named in ``checks`` (``{"skipped": why}``), never
+    passed silently; the batch checks are skipped when the model is already refused for its tensors.
+
+    Bad arguments raise ``ConfigError``, one line naming the argument: ``received`` / ``reference`` that
+    are not a module or a state dict of tensors (or shapes), a ``reference`` module on the meta device
+    with a batch to run, and a ``batch`` that is not ``(x, y)`` with one integer label per sample, is
+    empty, has labels out of the classifier's range, or on which the model cannot run (wrong shape or
+    dtype: the error's first line is quoted).
+
+    Work is bounded: tensors above ``MAX_TENSOR_ELEMENTS`` are refused unexamined, linear layers above
+    ``EXACT_SVD_COST`` get a randomized SVD estimate, and large layers are read in row chunks.
     """
     state = _state_of(received, "received")
     expected = None if reference is None else _shapes_of(reference)
@@ -223,24 +331,42 @@ def inspect_model(
         checks["architecture"] = {"matches": not found}
         reasons += found
 
-    linears = _linear_layers(state)
-    imprint_reasons, checks["imprint"] = _imprint(linears[:-1])
+    tensor_reasons, skipped, checks["tensors"] = _examine_tensors(state)
+    reasons += tensor_reasons
+
+    linears = _linear_layers(state, skipped)  # refused tensors included, as (name, None, None): the classifier is the last
+    imprint_reasons, checks["imprint"] = _imprint([layer for layer in linears[:-1] if layer[1] is not None])
     reasons += imprint_reasons
 
     classifier = linears[-1] if linears else None
-    if classifier is not None:
+    if classifier is not None and classifier[1] is not None:
         fishing_reasons, checks["class_fishing"] = _class_fishing(*classifier)
         reasons += fishing_reasons
+    else:
+        checks["class_fishing"] = {"skipped": "no 2-D weight (linear layer) in the model" if classifier is None else
+                                   f"the classification layer '{classifier[0]}' was refused unexamined (see reasons)"}
+        classifier = None
 
     if batch is not None:
-        module = _runnable(received, reference, state, architecture_ok=not any(r.startswith("architecture") for r in reasons))
-        if module is not None:
-            batch_reasons, batch_checks = _batch_checks(module, batch)
-            reasons += batch_reasons
-            checks.update(batch_checks)
+        _valid_batch(batch)
+        if not isinstance(received, nn.Module) and not isinstance(reference, nn.Module):
+            raise ConfigError("batch: needs a model to run: pass received as an nn.Module, or reference as the client's nn.Module")
+        if tensor_reasons:
+            checks["batch"] = {"skipped": "the model's tensors were refused (see reasons): it is not run"}
         else:
-            checks["batch"] = {"skipped": "the received architecture differs from the reference"}
+            architecture_ok = not any(r.startswith("architecture") for r in reasons)
+            module, load_reason = _runnable(received, reference, state, architecture_ok=architecture_ok)
+            if module is not None:
+                batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None)
+                reasons += batch_reasons
+                checks.update(batch_checks)
+            else:
+                checks["batch"] = {"skipped": load_reason or "the received architecture differs from the reference"}
+                if load_reason:
+                    reasons.append(load_reason)
 
+    # names come from the sender: keep every reason on one line
+    reasons = [r.replace("\r", "\\r").replace("\n", "\\n") for r in reasons]
     result = Inspection(ok=not reasons, reasons=reasons, checks=checks)
     if strict and not result.ok:
         raise MaliciousModelError(result.reasons)
@@ -252,10 +378,23 @@ def _some(items, n: int = 3) -> str:
     return ", ".join(str(i) for i in items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    text = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
 def _state_of(obj: Any, name: str) -> dict[str, Tensor]:
     if isinstance(obj, nn.Module):
-        return dict(obj.state_dict())
+        state = dict(obj.state_dict())
+        bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
+        if bad:
+            raise ConfigError(f"{name}: the module's state dict holds non-tensor values ({bad[0]!r} is a "
+                              f"{type(state[bad[0]]).__name__}); inspect_model examines tensors only")
+        return state
     if isinstance(obj, Mapping):
+        bad = [k for k in obj if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{name}: a state dict maps names (strings) to tensors; key {bad[0]!r} is a {type(bad[0]).__name__}")
         bad = [k for k, v in obj.items() if not isinstance(v, Tensor)]
         if bad:
             raise ConfigError(f"{name}: a state dict maps names to tensors; {bad[0]!r} is a {type(obj[bad[0]]).__name__}")
@@ -265,28 +404,81 @@ def _state_of(obj: Any, name: str) -> dict[str, Tensor]:
 
 def _shapes_of(reference: Any) -> dict[str, tuple[int, ...]]:
     if isinstance(reference, nn.Module):
-        return {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+        return {k: tuple(v.shape) for k, v in reference.state_dict().items() if isinstance(v, Tensor)}
     if isinstance(reference, Mapping):
         shapes = {}
         for k, v in reference.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"reference: a state dict maps names (strings) to tensors or shapes; key {k!r} is a {type(k).__name__}")
             if isinstance(v, Tensor):
                 shapes[k] = tuple(v.shape)
-            elif isinstance(v, (tuple, list, torch.Size)) and all(isinstance(d, int) for d in v):
+            elif (isinstance(v, (tuple, list, torch.Size)) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)):
                 shapes[k] = tuple(v)
             else:
-                raise ConfigError(f"reference: a state dict maps names to tensors or shapes; {k!r} is a {type(v).__name__}")
+                raise ConfigError(f"reference: a state dict maps names to tensors or shapes (tuples of ints >= 0); "
+                                  f"{k!r} is a {type(v).__name__}")
         return shapes
     raise ConfigError(f"reference: expected None, an nn.Module or a state dict (name -> tensor or shape), got {type(reference).__name__}")
 
 
-def _linear_layers(state: Mapping[str, Tensor]) -> list[tuple[str, Tensor, Tensor | None]]:
-    """(name, weight, bias) of every 2-D floating-point ``*weight`` in state-dict order (linear layers)."""
-    out = []
+def _examine_tensors(state: Mapping[str, Tensor]) -> tuple[list[str], set[str], dict[str, Any]]:
+    """Reasons for tensors that hold NaN / inf or cannot be examined, the names of those tensors (the
+    weight checks leave them out: the model is refused anyway), and what was found."""
+    unusable: dict[str, str] = {}
+    non_finite: dict[str, str] = {}
+    cast: list[str] = []
     for k, v in state.items():
-        if k.endswith("weight") and v.dim() == 2 and v.is_floating_point():
-            b = state.get(k[: -len("weight")] + "bias")
-            b = b if isinstance(b, Tensor) and b.dim() == 1 and b.shape[0] == v.shape[0] else None
-            out.append((k.removesuffix(".weight"), v, b))
+        if v.is_meta:
+            unusable[k] = "meta device, no values"
+        elif v.layout != torch.strided:
+            unusable[k] = f"{v.layout} layout"
+        elif v.is_complex():
+            unusable[k] = f"complex dtype {v.dtype}"
+        elif not (v.is_floating_point() or v.dtype in _INTEGER_DTYPES):
+            unusable[k] = f"unsupported dtype {v.dtype}"
+        elif v.numel() > MAX_TENSOR_ELEMENTS:
+            unusable[k] = f"{v.numel()} elements > {MAX_TENSOR_ELEMENTS}, too large to examine"
+        elif v.is_floating_point():
+            try:
+                finite = torch.isfinite(v)
+            except (RuntimeError, TypeError, NotImplementedError) as err:
+                unusable[k] = f"dtype {v.dtype} cannot be scanned ({_first_line(err, 80)})"
+                continue
+            if not bool(finite.all()):
+                nan = int(torch.isnan(v).sum())
+                inf = int((~finite).sum()) - nan
+                non_finite[k] = " and ".join(p for p in (f"{nan} NaN" if nan else "", f"{inf} inf" if inf else "") if p)
+        elif v.dim() == 2 and k.endswith("weight"):
+            cast.append(k)
+    reasons = []
+    if non_finite:
+        reasons.append(f"non-finite: {len(non_finite)} tensor(s) hold NaN or infinite values "
+                       f"({_some(f'{k} ({n})' for k, n in non_finite.items())}): the model cannot be trained on or examined")
+    if unusable:
+        reasons.append(f"unusable: {len(unusable)} tensor(s) cannot be examined "
+                       f"({_some(f'{k} ({why})' for k, why in unusable.items())})")
+    found = {"non_finite": list(non_finite), "not_examined": list(unusable), "examined_as_float64": cast}
+    return reasons, set(non_finite) | set(unusable), found
+
+
+def _linear_layers(state: Mapping[str, Tensor], skipped: set[str] = frozenset()) -> list[tuple[str, Tensor | None, Tensor | None]]:
+    """(name, weight, bias) of every 2-D ``*weight`` in state-dict order (linear layers), floating-point or
+    integer / bool (cast to float64); a weight in ``skipped`` (refused unexamined) is (name, None, None)."""
+    out: list[tuple[str, Tensor | None, Tensor | None]] = []
+    for k, v in state.items():
+        if not (k.endswith("weight") and v.dim() == 2):
+            continue
+        if k in skipped or not (v.is_floating_point() or v.dtype in _INTEGER_DTYPES):
+            out.append((k.removesuffix(".weight"), None, None))
+            continue
+        if not v.is_floating_point():
+            v = v.double()
+        bk = k[: -len("weight")] + "bias"
+        b = state.get(bk) if bk not in skipped else None
+        b = b if isinstance(b, Tensor) and b.dim() == 1 and b.shape[0] == v.shape[0] else None
+        if b is not None and not b.is_floating_point():
+            b = b.double() if b.dtype in _INTEGER_DTYPES else None
+        out.append((k.removesuffix(".weight"), v, b))
     return out
 
 
@@ -334,50 +526,123 @@ def _class_fishing(name: str, w: Tensor, b: Tensor | None) -> tuple[list[str], d
     return reasons, {"layer": name, "zero_row_share": zero, "rank_ratio": ratio, "bias_gap": gap}
 
 
-def _runnable(received, reference, state, architecture_ok: bool) -> nn.Module | None:
+def _runnable(received, reference, state, architecture_ok: bool) -> tuple[nn.Module | None, str | None]:
+    """The module to run the batch on, or (None, a reason when the received state does not load)."""
     if isinstance(received, nn.Module):
-        return received
+        return received, None
     if not isinstance(reference, nn.Module):
         raise ConfigError("batch: needs a model to run: pass received as an nn.Module, or reference as the client's nn.Module")
     if not architecture_ok:
-        return None
+        return None, None
+    if any(t.is_meta for t in reference.state_dict().values() if isinstance(t, Tensor)):
+        raise ConfigError("reference: its tensors are on the meta device (no values): the batch needs a materialised "
+                          "module to load the received state into")
     module = copy.deepcopy(reference)
-    module.load_state_dict(state)
-    return module
+    try:
+        module.load_state_dict(state)
+    except (RuntimeError, TypeError, ValueError) as err:
+        return None, f"unusable: the received state does not load into the reference module ({_first_line(err)})"
+    return module, None
 
 
-def _batch_checks(module: nn.Module, batch) -> tuple[list[str], dict[str, dict[str, Any]]]:
+def _valid_batch(batch) -> tuple[Tensor, Tensor]:
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch)):
         raise ConfigError("batch: expected (x, y), two tensors: the client's first batch and its class labels")
     x, y = batch
-    if y.dim() != 1 or y.is_floating_point() or y.shape[0] != x.shape[0]:
-        raise ConfigError(f"batch: y must hold one integer class label per sample (x has {x.shape[0]}, y has shape {list(y.shape)})")
-    linear = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    if x.dim() == 0 or y.dim() != 1 or y.dtype not in _INTEGER_DTYPES[1:] or y.shape[0] != x.shape[0]:
+        raise ConfigError(f"batch: y must hold one integer class label per sample (x has shape {list(x.shape)}, "
+                          f"y has shape {list(y.shape)} and dtype {y.dtype})")
+    if x.shape[0] == 0:
+        raise ConfigError("batch: x holds no samples (shape [0, ...]); pass the client's first non-empty batch")
+    if x.is_meta or y.is_meta:
+        raise ConfigError("batch: x and y must hold values (not on the meta device)")
+    return x, y
+
+
+def _float(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().cpu() if t.is_floating_point() else t.detach().cpu().double()
+
+
+def _outputs(out) -> list[Tensor]:
+    """The floating-point tensors in a module's output (a tensor, or a tuple / list / dict of them)."""
+    if isinstance(out, Tensor):
+        return [out] if out.is_floating_point() or out.is_complex() else []
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _outputs(o)]
+    if isinstance(out, Mapping):
+        return [t for o in out.values() for t in _outputs(o)]
+    return []
+
+
+def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
+    classifier (the last 2-D weight); when another layer computes the logits, its weights are checked too."""
+    x, y = _valid_batch(batch)
+    linear = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not linear:
         return [], {"batch": {"skipped": "the model has no nn.Linear classification layer"}}
-    head = linear[-1]
-    seen: dict[str, Tensor] = {}
-    hook = head.register_forward_hook(lambda m, inp, out: seen.update(logits=out))
+    ran: list[tuple[str, nn.Linear, Any]] = []  # linear layers in the order they ran, with their outputs
+    bad: list[str] = []  # the first module whose output held NaN / inf
+    linear_names = {id(m): name for name, m in linear}
+
+    def watch(name):
+        def hook(m, inp, out):
+            if id(m) in linear_names:
+                ran.append((linear_names[id(m)], m, out))
+            if not bad and any(not bool(torch.isfinite(t).all()) for t in _outputs(out)):
+                bad.append(name or "the model")
+        return hook
+
+    leaves = [(name, m) for name, m in module.named_modules() if not any(True for _ in m.children()) or isinstance(m, nn.Linear)]
+    hooks = []
     was_training = module.training
     try:
+        for name, m in leaves:  # one at a time: a failure part-way still removes those already registered
+            hooks.append(m.register_forward_hook(watch(name)))
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         module.eval()
         with torch.no_grad():
-            module(x.to(device))
+            out = module(x.to(device))
+    except Exception as err:  # noqa: BLE001 - the client's model on the client's batch: a bad batch argument
+        raise ConfigError(f"batch: the model cannot run on x of shape {list(x.shape)} ({x.dtype}): {_first_line(err)}") from None
     finally:
-        hook.remove()
+        for h in hooks:
+            h.remove()
         module.train(was_training)
-    logits = seen["logits"].detach().double().cpu()
+    if not bad and any(not bool(torch.isfinite(t).all()) for t in _outputs(out)):
+        bad.append("the model")
+    if bad:
+        return ([f"non-finite: the forward pass on the batch gives NaN or infinite activations (first in '{bad[0]}'): "
+                 f"the model cannot be trained on"], {"batch": {"non_finite_in": bad[0]}})
+    n = x.shape[0]
+    if not ran:
+        return ([f"batch: none of the model's {len(linear)} nn.Linear layer(s) ran on the batch "
+                 f"({_some(name for name, _ in linear)}): the layers the weight checks examined do not compute its output"],
+                {"batch": {"skipped": "no nn.Linear layer ran"}})
+    heads = [(name, m, o) for name, m, o in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == n]
+    if not heads:
+        return [], {"batch": {"skipped": f"no nn.Linear layer gave one row of logits per sample (shape [{n}, classes])"}}
+    name, head, logits = heads[-1]
+    info: dict[str, Any] = {"classifier": name}
+    not_run = [k for k, m in linear if all(m is not r for _, r, _ in ran)]
+    if not_run:
+        info["not_run"] = not_run
+    reasons = []
+    if name != examined:
+        head_reasons, info["class_fishing"] = _class_fishing(name, *(_float(t) for t in (head.weight, head.bias)))
+        reasons += head_reasons
+    logits = logits.detach().double().cpu()
     classes = logits.shape[1]
-    y = y.cpu()
+    y = y.long().cpu()
     if int(y.min()) < 0 or int(y.max()) >= classes:
-        raise ConfigError(f"batch: label {int(y.max()) if int(y.max()) >= classes else int(y.min())} is out of range for {classes} classes")
+        raise ConfigError(f"batch: label {int(y.max()) if int(y.max()) >= classes else int(y.min())} is out of range for "
+                          f"{classes} classes (the classification layer '{name}' has {classes} outputs)")
     probs = torch.softmax(logits, dim=1)
     onehot = torch.nn.functional.one_hot(y, classes).double()
-    reasons = []
 
     mean, cls, unanimous = output_collapse(probs, y)
-    checks = {"output_collapse": {"class": cls, "mean_probability": mean, "unanimous": unanimous,
+    checks = {"batch": info,
+              "output_collapse": {"class": cls, "mean_probability": mean, "unanimous": unanimous,
                                   "collapsed": unanimous and mean >= COLLAPSE_PROBABILITY}}
 
     labels = int(y.unique().numel())
@@ -397,13 +662,16 @@ def _batch_checks(module: nn.Module, batch) -> tuple[list[str], dict[str, dict[s
 
 __all__ = [
     "BIAS_GAP_LOGITS",
+    "CHUNK_ELEMENTS",
     "COLLAPSE_PROBABILITY",
     "CONCENTRATION_LABEL_FRACTION",
     "CONCENTRATION_MIN_BATCH",
     "CONCENTRATION_SHARE",
     "DUPLICATE_ROW_SHARE",
+    "EXACT_SVD_COST",
     "IMPRINT_MIN_ROWS",
     "Inspection",
+    "MAX_TENSOR_ELEMENTS",
     "MONOTONE_SHARE",
     "RANK_ONE_RATIO",
     "ZERO_ROW_RELATIVE",

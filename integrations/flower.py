@@ -138,14 +138,20 @@ def train(
     ``inspect=True`` (or ``"strict"``) checks the received arrays with ``guardfl.inspect_model`` first,
     against ``model`` as the expected architecture and on the loader's first batch; a model that is not
     ok gets an error reply (``MOD_FAILED_PRECONDITION``) naming the reasons: nothing is trained, nothing
-    sent, ``model`` and the client state are untouched."""
+    sent, ``model`` and the client state are untouched. With inspection on, arrays that do not convert
+    to tensors, a first batch the model cannot run on (``ConfigError`` naming ``batch``) and any other
+    error while inspecting also come back as that error reply (fail closed), never as an exception."""
     key, record = received_arrays(msg)
-    received = record.to_torch_state_dict()
-    if _inspect_mode(inspect):
+    if not _inspect_mode(inspect):
+        received = record.to_torch_state_dict()
+    else:
         try:
+            received = record.to_torch_state_dict()
             inspect_received(getattr(model, "_module", model), loader, received=received)
         except MaliciousModelError as err:
             return _error_reply(msg, f"guardfl inspect_model: {err}")
+        except Exception as err:  # noqa: BLE001 - fail closed: a model that cannot be inspected is not trained
+            return _error_reply(msg, InspectModelMod.failure_line("guardfl inspect_model", err))
     load_plain_state_dict(model, received)
     state = client_state(context, state_key)
     try:
@@ -244,7 +250,9 @@ class InspectModelMod:
     error ``Message`` (``MOD_FAILED_PRECONDITION``) naming the reasons instead of calling the app, so
     nothing is trained and nothing sent. ``reference``: the client's model (``nn.Module``) or a state dict
     of expected tensors or shapes, to refuse other architectures (an inserted imprint block); None
-    checks the weights alone. Other messages pass through.
+    checks the weights alone. Other messages pass through. Every failure is an error reply, never an
+    exception: arrays that do not convert to tensors, or any error while inspecting, refuse the model
+    with one line naming the error (fail closed: the app is not called).
     """
 
     def __init__(self, reference: nn.Module | Mapping[str, Any] | None = None) -> None:
@@ -262,11 +270,20 @@ class InspectModelMod:
         try:
             state = received.to_torch_state_dict()
             inspection = inspect_model(state, self.reference)
-        except (ValueError, TypeError, GuardflError) as err:
-            return _error_reply(msg, f"{name}: {err}")
+        except Exception as err:  # noqa: BLE001 - a mod answers with a Message, never an exception; fail closed
+            return _error_reply(msg, self.failure_line(name, err))
         if not inspection.ok:
             return _error_reply(msg, f"{name}: the received model was refused: " + "; ".join(inspection.reasons))
         return call_next(msg, ctxt)
+
+    @staticmethod
+    def failure_line(name: str, err: BaseException) -> str:
+        """One line for an error raised while inspecting a received model (ours: their message; anything
+        else: its type and first line, and that the model was refused)."""
+        text = (str(err).strip().splitlines() or [""])[0][:300]
+        if isinstance(err, GuardflError):
+            return f"{name}: {text}"
+        return f"{name}: the received model could not be inspected and was refused ({type(err).__name__}: {text})"
 
 
 def _next_round(ctxt: Context) -> int:

@@ -148,12 +148,15 @@ def _inspect_mode(inspect: bool | str) -> bool:
 
 def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
     """The loader's first ``(x, y)`` batch of class labels, for ``inspect_model(batch=)``; None when the
-    loader is a one-shot iterator (drawing from it would lose data), empty, or yields something else."""
+    loader is a one-shot iterator (drawing from it would lose data), empty, yields something else, or
+    its first batch holds no samples (``inspect_received`` then notes in ``checks["batch"]`` that the
+    batch checks were skipped)."""
     if iter(loader) is loader:
         return None
     for batch in loader:
         if (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch)
-                and batch[1].dim() == 1 and not batch[1].is_floating_point() and batch[0].shape[0] == batch[1].shape[0]):
+                and batch[0].dim() >= 1 and batch[1].dim() == 1 and not batch[1].is_floating_point()
+                and batch[0].shape[0] == batch[1].shape[0] > 0):
             return batch[0], batch[1]
         return None
     return None
@@ -162,11 +165,18 @@ def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
 def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, received: Any = None) -> Inspection:
     """``inspect_model`` on the model a client received (``received``: its state dict when it is not yet
     loaded into ``model``, which is then the reference architecture), with the loader's first batch;
-    raises ``MaliciousModelError`` naming the reasons when it is not ok."""
+    raises ``MaliciousModelError`` naming the reasons when it is not ok, ``ConfigError`` (naming
+    ``batch``) when the model cannot run on the loader's first batch. Without a usable first batch the
+    weights alone are checked and ``checks["batch"]`` says why the batch checks were skipped."""
     batch = first_batch(loader)
     if received is None:
-        return inspect_model(model, reference, batch=batch, strict=True)
-    return inspect_model(received, model if reference is None else reference, batch=batch, strict=True)
+        result = inspect_model(model, reference, batch=batch, strict=True)
+    else:
+        result = inspect_model(received, model if reference is None else reference, batch=batch, strict=True)
+    if batch is None:
+        result.checks["batch"] = {"skipped": "no usable first batch: the loader is a one-shot iterator, is empty, "
+                                             "or its first batch is not (x, y) with one class label per sample"}
+    return result
 
 
 def _is_identity(defense: Defense) -> bool:
