@@ -141,14 +141,17 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
         text_is_label = setting.modality == "text" and getattr(setting.model, "task", None) == "causal-lm"
         strongest = ThreatSection(labels="inferred" if text_is_label else "known",
                                   bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known")
-        candidates = [(name, {}, strongest.model_copy(update=cls.default_threat))
+        # a field the attack never reads stays at its default: the certificate records what it tested
+        candidates = [(name, {}, strongest.model_copy(update={**{k: ThreatSection.model_fields[k].default for k in
+                                                                 ("labels", "bn", "defense", "fedavg") if k not in cls.capabilities.threat},
+                                                              **cls.default_threat}))
                       for name, cls in sorted(attack_registry.ATTACKS.items())]
     else:
         candidates = [(a.name, a.budget, a.threat) for a in cfg.attacks]
     for i, (name, overrides, threat) in enumerate(candidates):
         cls = attack_registry.ATTACKS[name]
         budget = {**cls.budget_for(strength), **overrides}
-        reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux))
+        reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux)) or cls(**budget).refuses(setting)
         if reason is None and cfg.target is not None and cls.capabilities.server == "malicious":
             reason = ("sends the client a model of its own making, which needs the simulated client; a "
                       "target (your ClientApp / train_fn) cannot be queried that way yet")

@@ -308,6 +308,29 @@ class RedTeamConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _claims_tested(self) -> "RedTeamConfig":
+        """Every threat a configured attack runs under must change what that attack does: the certificate
+        records it as tested. Refused: ``server: malicious`` on an honest-server attack, a threat field
+        the attack never reads set to other than its default (``Attack.ignored_threat``), a budget option
+        the threat makes the attack ignore (``Attack.ignored_options``), and ``fedavg: unknown`` for a
+        FedSGD client (it has no local hyperparameters to hide). Default values are never refused (a dumped
+        config reloads). Checked here, before any work."""
+        from guardfl.redteam.attacks import ATTACKS
+
+        defaults = ThreatSection()
+        for i, a in enumerate(self.attacks or []):
+            cls = ATTACKS[a.name]
+            set_fields = {k: getattr(a.threat, k) for k in ThreatSection.model_fields
+                          if getattr(a.threat, k) != getattr(defaults, k)}
+            why = cls.ignored_threat(set_fields) or cls.ignored_options(a.budget, a.threat)
+            if why is None and a.threat.fedavg != defaults.fedavg and self.client.protocol == "fedsgd":
+                why = (f"threat.fedavg: {a.threat.fedavg!r}, but client.protocol is 'fedsgd' (no local hyperparameters "
+                       "to know or not): remove it, or set client.protocol: fedavg")
+            if why is not None:
+                raise ValueError(f"attacks[{i}] {a.name}: {why}")
+        return self
+
+    @model_validator(mode="after")
     def _target_protocol(self) -> "RedTeamConfig":
         if self.target is None:
             return self

@@ -120,7 +120,8 @@ class CocktailParty(Attack):
 
     name = "cocktail_party"
     Config = CocktailPartyConfig
-    capabilities = Capabilities(needs_linear_layer=True, batches_samples=True)
+    capabilities = Capabilities(needs_linear_layer=True, batches_samples=True,
+                                threat=frozenset({"labels", "defense"}))  # blind unmixing: no BN, no FedAvg hyperparameters
     budgets = {"quick": {"iterations": 2000, "lr": 1e-2, "restarts": 4, "fi_iterations": 500},
                "paper": {"iterations": 25000, "lr": 1e-3, "restarts": 4, "fi_iterations": 25000}}
     paper_budget = ("Kariyappa et al. 2023: 25,000 Adam steps (lr 1e-3) of ICA; feature inversion 25,000 steps "

@@ -150,7 +150,8 @@ class LearnedInversion(Attack):
 
     name = "learned_inversion"
     Config = LearnedInversionConfig
-    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}))
+    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}),
+                                threat=frozenset({"labels", "defense", "fedavg"}))  # the simulator runs the client's own BN mode
     #: the ``text_*`` / ``token_hidden`` entries budget a text client (token ids), the others an image client
     budgets = {
         "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4,
