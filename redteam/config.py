@@ -308,6 +308,18 @@ class RedTeamConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _text_bounded(self) -> "RedTeamConfig":
+        """A text file (or folder) named by data.path / aux.path is bounded by its size before anything
+        reads it (hashing it for the resume key included): ``textdata.MAX_TEXT_BYTES``."""
+        from guardfl.redteam.textdata import check_text_size
+
+        if self.data.source in TEXT_SOURCES:
+            check_text_size(self.data.path, "data.path")
+        if self.aux is not None and self.aux.source in TEXT_SOURCES:
+            check_text_size(self.aux.path, "aux.path")
+        return self
+
+    @model_validator(mode="after")
     def _claims_tested(self) -> "RedTeamConfig":
         """Every threat a configured attack runs under must change what that attack does: the certificate
         records it as tested. Refused: ``server: malicious`` on an honest-server attack, a threat field

@@ -133,8 +133,8 @@ def recover(weight_update: Tensor, bias_update: Tensor, input_shape: tuple[int, 
 #: the crafted model, the client's copy, its gradient and the update (4 x 4 bytes per weight, two weights)
 #: and the float64 row differences of ``recover`` (two arrays of 8 bytes, one weight)
 BYTES_PER_ENTRY = 2 * 4 * 4 + 2 * 8
-#: the most the imprint block may need: half the machine's memory, at most 16 GiB (a bound, not a budget)
-MAX_BYTES = 16 << 30
+#: the most the imprint block may need: half the machine's memory, at most 8 GiB (a bound, not a budget)
+MAX_BYTES = 8 << 30
 
 
 def memory_estimate(input_shape: tuple[int, ...], bins: int) -> int:
@@ -181,7 +181,7 @@ class RobbingTheFed(ServerAttack):
         need, bound = memory_estimate(shape, bins), memory_bound()
         if need > bound:
             return (f"the imprint block for inputs {'x'.join(map(str, shape))} ({math.prod(shape)} values) and {bins} bins "
-                    f"needs about {_gib(need)}, past the bound of {_gib(bound)} (half the memory, at most 16 GiB); "
+                    f"needs about {_gib(need)}, past the bound of {_gib(bound)} (half the memory, at most 8 GiB); "
                     "lower data.image_size (or model.input_shape), client.batch_size or budget.bins")
         return None
 
