@@ -66,13 +66,14 @@ def check_config(
 
 def _bounded_shape(shape, field: str) -> tuple[int, int, int]:
     """The input shape to build the model with (``DEFAULT_INPUT_SHAPE`` when None): [C, H, W] with C in
-    [1, 16], H and W in [4, 1024] (the red-team config's bounds), else a one-line ConfigError."""
+    [1, 16], H and W in [1, 1024] (the red-team config's upper bounds; a model of the user's may take
+    inputs smaller than the red team's 4 x 4), else a one-line ConfigError."""
     if shape is None:
         return DEFAULT_INPUT_SHAPE
     ok = (isinstance(shape, (list, tuple)) and len(shape) == 3
           and all(isinstance(v, int) and not isinstance(v, bool) for v in shape))
-    if not ok or not (1 <= shape[0] <= MAX_CHANNELS and all(4 <= v <= MAX_SIDE for v in shape[1:])):
-        raise ConfigError(f"{field}: expected C H W with C in [1, {MAX_CHANNELS}], H and W in [4, {MAX_SIDE}] "
+    if not ok or not (1 <= shape[0] <= MAX_CHANNELS and all(1 <= v <= MAX_SIDE for v in shape[1:])):
+        raise ConfigError(f"{field}: expected C H W with C in [1, {MAX_CHANNELS}], H and W in [1, {MAX_SIDE}] "
                           f"(got {list(shape) if isinstance(shape, (list, tuple)) else shape!r})")
     return tuple(shape)
 

@@ -12,7 +12,8 @@ certificate and report under ``OUT/points/<id>/``) and the utility task trained 
 and the training-time ratio measured in the same process). Jobs are independent and seeded by the sweep
 (``sweepconfig.point_seed``), so a point's result is the same on any backend and worker count (for the
 same ``threads``). A finished point is saved as ``OUT/points/<id>.json`` with its key; ``resume`` reuses
-the points whose key matches and continues unfinished red-team runs from their state.
+the points whose key matches and continues unfinished red-team runs from their state; a file there that
+is not a point record (``_saved``) is named in a warning and its point evaluated again.
 """
 
 from __future__ import annotations

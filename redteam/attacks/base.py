@@ -197,8 +197,8 @@ class AttackConfig(StrictModel):
 class OptimisationConfig(AttackConfig):
     """Budget fields of the optimisation attacks."""
 
-    iterations: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=1000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=1, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
 
 
 class Attack:

@@ -133,8 +133,8 @@ class _OutOfQueries(Exception):
 
 
 class FishingConfig(OptimisationConfig):
-    iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=2000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=4, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     tv: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     beta: float = Field(default=50.0, gt=0, json_schema_extra={"allowed": "> 0"})

@@ -31,13 +31,13 @@ from guardfl.redteam.client import bn_layers
 
 
 class InvertingGradientsConfig(OptimisationConfig):
-    iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=2000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=4, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     tv: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     bn: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
     group: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
-    group_every: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
+    group_every: int = Field(default=0, ge=0, le=1_000_000, json_schema_extra={"allowed": "an integer in [0, 1000000]"})
 
     @model_validator(mode="after")
     def _group_used(self) -> "InvertingGradientsConfig":

@@ -216,7 +216,7 @@ def defense_yaml(tmp_path):
     (["--num-classes", "0"], "--num-classes: expected an integer in [2, 100000] (got 0)"),
     (["--num-classes", "1"], "--num-classes: expected an integer in [2, 100000] (got 1)"),
     (["--num-classes", "100001"], "--num-classes: expected an integer in [2, 100000]"),
-    (["--input-shape", "3", "0", "32"], "--input-shape: expected C H W with C in [1, 16], H and W in [4, 1024] (got [3, 0, 32])"),
+    (["--input-shape", "3", "0", "32"], "--input-shape: expected C H W with C in [1, 16], H and W in [1, 1024] (got [3, 0, 32])"),
     (["--input-shape", "3", "100000", "100000"], "--input-shape: expected C H W"),
     (["--input-shape", "-1", "32", "32"], "--input-shape: expected C H W"),
 ])
