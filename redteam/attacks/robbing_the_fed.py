@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 
 import torch
 from pydantic import Field
@@ -50,6 +49,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.server import ServerAttack, fill_batch
 from guardfl.redteam.client import ClientQuery
+from guardfl.redteam.data import MAX_TENSOR_BYTES, gib, memory_bound
 from guardfl.redteam.threat import ThreatModel
 
 PREFIX = "imprint_block"
@@ -133,26 +133,9 @@ def recover(weight_update: Tensor, bias_update: Tensor, input_shape: tuple[int, 
 #: the crafted model, the client's copy, its gradient and the update (4 x 4 bytes per weight, two weights)
 #: and the float64 row differences of ``recover`` (two arrays of 8 bytes, one weight)
 BYTES_PER_ENTRY = 2 * 4 * 4 + 2 * 8
-#: the most the imprint block may need: half the machine's memory, at most 8 GiB (a bound, not a budget)
-MAX_BYTES = 8 << 30
-
-
 def memory_estimate(input_shape: tuple[int, ...], bins: int) -> int:
     """Bytes the imprint block needs for inputs of ``input_shape`` and ``bins`` bins (``BYTES_PER_ENTRY``)."""
     return math.prod(input_shape) * bins * BYTES_PER_ENTRY
-
-
-def memory_bound() -> int:
-    """``MAX_BYTES``, or half the physical memory when that is less."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return MAX_BYTES
-    return min(MAX_BYTES, physical // 2)
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
 
 
 class RobbingTheFedConfig(AttackConfig):
@@ -181,7 +164,7 @@ class RobbingTheFed(ServerAttack):
         need, bound = memory_estimate(shape, bins), memory_bound()
         if need > bound:
             return (f"the imprint block for inputs {'x'.join(map(str, shape))} ({math.prod(shape)} values) and {bins} bins "
-                    f"needs about {_gib(need)}, past the bound of {_gib(bound)} (half the memory, at most 8 GiB); "
+                    f"needs about {gib(need)}, past the bound of {gib(bound)} (half the memory, at most {gib(MAX_TENSOR_BYTES)}); "
                     "lower data.image_size (or model.input_shape), client.batch_size or budget.bins")
         return None
 

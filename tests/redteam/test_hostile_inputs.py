@@ -257,3 +257,26 @@ def test_certify_and_sweep_bound_threads_from_python(tmp_path):
         certify({**TINY, "attacks": ["idlg"]}, workers=10_000)
     with pytest.raises(ConfigError, match=rf"threads: expected an integer in \[1, {max_threads()}\]"):
         sweep(_sweep_config(1, 2), out=tmp_path / "o", backend="sequential", threads=10_000, progress=False)
+
+
+# ----------------------------------------------------------------- image data sizes (item 5, same kind)
+def test_a_population_at_a_huge_image_size_is_refused_before_resizing(monkeypatch):
+    from guardfl.redteam import data
+
+    monkeypatch.setattr(data, "memory_bound", lambda cap=data.MAX_TENSOR_BYTES: 100 << 20)
+    with pytest.raises(data.DataError, match=r"data.image_size: 100 images of 1 channel\(s\) at 1024x1024 needs about "
+                                             r"0.4 GiB, past the bound of 0.1 GiB .*set data.limit"):
+        data.load("lfw-faces", image_size=1024)
+    assert data.load("lfw-faces", image_size=1024, limit=4)[0].shape == (4, 1, 1024, 1024)  # 16 MiB: fine
+
+
+def test_a_huge_npz_array_is_refused_from_its_header(tmp_path, monkeypatch):
+    import numpy as np
+
+    from guardfl.redteam import data
+
+    np.savez(tmp_path / "d.npz", x=np.zeros((10, 3, 64, 64), np.float32), y=np.zeros(10, np.int64))
+    monkeypatch.setattr(data, "memory_bound", lambda cap=data.MAX_TENSOR_BYTES: 100_000)
+    monkeypatch.setattr(np, "load", lambda *a, **k: pytest.fail("the array was loaded"))
+    with pytest.raises(data.DataError, match=r"data.path: its array 'x' \[10, 3, 64, 64\] \(as float32\) needs about"):
+        data.load("npz", path=str(tmp_path / "d.npz"))
