@@ -73,9 +73,9 @@ class Capabilities:
     needs ``threat.server == "malicious"``). modalities: the inputs it reconstructs, ``image`` (float
     tensors in an input range) and/or ``text`` (token ids of a text model, ``Observation.modality``).
     threat: the threat fields (``ThreatModel``: labels, bn, defense, fedavg) whose value changes what the
-    attack does; a field it does not read, set explicitly in a config, is refused (``ignored_threat``):
-    the certificate records the threat of each attack, and a recorded threat no attack acted on is a
-    claim nothing tested. ``server`` is ``server`` above.
+    attack does; a field it does not read, set in a config to other than its default, is refused
+    (``ignored_threat``): the certificate records the threat of each attack, and a recorded threat no
+    attack acted on is a claim nothing tested. ``server`` is ``server`` above.
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -257,8 +257,8 @@ class Attack:
 
     @classmethod
     def ignored_threat(cls, explicit: dict[str, str]) -> str | None:
-        """Why the explicitly set threat fields ``explicit`` (field -> value) claim more than this attack
-        tests, or None: ``server: malicious`` for an honest-server attack (it never sends a model of its
+        """Why the threat fields ``explicit`` (field -> value: those a config sets to other than their
+        defaults) claim more than this attack tests, or None: ``server: malicious`` for an honest-server attack (it never sends a model of its
         own), or a field not in ``capabilities.threat`` (the attack never reads it). Checked on the config,
         before any work: a certificate records each attack's threat, so every field of it must have
         changed what that attack did."""
