@@ -122,6 +122,18 @@ class ClientSection(StrictModel):
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 
+    @model_validator(mode="after")
+    def _fedavg_fields(self) -> "ClientSection":
+        """A FedSGD client sends one gradient: the local-training fields are FedAvg's and refused when set
+        (to other than their defaults) for it, not silently ignored."""
+        if self.protocol == "fedsgd":
+            for name in ("epochs", "samples", "lr", "momentum", "weight_decay"):
+                value = getattr(self, name)
+                if value != type(self).model_fields[name].default:
+                    raise ValueError(f"{name}: {value!r} is a FedAvg setting (local training), but protocol is 'fedsgd' "
+                                     "(one gradient, which never reads it): remove it, or set protocol: fedavg")
+        return self
+
     @property
     def n(self) -> int:
         """Samples per client (one FedSGD batch, or the FedAvg local dataset)."""
