@@ -308,6 +308,10 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
         raise ConfigError(f"sweep.utility.source: {cfg.utility.source!r} is {'text' if text_task else 'images'} but the "
                           f"base's data ({base['data']['source']!r}) is {'text' if text_base else 'images'}; the utility "
                           "task trains the base's model, so it needs data of the same kind")
+    if text_task and cfg.utility.path is not None:
+        from guardfl.redteam.textdata import check_text_size
+
+        check_text_size(cfg.utility.path, "sweep.utility.path")  # read whole by every point's training
     if base.get("target") is not None:
         raise ConfigError("sweep.base: a target (the user's own client code) cannot be swept: guardfl cannot change "
                           "the defense inside it; describe the client instead (model, data, client sections)")

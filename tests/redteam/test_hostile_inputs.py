@@ -184,6 +184,17 @@ def test_a_huge_text_file_is_refused_from_its_size(huge_text, section):
     assert time.perf_counter() - t0 < 1
 
 
+def test_a_huge_text_file_as_a_sweeps_utility_data_is_refused(huge_text):
+    from guardfl.redteam.sweepconfig import load_sweep
+
+    base = {"model": {"name": "transformer3"}, "data": {"source": "text", "seq_len": 8}, "attacks": ["tag"],
+            "certify": {"batches": 1}}
+    sweep_cfg = {"base": base, "axes": [{"defense": {"kind": "gradprune"}, "param": "ratio", "values": [0.5]}],
+                 "utility": {"source": "text", "path": str(huge_text)}}
+    with pytest.raises(ConfigError, match=r"sweep.utility.path: .*8192 MiB of text; allowed: at most"):
+        load_sweep(sweep_cfg)
+
+
 def test_a_huge_text_file_exits_2_from_the_cli(huge_text, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"model": {"name": "transformer3"}, "data": {"source": "text", "path": str(huge_text)},
