@@ -291,8 +291,9 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
         from guardfl.redteam.certify import certify
 
         marker = Path(spec["out"]) / "sweep-point.key"  # whose red-team state the folder holds
-        try:
-            same = marker.read_text() == spec["key"]
+        try:  # at most the key's length plus one byte: a stray file there (binary, huge) is simply not this key
+            with open(marker, "rb") as fh:
+                same = fh.read(len(spec["key"]) + 1) == spec["key"].encode()
         except OSError:
             same = False
         marker.parent.mkdir(parents=True, exist_ok=True)
