@@ -18,6 +18,9 @@ from guardfl.yamlio import load_yaml
 #: the input shape and classes a model is built with when neither the config nor the caller gives them
 DEFAULT_INPUT_SHAPE = (3, 32, 32)
 DEFAULT_NUM_CLASSES = 10
+#: the bounds of the red-team config's model section (``ModelSection``): what --input-shape and
+#: --num-classes accept, checked before a model is built
+MAX_CHANNELS, MAX_SIDE, MAX_CLASSES = 16, 1024, 100_000
 #: top-level sections of a red-team config (``guardfl.redteam.config.RedTeamConfig``)
 _REDTEAM_SECTIONS = {"model", "data", "client", "defense", "target", "attacks", "certify", "aux", "strength", "seed", "device"}
 
@@ -47,8 +50,10 @@ def check_config(
             return f"{summary} (model {name!r} is code and was not built: pass --model to check its layers)", []
     if not isinstance(name, str):
         return summary, []
-    shape = tuple(input_shape or model_section.get("input_shape") or DEFAULT_INPUT_SHAPE)
-    classes = num_classes or model_section.get("num_classes") or DEFAULT_NUM_CLASSES
+    shape = _bounded_shape(*((input_shape, "--input-shape") if input_shape is not None else
+                             (model_section.get("input_shape"), "model.input_shape")))
+    classes = _bounded_classes(*((num_classes, "--num-classes") if num_classes is not None else
+                                 (model_section.get("num_classes"), "model.num_classes")))
     net = _build(name, shape, classes)
     defense.check_model(net)
     untouched = untouched_layers(defense, net)
@@ -57,6 +62,30 @@ def check_config(
         return summary, [f"{name}: identity: no defense, every parameter tensor is sent as it is"]
     numel = {n: p.numel() for n, p in net.named_parameters()}
     return summary, [f"{name}: {u.name} ({_entries(numel[u.name])}) is never changed: {u.reason}" for u in untouched]
+
+
+def _bounded_shape(shape, field: str) -> tuple[int, int, int]:
+    """The input shape to build the model with (``DEFAULT_INPUT_SHAPE`` when None): [C, H, W] with C in
+    [1, 16], H and W in [1, 1024] (the red-team config's upper bounds; a model of the user's may take
+    inputs smaller than the red team's 4 x 4), else a one-line ConfigError."""
+    if shape is None:
+        return DEFAULT_INPUT_SHAPE
+    ok = (isinstance(shape, (list, tuple)) and len(shape) == 3
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in shape))
+    if not ok or not (1 <= shape[0] <= MAX_CHANNELS and all(1 <= v <= MAX_SIDE for v in shape[1:])):
+        raise ConfigError(f"{field}: expected C H W with C in [1, {MAX_CHANNELS}], H and W in [1, {MAX_SIDE}] "
+                          f"(got {list(shape) if isinstance(shape, (list, tuple)) else shape!r})")
+    return tuple(shape)
+
+
+def _bounded_classes(classes, field: str) -> int:
+    """The classes to build the model with (``DEFAULT_NUM_CLASSES`` when None): an integer in [2,
+    100000], never replaced silently (0 used to become 10)."""
+    if classes is None:
+        return DEFAULT_NUM_CLASSES
+    if not isinstance(classes, int) or isinstance(classes, bool) or not 2 <= classes <= MAX_CLASSES:
+        raise ConfigError(f"{field}: expected an integer in [2, {MAX_CLASSES}] (got {classes!r})")
+    return classes
 
 
 def _entries(n: int) -> str:

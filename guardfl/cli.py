@@ -63,9 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="path to a YAML file with a defense config (or a red-team config)")
     p.add_argument("--model", help="a built-in model name (lenet, resnet18, ...) to check the setting against; "
                                     "'module:callable' imports and runs that code")
-    p.add_argument("--input-shape", type=int, nargs=3, metavar=("C", "H", "W"), help="the model's input shape "
-                   "(default: the config's model.input_shape, else 3 32 32)")
-    p.add_argument("--num-classes", type=int, help="the model's classes (default: the config's, else 10)")
+    p.add_argument("--input-shape", type=int, nargs=3, metavar=("C", "H", "W"), help="the model's input shape, C in "
+                   "[1, 16], H and W in [1, 1024] (default: the config's model.input_shape, else 3 32 32)")
+    p.add_argument("--num-classes", type=int, help="the model's classes, in [2, 100000] (default: the config's, else 10)")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=_cmd_check)
     return parser

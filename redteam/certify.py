@@ -141,14 +141,17 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
         text_is_label = setting.modality == "text" and getattr(setting.model, "task", None) == "causal-lm"
         strongest = ThreatSection(labels="inferred" if text_is_label else "known",
                                   bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known")
-        candidates = [(name, {}, strongest.model_copy(update=cls.default_threat))
+        # a field the attack never reads stays at its default: the certificate records what it tested
+        candidates = [(name, {}, strongest.model_copy(update={**{k: ThreatSection.model_fields[k].default for k in
+                                                                 ("labels", "bn", "defense", "fedavg") if k not in cls.capabilities.threat},
+                                                              **cls.default_threat}))
                       for name, cls in sorted(attack_registry.ATTACKS.items())]
     else:
         candidates = [(a.name, a.budget, a.threat) for a in cfg.attacks]
     for i, (name, overrides, threat) in enumerate(candidates):
         cls = attack_registry.ATTACKS[name]
         budget = {**cls.budget_for(strength), **overrides}
-        reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux))
+        reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux)) or cls(**budget).refuses(setting)
         if reason is None and cfg.target is not None and cls.capabilities.server == "malicious":
             reason = ("sends the client a model of its own making, which needs the simulated client; a "
                       "target (your ClientApp / train_fn) cannot be queried that way yet")
@@ -479,6 +482,17 @@ def plan_jobs(plans: list[AttackSection], batches: int) -> list[Job]:
     return jobs
 
 
+#: intra-op threads per job (and worker processes) at most this many per core available to the process:
+#: more only oversubscribes the cores (and thousands of threads can exhaust the process's thread limit)
+THREADS_PER_CORE = 4
+
+
+def max_threads() -> int:
+    """The most ``threads`` (per job) and ``workers`` a run accepts: ``THREADS_PER_CORE`` x the cores
+    available to this process."""
+    return THREADS_PER_CORE * available_cores()
+
+
 def _record_name(b: int, i: int, plan: AttackSection) -> str:
     """The state (and report) name of one private batch's result under plan i."""
     return f"b{b}-{i}-{plan.name}"
@@ -491,8 +505,12 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     cfg, override = with_samples(cfg, samples)
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers: expected an integer >= 1 (got {workers!r})")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"threads: expected an integer >= 1 (got {threads!r})")
+    if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= max_threads()):
+        raise ConfigError(f"threads: expected an integer in [1, {max_threads()}] ({THREADS_PER_CORE} x the "
+                          f"{available_cores()} cores available) (got {threads!r})")
+    if workers is not None and workers > max_threads():
+        raise ConfigError(f"workers: expected an integer in [1, {max_threads()}] ({THREADS_PER_CORE} x the "
+                          f"{available_cores()} cores available) (got {workers!r})")
     started = time.time()
     dev = resolve_device(device or cfg.device)
     level = resolve_strength(strength or cfg.strength, dev)

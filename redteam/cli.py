@@ -32,12 +32,12 @@ def add_parser(sub) -> None:
                    help="attack budgets: quick (fits 2 CPU cores), paper (published budgets), auto (paper on a GPU); "
                         "overrides the config's")
     p.add_argument("--resume", action="store_true", help="continue a killed run: finished attacks are kept")
-    p.add_argument("--workers", type=_positive("--workers"), default=None,
-                   help="processes running attacks side by side (default: the cores available to this process "
-                        "on a CPU, 1 on a GPU); the certificate does not depend on it")
-    p.add_argument("--threads", type=_positive("--threads"), default=None,
-                   help="intra-op threads per attack (default: 1 for small models, robust on a busy machine; "
-                        "the worker's share of the cores for large ones)")
+    p.add_argument("--workers", type=_positive("--workers", bounded=True), default=None,
+                   help="processes running attacks side by side, at most 4 x the cores available (default: the cores "
+                        "available to this process on a CPU, 1 on a GPU); the certificate does not depend on it")
+    p.add_argument("--threads", type=_positive("--threads", bounded=True), default=None,
+                   help="intra-op threads per attack, at most 4 x the cores available (default: 1 for small models, "
+                        "robust on a busy machine; the worker's share of the cores for large ones)")
     p.add_argument("--samples", type=_positive("--samples"), default=None,
                    help="attack about N private samples instead of the config's certify.batches (a quick look: the "
                         "certificate says the claim rests on the override; too few for the claim gives INSUFFICIENT "
@@ -47,7 +47,9 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(flag: str):
+def _positive(flag: str, bounded: bool = False):
+    """An argparse type: an integer >= 1; ``bounded``: at most ``certify.max_threads()`` (4 x the cores
+    available to this process), for --threads and --workers."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -55,6 +57,13 @@ def _positive(flag: str):
             value = 0
         if value < 1:
             raise argparse.ArgumentTypeError(f"{flag}: expected an integer >= 1 (got {text!r})")
+        if bounded:
+            from guardfl.redteam.certify import THREADS_PER_CORE, max_threads
+            from guardfl.redteam.workers import available_cores
+
+            if value > max_threads():
+                raise argparse.ArgumentTypeError(f"{flag}: expected an integer in [1, {max_threads()}] ({THREADS_PER_CORE} "
+                                                 f"x the {available_cores()} cores available) (got {text!r})")
         return value
 
     return parse

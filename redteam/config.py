@@ -122,6 +122,18 @@ class ClientSection(StrictModel):
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 
+    @model_validator(mode="after")
+    def _fedavg_fields(self) -> "ClientSection":
+        """A FedSGD client sends one gradient: the local-training fields are FedAvg's and refused when set
+        (to other than their defaults) for it, not silently ignored."""
+        if self.protocol == "fedsgd":
+            for name in ("epochs", "samples", "lr", "momentum", "weight_decay"):
+                value = getattr(self, name)
+                if value != type(self).model_fields[name].default:
+                    raise ValueError(f"{name}: {value!r} is a FedAvg setting (local training), but protocol is 'fedsgd' "
+                                     "(one gradient, which never reads it): remove it, or set protocol: fedavg")
+        return self
+
     @property
     def n(self) -> int:
         """Samples per client (one FedSGD batch, or the FedAvg local dataset)."""
@@ -305,6 +317,41 @@ class RedTeamConfig(StrictModel):
         if text and self.target is not None:
             raise ValueError("target: certifying the user's own client code is for image models yet; simulate the text "
                              "client (remove the target section)")
+        return self
+
+    @model_validator(mode="after")
+    def _text_bounded(self) -> "RedTeamConfig":
+        """A text file (or folder) named by data.path / aux.path is bounded by its size before anything
+        reads it (hashing it for the resume key included): ``textdata.MAX_TEXT_BYTES``."""
+        from guardfl.redteam.textdata import check_text_size
+
+        if self.data.source in TEXT_SOURCES:
+            check_text_size(self.data.path, "data.path")
+        if self.aux is not None and self.aux.source in TEXT_SOURCES:
+            check_text_size(self.aux.path, "aux.path")
+        return self
+
+    @model_validator(mode="after")
+    def _claims_tested(self) -> "RedTeamConfig":
+        """Every threat a configured attack runs under must change what that attack does: the certificate
+        records it as tested. Refused: ``server: malicious`` on an honest-server attack, a threat field
+        the attack never reads set to other than its default (``Attack.ignored_threat``), a budget option
+        the threat makes the attack ignore (``Attack.ignored_options``), and ``fedavg: unknown`` for a
+        FedSGD client (it has no local hyperparameters to hide). Default values are never refused (a dumped
+        config reloads). Checked here, before any work."""
+        from guardfl.redteam.attacks import ATTACKS
+
+        defaults = ThreatSection()
+        for i, a in enumerate(self.attacks or []):
+            cls = ATTACKS[a.name]
+            set_fields = {k: getattr(a.threat, k) for k in ThreatSection.model_fields
+                          if getattr(a.threat, k) != getattr(defaults, k)}
+            why = cls.ignored_threat(set_fields) or cls.ignored_options(a.budget, a.threat)
+            if why is None and a.threat.fedavg != defaults.fedavg and self.client.protocol == "fedsgd":
+                why = (f"threat.fedavg: {a.threat.fedavg!r}, but client.protocol is 'fedsgd' (no local hyperparameters "
+                       "to know or not): remove it, or set client.protocol: fedavg")
+            if why is not None:
+                raise ValueError(f"attacks[{i}] {a.name}: {why}")
         return self
 
     @model_validator(mode="after")

@@ -14,6 +14,46 @@ from torch import Tensor
 from guardfl.data import DataError, from_array  # noqa: F401  (re-exported)
 
 TORCHVISION = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+#: the largest single tensor a red-team run builds from its inputs (the population at ``image_size``, an
+#: npz's decoded array, Robbing the Fed's imprint block): at most this, and at most half the RAM
+MAX_TENSOR_BYTES = 8 << 30
+
+
+def memory_bound(cap: int = MAX_TENSOR_BYTES) -> int:
+    """``cap``, or half the physical memory when that is less."""
+    import os
+
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return cap
+    return min(cap, physical // 2)
+
+
+def gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _check_bytes(need: int, what: str, field: str, hint: str) -> None:
+    bound = memory_bound()
+    if need > bound:
+        raise DataError(f"{field}: {what} needs about {gib(need)}, past the bound of {gib(bound)} (half the memory, "
+                        f"at most {gib(MAX_TENSOR_BYTES)}); {hint}")
+
+
+def _npz_shape(path: str, name: str) -> tuple[tuple[int, ...], int] | None:
+    """(shape, itemsize) of array ``name`` in the npz at ``path`` from its header alone, None when that
+    cannot be read (``np.load`` then reports what is wrong)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z, z.open(f"{name}.npy") as fh:
+            version = np.lib.format.read_magic(fh)
+            shape, _, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)(fh)
+            return tuple(shape), dtype.itemsize
+    except Exception:
+        return None
 
 
 def lfw_faces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
@@ -60,6 +100,11 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
     elif source == "npz":
         if not path or not Path(path).is_file():
             raise DataError(f"data.path: npz file not found: {path!r}")
+        header = _npz_shape(path, "x")
+        if header is not None:  # np.load decodes the whole array, whatever the limit
+            shape, itemsize = header
+            _check_bytes(int(np.prod(shape, dtype=np.float64)) * max(itemsize, 4), f"its array 'x' {list(shape)} (as float32)",
+                         "data.path", "give a smaller file (the red team reads it whole)")
         try:
             with np.load(path, allow_pickle=False) as d:
                 if "x" not in d or "y" not in d:
@@ -82,6 +127,9 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
             tf.insert(0, torchvision.transforms.Resize((image_size, image_size)))
         ds = torchvision.datasets.ImageFolder(path, transform=torchvision.transforms.Compose(tf))
         n = min(len(ds), limit or len(ds))
+        if image_size:
+            _check_bytes(n * 3 * image_size * image_size * 4, f"{n} images at {image_size}x{image_size}", "data.image_size",
+                         "set data.limit or a smaller image_size")
         items = [ds[i] for i in range(n)]
         x, y = torch.stack([a for a, _ in items]), torch.tensor([b for _, b in items])
     else:
@@ -89,6 +137,9 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
     if limit:
         x, y = x[:limit], y[:limit]
     if image_size and x.shape[-1] != image_size:
+        _check_bytes(x.shape[0] * x.shape[1] * image_size * image_size * 4,
+                     f"{x.shape[0]} images of {x.shape[1]} channel(s) at {image_size}x{image_size}", "data.image_size",
+                     "set data.limit or a smaller image_size")
         x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
     return x, y
 

@@ -12,7 +12,8 @@ certificate and report under ``OUT/points/<id>/``) and the utility task trained 
 and the training-time ratio measured in the same process). Jobs are independent and seeded by the sweep
 (``sweepconfig.point_seed``), so a point's result is the same on any backend and worker count (for the
 same ``threads``). A finished point is saved as ``OUT/points/<id>.json`` with its key; ``resume`` reuses
-the points whose key matches and continues unfinished red-team runs from their state.
+the points whose key matches and continues unfinished red-team runs from their state; a file there that
+is not a point record (``_saved``) is named in a warning and its point evaluated again.
 """
 
 from __future__ import annotations
@@ -92,13 +93,19 @@ def sweep(config: str | Path | dict, *, out: str | Path = "sweep-out", backend: 
     plan = load_sweep(config)
     workers = _positive(workers, "workers") or available_cores()
     threads = _positive(threads, "threads") or 1
+    from guardfl.redteam.certify import THREADS_PER_CORE, max_threads
+
+    if threads > max_threads():
+        raise ConfigError(f"threads: expected an integer in [1, {max_threads()}] ({THREADS_PER_CORE} x the "
+                          f"{available_cores()} cores available) (got {threads})")
     out_dir = _prepare_out(Path(out))
     warnings: list[str] = []
     runner = open_backend(backend, workers, ray_address, fallback_local, warn=lambda line: (warnings.append(line), say(f"warning: {line}")))
     quiet(f"sweep {plan.digest}: {sum(len(a) for a in plan.axes)} settings on {len(plan.axes)} axes"
           f"{' (autotune: bisecting monotone axes)' if plan.config.autotune else ''}; backend {runner.describe()}")
     try:
-        points = _evaluate(plan, runner, out_dir, resume, strength, device, threads, quiet)
+        points = _evaluate(plan, runner, out_dir, resume, strength, device, threads, quiet,
+                           warn=lambda line: (warnings.append(line), say(f"warning: {line}")))
     finally:
         runner.close()
     baseline = _baseline(points, warnings)
@@ -144,23 +151,53 @@ def point_spec(plan: SweepPlan, point: Point, out_dir: Path, resume: bool, stren
     return spec
 
 
-def _saved(out_dir: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+#: the largest point record a resume reads (a point's JSON is a few KiB; anything larger is not one)
+MAX_POINT_BYTES = 16 << 20
+#: what ``_evaluate`` and the report read of a saved point record
+_RECORD_KEYS = ("id", "key", "axis", "index", "certified", "utility", "label")
+
+
+def _saved(out_dir: Path, spec: dict[str, Any], warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The finished record of ``spec``'s point under ``out_dir/points``, when its key matches; else None
+    (the point is evaluated again and its file replaced). A file there that is not a point record of
+    this sweep (not JSON, not an object, missing fields, over ``MAX_POINT_BYTES``): ``warn`` names it and
+    it is evaluated again, so a resume in CI goes on instead of failing on a stray file."""
     path = out_dir / "points" / f"{spec['id']}.json"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.exists():
         return None
-    return record if record.get("key") == spec["key"] else None
+    why = None
+    try:
+        size = path.stat().st_size
+        if size > MAX_POINT_BYTES:
+            why = f"{size} bytes (a point record is at most {MAX_POINT_BYTES})"
+        else:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(record, dict):
+                why = f"a JSON {type(record).__name__}, not a point record"
+            elif record.get("key") != spec["key"]:
+                return None  # an earlier sweep's point of another setting: evaluated again, as usual
+            elif missing := [k for k in _RECORD_KEYS if k not in record]:
+                why = f"a point record without {', '.join(missing)}"
+            elif record["id"] != spec["id"]:
+                why = f"the record of point {record['id']!r}, not {spec['id']!r}"
+    except (OSError, ValueError) as err:
+        why = f"unreadable ({type(err).__name__}: {' '.join(str(err).split())[:120]})"
+    if why is not None:
+        if warn is not None:
+            warn(f"resume: {path} is {why}; ignored, the point is evaluated again")
+        return None
+    return record
 
 
-def _evaluate(plan: SweepPlan, runner, out_dir: Path, resume: bool, strength, device, threads, say) -> list[dict]:
+def _evaluate(plan: SweepPlan, runner, out_dir: Path, resume: bool, strength, device, threads, say,
+              warn: Callable[[str], None] | None = None) -> list[dict]:
     sched = autotune.Scheduler([len(a) for a in plan.axes], plan.directions, plan.config.autotune)
     records: dict[str, dict] = {}
     in_flight = 0
 
     def start(spec: dict[str, Any]) -> None:
         nonlocal in_flight
-        saved = _saved(out_dir, spec) if resume else None
+        saved = _saved(out_dir, spec, warn) if resume else None
         if saved is not None:
             finish(saved, reused=True)
         else:
@@ -254,8 +291,9 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
         from guardfl.redteam.certify import certify
 
         marker = Path(spec["out"]) / "sweep-point.key"  # whose red-team state the folder holds
-        try:
-            same = marker.read_text() == spec["key"]
+        try:  # at most the key's length plus one byte: a stray file there (binary, huge) is simply not this key
+            with open(marker, "rb") as fh:
+                same = fh.read(len(spec["key"]) + 1) == spec["key"].encode()
         except OSError:
             same = False
         marker.parent.mkdir(parents=True, exist_ok=True)

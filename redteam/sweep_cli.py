@@ -21,8 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", choices=["auto", "ray", "processes", "sequential"], default="auto",
                    help="where points run (auto: Ray when installed and more than one worker, else processes)")
     p.add_argument("--workers", type=_positive("--workers"), default=None, help="points side by side (default: the cores available)")
-    p.add_argument("--threads", type=_positive("--threads"), default=None,
-                   help="intra-op threads per point (default 1; results do not depend on --workers for a given value)")
+    p.add_argument("--threads", type=_positive("--threads", bounded=True), default=None,
+                   help="intra-op threads per point, at most 4 x the cores available (default 1; results do not "
+                        "depend on --workers for a given value)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (host:port, ray://host:port or auto)")
     p.add_argument("--fallback-local", action="store_true",
                    help="when --ray-address cannot be reached, run on local processes instead of failing")

@@ -9,6 +9,7 @@ settings to try (axes), and the utility task that prices each setting.
         values: [0.5, 0.7, 0.9, 0.99]   # or range: {start: 0.5, stop: 0.99, num: 8, scale: linear}
     utility: {source: lfw-detection, train: 150, test: 50, epochs: 5}
     autotune: true                # bisect each monotone axis instead of evaluating the whole grid
+    max_points: 256               # the most settings over all axes (default 256, at most 2000)
 
 Parsed here, once, at the edge: every point's defense and red-team config is validated when the sweep
 config is loaded, so an axis value outside the defense's range fails before anything runs, with the
@@ -52,6 +53,12 @@ STRONGER: dict[tuple[str, str], str] = {
 #: its 100 non-face patches, real labels); lfw-faces / lfw-nonfaces alone carry synthetic labels
 UTILITY_SOURCES = ("lfw-detection", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz",
                    "text", "labelled-text", "wikitext", "cola")
+
+
+#: a sweep's settings (values summed over its axes): at most ``max_points`` (default DEFAULT_MAX_POINTS,
+#: never more than MAX_POINTS): checked when the sweep config is loaded, before any point is validated or run
+DEFAULT_MAX_POINTS = 256
+MAX_POINTS = 2000
 
 
 class RangeSpec(StrictModel):
@@ -170,6 +177,19 @@ class SweepConfig(StrictModel):
     #: results do not depend on the backend or worker count. The chosen defense YAML drops it (a deployed
     #: defense draws from OS entropy).
     seed: int = Field(default=0, ge=0, le=2**32 - 1, json_schema_extra={"allowed": "an integer in [0, 2**32 - 1]"})
+    #: the most settings (values summed over the axes) the sweep may hold: each one can be a red-team run
+    #: and a utility training. The default refuses a typo'd grid; raise it explicitly, up to MAX_POINTS.
+    max_points: int = Field(default=DEFAULT_MAX_POINTS, ge=1, le=MAX_POINTS,
+                            json_schema_extra={"allowed": f"an integer in [1, {MAX_POINTS}]"})
+
+    @model_validator(mode="after")
+    def _bounded_grid(self) -> "SweepConfig":
+        total = sum(len(a.values) if a.values is not None else a.range.num for a in self.axes)
+        if total > self.max_points:
+            raise ValueError(f"axes: {total} settings on {len(self.axes)} axes (each a red-team run and a utility "
+                             f"training); allowed: at most max_points = {self.max_points} (raise max_points explicitly, "
+                             f"up to {MAX_POINTS}, or use fewer values)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -288,6 +308,10 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
         raise ConfigError(f"sweep.utility.source: {cfg.utility.source!r} is {'text' if text_task else 'images'} but the "
                           f"base's data ({base['data']['source']!r}) is {'text' if text_base else 'images'}; the utility "
                           "task trains the base's model, so it needs data of the same kind")
+    if text_task and cfg.utility.path is not None:
+        from guardfl.redteam.textdata import check_text_size
+
+        check_text_size(cfg.utility.path, "sweep.utility.path")  # read whole by every point's training
     if base.get("target") is not None:
         raise ConfigError("sweep.base: a target (the user's own client code) cannot be swept: guardfl cannot change "
                           "the defense inside it; describe the client instead (model, data, client sections)")
@@ -320,7 +344,7 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
         directions.append(direction)
     baseline = Point(-1, 0, 0, None, {**base, "defense": None})
     digest = hashlib.sha256(json.dumps(
-        {"sweep": cfg.model_dump(mode="json", exclude={"base", "override"}), "base": base}, sort_keys=True,
+        {"sweep": cfg.model_dump(mode="json", exclude={"base", "override", "max_points"}), "base": base}, sort_keys=True,
         default=str).encode()).hexdigest()[:16]
     return SweepPlan(cfg, base, axes, directions, baseline, digest, str(path) if path else None)
 

@@ -58,6 +58,36 @@ def builtin_text() -> str:
     return "\n\n".join(v.strip("\n") for v in pydoc_data.topics.topics.values())
 
 
+#: the most bytes of text ``data.path`` (or ``aux.path``) may hold, a file or a folder's ``*.txt`` files
+#: together: checked from the sizes before anything is read (the text is decoded and tokenised whole; the
+#: red team attacks a few thousand sequences, which a few MiB hold)
+MAX_TEXT_BYTES = 256 << 20
+
+
+def _text_files(p: Path) -> list[Path]:
+    return sorted((f for f in p.rglob("*.txt") if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
+
+
+def check_text_size(path: str | os.PathLike | None, field: str = "data.path") -> None:
+    """ConfigError (one line, ``field``, the size and the bound) when the text at ``path`` is larger than
+    ``MAX_TEXT_BYTES``; nothing for None or a path that does not exist (reading it reports that)."""
+    if path is None:
+        return
+    p = Path(os.path.expanduser(os.fspath(path)))
+    try:
+        if p.is_dir():
+            size = sum(f.stat().st_size for f in _text_files(p))
+        elif p.is_file():
+            size = p.stat().st_size
+        else:
+            return
+    except OSError:
+        return
+    if size > MAX_TEXT_BYTES:
+        raise ConfigError(f"{field}: {p} holds {size / (1 << 20):.0f} MiB of text; allowed: at most "
+                          f"{MAX_TEXT_BYTES >> 20} MiB (the red team reads it whole): give a smaller file or folder")
+
+
 def _read_utf8(path: Path) -> str:
     raw = path.read_bytes()
     if b"\x00" in raw:
@@ -77,8 +107,9 @@ def load_text(path: str | os.PathLike | None) -> str:
     if path is None:
         return builtin_text()
     p = Path(os.path.expanduser(os.fspath(path)))
+    check_text_size(p)
     if p.is_dir():
-        files = sorted((f for f in p.rglob("*.txt") if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
+        files = _text_files(p)
         if not files:
             raise ConfigError(f"data.path: the folder {p} has no *.txt files")
         text = "\n\n".join(_read_utf8(f).strip("\n") for f in files)
@@ -191,6 +222,7 @@ def load_labelled(path: str | os.PathLike) -> tuple[list[str], list[int]]:
     p = Path(os.path.expanduser(os.fspath(path)))
     if not p.is_file():
         raise ConfigError(f"data.path: {p} is not a file (expected a CoLA TSV or a label<TAB>text TSV)")
+    check_text_size(p)
     lines = [(n, line) for n, line in enumerate(_read_utf8(p).split("\n"), 1) if line.strip()]
     if lines and _layout(lines[0][1]) is None:
         lines = lines[1:]  # a header

@@ -38,11 +38,13 @@ from torch import Tensor, nn
 
 from guardfl.config import StrictModel, validate
 from guardfl.errors import GuardflError
-from guardfl.redteam.client import FedAvg, FedSGD, Observation
+from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers
 from guardfl.redteam.files import atomic_torch_save
 from guardfl.redteam.threat import Knowledge, ThreatModel
 
 STRENGTHS = ("quick", "paper")
+#: the threat fields an attack may read (``Capabilities.threat``); ``server`` is ``Capabilities.server``
+THREAT_FIELDS = ("labels", "bn", "defense", "fedavg")
 
 
 class AttackFailed(GuardflError, RuntimeError):
@@ -70,6 +72,10 @@ class Capabilities:
     server observes) or ``malicious`` (a ``ServerAttack``: sends the client models of its own making,
     needs ``threat.server == "malicious"``). modalities: the inputs it reconstructs, ``image`` (float
     tensors in an input range) and/or ``text`` (token ids of a text model, ``Observation.modality``).
+    threat: the threat fields (``ThreatModel``: labels, bn, defense, fedavg) whose value changes what the
+    attack does; a field it does not read, set in a config to other than its default, is refused
+    (``ignored_threat``): the certificate records the threat of each attack, and a recorded threat no
+    attack acted on is a claim nothing tested. ``server`` is ``server`` above.
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -81,6 +87,7 @@ class Capabilities:
     batches_samples: bool = False
     server: str = "honest"
     modalities: frozenset[str] = frozenset({"image"})
+    threat: frozenset[str] = frozenset(THREAT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -190,8 +197,8 @@ class AttackConfig(StrictModel):
 class OptimisationConfig(AttackConfig):
     """Budget fields of the optimisation attacks."""
 
-    iterations: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=1000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=1, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
 
 
 class Attack:
@@ -228,6 +235,8 @@ class Attack:
         if cap.server == "malicious" and threat.server != "malicious":
             return ("a malicious-server attack (the server sends a model of its own making); it runs under "
                     "threat.server: malicious")
+        if threat.bn != "none" and not bn_layers(setting.model):
+            return f"threat.bn: {threat.bn!r} grants BatchNorm statistics, but the model has no BatchNorm layers; use bn: none"
         if cap.needs_aux and threat.aux is None:
             return "needs auxiliary data in the threat model (an 'aux' section, or ThreatModel(aux=...))"
         if cap.needs_linear_layer:
@@ -247,9 +256,45 @@ class Attack:
         return cls._refuses(setting, threat)
 
     @classmethod
+    def ignored_threat(cls, explicit: dict[str, str]) -> str | None:
+        """Why the threat fields ``explicit`` (field -> value: those a config sets to other than their
+        defaults) claim more than this attack tests, or None: ``server: malicious`` for an honest-server attack (it never sends a model of its
+        own), or a field not in ``capabilities.threat`` (the attack never reads it). Checked on the config,
+        before any work: a certificate records each attack's threat, so every field of it must have
+        changed what that attack did."""
+        from guardfl.redteam.attacks.registry import ATTACKS
+
+        cap = cls.capabilities
+        if explicit.get("server") == "malicious" and cap.server != "malicious":
+            backers = sorted(n for n, a in ATTACKS.items() if a.capabilities.server == "malicious")
+            return (f"threat.server: 'malicious', but {cls.name} is an honest-server attack (it never sends the client a "
+                    f"model of its own), so the certificate would claim a malicious server nothing tested; attacks that "
+                    f"back it: {', '.join(backers)}")
+        for field_name in THREAT_FIELDS:
+            if field_name in explicit and field_name not in cap.threat:
+                backers = sorted(n for n, a in ATTACKS.items() if field_name in a.capabilities.threat)
+                return (f"threat.{field_name}: {explicit[field_name]!r}, but {cls.name} never reads threat.{field_name}, "
+                        f"so the certificate would record a threat it did not test; remove it, or use an attack that "
+                        f"reads it: {', '.join(backers)}")
+        return None
+
+    @classmethod
+    def ignored_options(cls, budget: dict[str, Any], threat: Any) -> str | None:
+        """Why a budget option set in ``budget`` (the config's, explicit) has no effect under ``threat``
+        (e.g. a BatchNorm prior's weight when the threat grants no BatchNorm statistics), or None. Options
+        that another option of the same budget switches off are the ``Config``'s own validator's."""
+        return None
+
+    @classmethod
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         """What an attack needs beyond its declared ``capabilities`` (checked after them): the reason it
         cannot run, or None. Attacks with such needs override this, not ``applicable``."""
+        return None
+
+    def refuses(self, setting: Setting) -> str | None:
+        """What this attack's budget (``config``) cannot do against ``setting``, or None: an option out of
+        the setting's range, or a memory need past a bound. A planner asks it after ``applicable``,
+        before any work."""
         return None
 
     @classmethod

@@ -63,9 +63,9 @@ EMBEDDING_DEFAULTS = {"decor": 5.3, "temperature": 7.7}
 
 
 class CocktailPartyConfig(AttackConfig):
-    iterations: int = Field(default=25000, ge=1, json_schema_extra={"allowed": "an integer >= 1 (ICA steps)"})
+    iterations: int = Field(default=25000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000] (ICA steps)"})
     lr: float = Field(default=1e-3, gt=0, json_schema_extra={"allowed": "> 0"})
-    restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    restarts: int = Field(default=4, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
     negentropy_a: float = Field(default=1.0, gt=0, json_schema_extra={"allowed": "> 0"})
     negentropy_form: Literal["hyvarinen", "paper"] = Field(default="hyvarinen", json_schema_extra={"allowed": "'hyvarinen' or 'paper'"})
     negentropy: float = Field(default=1.0, ge=0, json_schema_extra={"allowed": ">= 0 (weight)"})
@@ -75,10 +75,10 @@ class CocktailPartyConfig(AttackConfig):
     l1: float = Field(default=5.0, ge=0, json_schema_extra={"allowed": ">= 0 (embedding sources)"})
     sign_reg: float = Field(default=0.13, ge=0, json_schema_extra={"allowed": ">= 0 (embedding sources)"})
     layer: str | None = Field(default=None, json_schema_extra={"allowed": "null (the first linear layer) or a weight's name"})
-    fi_iterations: int = Field(default=2000, ge=0, json_schema_extra={"allowed": "an integer >= 0 (feature inversion)"})
+    fi_iterations: int = Field(default=2000, ge=0, le=1_000_000, json_schema_extra={"allowed": "an integer in [0, 1000000] (feature inversion)"})
     fi_lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     fi_tv: float = Field(default=0.1, ge=0, json_schema_extra={"allowed": ">= 0"})
-    fi_restarts: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    fi_restarts: int = Field(default=1, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
 
 
 @dataclass
@@ -120,7 +120,8 @@ class CocktailParty(Attack):
 
     name = "cocktail_party"
     Config = CocktailPartyConfig
-    capabilities = Capabilities(needs_linear_layer=True, batches_samples=True)
+    capabilities = Capabilities(needs_linear_layer=True, batches_samples=True,
+                                threat=frozenset({"labels", "defense"}))  # blind unmixing: no BN, no FedAvg hyperparameters
     budgets = {"quick": {"iterations": 2000, "lr": 1e-2, "restarts": 4, "fi_iterations": 500},
                "paper": {"iterations": 25000, "lr": 1e-3, "restarts": 4, "fi_iterations": 25000}}
     paper_budget = ("Kariyappa et al. 2023: 25,000 Adam steps (lr 1e-3) of ICA; feature inversion 25,000 steps "

@@ -24,9 +24,9 @@ from guardfl.redteam.attacks.registry import register
 
 
 class DLGConfig(OptimisationConfig):
-    iterations: int = Field(default=300, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=300, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
     lr: float = Field(default=1.0, gt=0, json_schema_extra={"allowed": "> 0"})
-    history: int = Field(default=100, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    history: int = Field(default=100, ge=1, le=10_000, json_schema_extra={"allowed": "an integer in [1, 10000]"})
 
 
 @register

@@ -43,7 +43,7 @@ class EmbeddingReadout(Attack):
 
     name = "embedding_readout"
     Config = EmbeddingReadoutConfig
-    capabilities = Capabilities(modalities=frozenset({"text"}))
+    capabilities = Capabilities(modalities=frozenset({"text"}), threat=frozenset({"labels", "defense"}))
     paper_budget = "analytic (no iterations): Fowl et al. 2022's readout on an honest server's observation"
 
     def __init__(self, **budget) -> None:

@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Reconstruction, Setting
@@ -133,8 +133,8 @@ class _OutOfQueries(Exception):
 
 
 class FishingConfig(OptimisationConfig):
-    iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=2000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=4, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     tv: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     beta: float = Field(default=50.0, gt=0, json_schema_extra={"allowed": "> 0"})
@@ -148,6 +148,17 @@ class FishingConfig(OptimisationConfig):
     feature: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (drawn from the seed) or >= 0"})
     max_queries: int = Field(default=48, ge=4, le=1000, json_schema_extra={"allowed": "an integer in [4, 1000]"})
 
+    @model_validator(mode="after")
+    def _used_by_strategy(self) -> "FishingConfig":
+        """Class fishing never reads the feature-fishing options: set with ``strategy: class`` they are
+        refused, not ignored."""
+        if self.strategy == "class":
+            unused = [f for f in ("feature", "alpha", "max_queries") if f in self.model_fields_set]
+            if unused:
+                raise ValueError(f"{unused[0]}: {getattr(self, unused[0])!r} is a feature-fishing option, but strategy is "
+                               "'class' (class fishing never reads it): remove it, or use strategy 'auto' or 'feature'")
+        return self
+
 
 @register
 class Fishing(ServerAttack):
@@ -155,7 +166,8 @@ class Fishing(ServerAttack):
 
     name = "fishing"
     Config = FishingConfig
-    capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious")
+    capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious",
+                                threat=frozenset({"labels", "defense", "fedavg"}))  # its inner IG runs with bn: none
     budgets = {"quick": {"iterations": 1000, "restarts": 4}, "paper": {"iterations": 24000, "restarts": 4}}
     paper_budget = ("Wen et al. 2022: class fishing, one query after the label query; the isolated gradient "
                     "inverted as in Geiping et al. 2020 (24,000 iterations)")
@@ -166,6 +178,16 @@ class Fishing(ServerAttack):
             return "needs the batch's labels (the server queries them first); threat.labels: known"
         if classifier(setting.model, setting.num_classes) is None:
             return f"needs a final nn.Linear with {setting.num_classes} outputs (the classifier it modifies)"
+        return None
+
+    def refuses(self, setting: Setting) -> str | None:
+        c = self.config
+        if c.target_class is not None and c.target_class >= setting.num_classes:
+            return f"budget.target_class: {c.target_class}; allowed: [0, {setting.num_classes - 1}] (model.num_classes)"
+        found = classifier(setting.model, setting.num_classes)
+        if c.feature is not None and found is not None and c.feature >= found[1].in_features:
+            return (f"budget.feature: {c.feature}; allowed: [0, {found[1].in_features - 1}] (the inputs of the classifier "
+                    f"{found[0]})")
         return None
 
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,

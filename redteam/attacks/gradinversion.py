@@ -25,13 +25,13 @@ from guardfl.redteam.attacks.registry import register
 
 
 class GradInversionConfig(OptimisationConfig):
-    iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=4, ge=2, json_schema_extra={"allowed": "an integer >= 2 (group consistency)"})
+    iterations: int = Field(default=2000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=4, ge=2, le=64, json_schema_extra={"allowed": "an integer in [2, 64] (group consistency)"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     tv: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     bn: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     group: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
-    group_every: int = Field(default=100, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    group_every: int = Field(default=100, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
 
 
 @register

@@ -17,7 +17,7 @@ samples than one call each; ``bench/bench_sample_batching.py``); see the class d
 from __future__ import annotations
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from guardfl.redteam.attacks.base import (
     Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, on_device, progress_bar, random_inputs,
@@ -31,13 +31,20 @@ from guardfl.redteam.client import bn_layers
 
 
 class InvertingGradientsConfig(OptimisationConfig):
-    iterations: int = Field(default=2000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    restarts: int = Field(default=4, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=2000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    restarts: int = Field(default=4, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "> 0"})
     tv: float = Field(default=1e-2, ge=0, json_schema_extra={"allowed": ">= 0"})
     bn: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
     group: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": ">= 0"})
-    group_every: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
+    group_every: int = Field(default=0, ge=0, le=1_000_000, json_schema_extra={"allowed": "an integer in [0, 1000000]"})
+
+    @model_validator(mode="after")
+    def _group_used(self) -> "InvertingGradientsConfig":
+        if self.group > 0 and self.group_every == 0:
+            raise ValueError(f"group: {self.group:g} weighs group consistency, which runs only with group_every >= 1 "
+                             "(it is 0): set group_every, or remove group")
+        return self
 
 
 @register
@@ -62,6 +69,14 @@ class InvertingGradients(Attack):
     budgets = {"quick": {"iterations": 1000, "restarts": 4}, "paper": {"iterations": 24000, "restarts": 4}}
     paper_budget = ("Geiping et al. 2020: 24,000 Adam iterations (lr 0.1, x0.1 at 3/8, 5/8, 7/8); Huang et al. "
                     "2021 use 10,000. Restarts: 4 (guardfl's choice; the papers report single or best-of trials)")
+
+    @classmethod
+    def ignored_options(cls, budget, threat) -> str | None:
+        bn = budget.get("bn")
+        if isinstance(bn, (int, float)) and bn > 0 and threat.bn not in ("exact", "infer"):
+            return (f"budget.bn: {bn:g} weighs a BatchNorm prior, but threat.bn is {threat.bn!r} (no statistics for a "
+                    "prior: it is never used); set threat.bn: exact or infer, or remove budget.bn")
+        return None
 
     def _weights(self) -> ObjectiveWeights:
         c = self.config

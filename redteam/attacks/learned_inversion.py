@@ -84,12 +84,12 @@ TEXT_QUICK = {"text_hidden": 512, "token_hidden": 128, "text_epochs": 12, "text_
 
 
 class LearnedInversionConfig(AttackConfig):
-    hidden: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (paper: 3000 for B=1, 10000 for B>1) or >= 1"})
-    epochs: int = Field(default=200, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    batch: int = Field(default=256, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    hidden: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (paper: 3000 for B=1, 10000 for B>1) or an integer in [1, 100000]"})
+    epochs: int = Field(default=200, ge=1, le=10_000, json_schema_extra={"allowed": "an integer in [1, 10000]"})
+    batch: int = Field(default=256, ge=1, le=65_536, json_schema_extra={"allowed": "an integer in [1, 65536]"})
     lr: float = Field(default=1e-4, gt=0, json_schema_extra={"allowed": "> 0"})
     lr_drop_at: float = Field(default=0.75, gt=0, le=1, json_schema_extra={"allowed": "(0, 1]"})
-    refresh_every: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1 (epochs)"})
+    refresh_every: int = Field(default=1, ge=1, le=10_000, json_schema_extra={"allowed": "an integer in [1, 10000] (epochs)"})
     hash_ratio: float | None = Field(default=None, gt=0, le=1, json_schema_extra={"allowed": "null (auto) or (0, 1]"})
     hash_dim: int | None = Field(default=None, ge=1, json_schema_extra={
         "allowed": "null (hash_ratio) or an integer >= 1 (absolute; overrides hash_ratio)"})
@@ -97,13 +97,13 @@ class LearnedInversionConfig(AttackConfig):
     holdout: float = Field(default=0.1, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
     # -- a text client (token ids) reads these instead of hidden / epochs / batch / lr / lr_drop_at /
     #    refresh_every; defaults: the paper's and its public code's text budget (learned_inversion_text)
-    text_hidden: int = Field(default=600, ge=1, json_schema_extra={"allowed": "an integer >= 1 (text: first hidden layer)"})
-    token_hidden: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1 (text: per position)"})
-    text_epochs: int = Field(default=100, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
-    text_batch: int = Field(default=64, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    text_hidden: int = Field(default=600, ge=1, le=100_000, json_schema_extra={"allowed": "an integer in [1, 100000] (text: first hidden layer)"})
+    token_hidden: int = Field(default=1000, ge=1, le=100_000, json_schema_extra={"allowed": "an integer in [1, 100000] (text: per position)"})
+    text_epochs: int = Field(default=100, ge=1, le=10_000, json_schema_extra={"allowed": "an integer in [1, 10000]"})
+    text_batch: int = Field(default=64, ge=1, le=65_536, json_schema_extra={"allowed": "an integer in [1, 65536]"})
     text_lr: float = Field(default=1e-4, gt=0, json_schema_extra={"allowed": "> 0"})
     text_lr_drop_at: float = Field(default=0.5, gt=0, le=1, json_schema_extra={"allowed": "(0, 1]"})
-    text_refresh_every: int = Field(default=1, ge=1, json_schema_extra={"allowed": "an integer >= 1 (epochs)"})
+    text_refresh_every: int = Field(default=1, ge=1, le=10_000, json_schema_extra={"allowed": "an integer in [1, 10000] (epochs)"})
     text_hash_dim: int | None = Field(default=None, ge=1, json_schema_extra={
         "allowed": "null (hash_dim, else hash_ratio, else the paper's 10%) or an integer >= 1"})
     token_rows: bool = True
@@ -150,7 +150,8 @@ class LearnedInversion(Attack):
 
     name = "learned_inversion"
     Config = LearnedInversionConfig
-    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}))
+    capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}),
+                                threat=frozenset({"labels", "defense", "fedavg"}))  # the simulator runs the client's own BN mode
     #: the ``text_*`` / ``token_hidden`` entries budget a text client (token ids), the others an image client
     budgets = {
         "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4,

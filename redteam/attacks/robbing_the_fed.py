@@ -49,6 +49,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.server import ServerAttack, fill_batch
 from guardfl.redteam.client import ClientQuery
+from guardfl.redteam.data import MAX_TENSOR_BYTES, gib, memory_bound
 from guardfl.redteam.threat import ThreatModel
 
 PREFIX = "imprint_block"
@@ -128,6 +129,15 @@ def recover(weight_update: Tensor, bias_update: Tensor, input_shape: tuple[int, 
     return fill_batch(images, samples, input_range), int(keep.numel())
 
 
+#: bytes per entry of the imprint block's two ``bins x d`` weights while the attack runs: float32 copies in
+#: the crafted model, the client's copy, its gradient and the update (4 x 4 bytes per weight, two weights)
+#: and the float64 row differences of ``recover`` (two arrays of 8 bytes, one weight)
+BYTES_PER_ENTRY = 2 * 4 * 4 + 2 * 8
+def memory_estimate(input_shape: tuple[int, ...], bins: int) -> int:
+    """Bytes the imprint block needs for inputs of ``input_shape`` and ``bins`` bins (``BYTES_PER_ENTRY``)."""
+    return math.prod(input_shape) * bins * BYTES_PER_ENTRY
+
+
 class RobbingTheFedConfig(AttackConfig):
     bins: int | None = Field(default=None, ge=2, le=65536,
                              json_schema_extra={"allowed": "null (4 per sample of the update) or an integer in [2, 65536]"})
@@ -142,9 +152,21 @@ class RobbingTheFed(ServerAttack):
 
     name = "robbing_the_fed"
     Config = RobbingTheFedConfig
-    capabilities = Capabilities(protocols=frozenset({"fedsgd", "fedavg"}), server="malicious")
+    capabilities = Capabilities(protocols=frozenset({"fedsgd", "fedavg"}), server="malicious",
+                                threat=frozenset({"labels"}))  # the imprint reads the aux data, never bn/defense/fedavg
     budgets = {"quick": {}, "paper": {}}
     paper_budget = "Fowl et al. 2022: analytic (one query); bins a few times the batch size"
+
+    def refuses(self, setting: Setting) -> str | None:
+        """The imprint block is ``bins x d`` twice (``d`` the flattened input): refused, before any work, when
+        its estimated memory (``memory_estimate``) is past ``memory_bound``."""
+        shape, bins = tuple(setting.input_shape), self.config.bins or 4 * setting.num_samples
+        need, bound = memory_estimate(shape, bins), memory_bound()
+        if need > bound:
+            return (f"the imprint block for inputs {'x'.join(map(str, shape))} ({math.prod(shape)} values) and {bins} bins "
+                    f"needs about {gib(need)}, past the bound of {gib(bound)} (half the memory, at most {gib(MAX_TENSOR_BYTES)}); "
+                    "lower data.image_size (or model.input_shape), client.batch_size or budget.bins")
+        return None
 
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
                      gen: torch.Generator) -> Reconstruction:

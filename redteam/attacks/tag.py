@@ -56,9 +56,9 @@ from guardfl.redteam.textmodels import embedding_names, is_text_model, next_toke
 
 
 class TAGConfig(OptimisationConfig):
-    iterations: int = Field(default=1000, ge=1, json_schema_extra={"allowed": "an integer >= 1"})
+    iterations: int = Field(default=1000, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
     lr: float = Field(default=0.05, gt=0, json_schema_extra={"allowed": "> 0"})
-    warmup: int = Field(default=50, ge=0, json_schema_extra={"allowed": "an integer >= 0 (iterations)"})
+    warmup: int = Field(default=50, ge=0, le=1_000_000, json_schema_extra={"allowed": "an integer in [0, 1000000] (iterations)"})
     alpha: float = Field(default=0.1, ge=0, json_schema_extra={"allowed": ">= 0 (weight of the L1 term)"})
     tau: float = Field(default=0.25, gt=0, json_schema_extra={
         "allowed": "> 0 (temperature of tied soft labels, in units of the mean squared distance of two token embeddings)"})
