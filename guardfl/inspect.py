@@ -12,10 +12,19 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   zeroed, or biases that pin some logits tens of units above others: only the target class's samples
   then send a gradient into the rest of the model.
 - **gradient concentration** (fishing and other parameter edits), only with ``batch=(x, y)``, the
-  client's own first batch: the model is run in eval mode without autograd; a model whose loss gradient
-  into the classifier's input comes almost entirely from one sample or from the samples of one rare
-  label is flagged. Output collapse (every sample put in one class) is measured and reported in
-  ``checks`` but is no reason: DLG's wide initialisation produces it on its own.
+  client's own first batch: the model is run in eval mode on it and the summed cross-entropy is
+  differentiated with respect to every ``nn.Linear`` layer's output (never into the parameters' ``.grad``);
+  a model whose loss gradient into the classifier's input, or into any linear layer's weights, comes almost
+  entirely from one sample or from the samples of one rare label is flagged. Output collapse (every sample
+  put in one class) is measured and reported in ``checks`` but is no reason: DLG's wide initialisation
+  produces it on its own.
+- **isolation** (what the model does to the batch, not a fingerprint of its weights), with ``batch`` and
+  a ``reference`` module: the samples a server reads exactly from one linear layer's weight gradient,
+  by one row, the difference of two rows with cancelling coefficients, and peeling (``isolated_samples``),
+  compared with what the client's own model isolates on the same batch. Robbing the Fed's bins, inside an
+  inserted block or inside the honest model's own first layer (trap weights with scaled, shuffled rows
+  and two measurement chains, which pass every weight check above), are flagged; a few trapped rows are
+  not (the red team's ``trap_weights`` with ``rows`` runs exactly that, and a defense has to hold there).
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
 docstrings say why. The thresholds were chosen from measurements on benign models (PyTorch default
@@ -27,8 +36,10 @@ forward pass with non-finite activations are reasons, bad arguments one ``Config
 work on huge layers is bounded (``MAX_TENSOR_ELEMENTS``, ``EXACT_SVD_COST``, ``CHUNK_ELEMENTS``).
 
 What it does not do: it cannot prove a model benign (an attacker who knows these checks can look for
-constructions that avoid them), and it compares the received parameters with ``reference`` by name and
-shape only, not by value.
+constructions that avoid them: ``guardfl redteam`` runs the ones we know, README "Checks against
+constructions"), and it compares the received parameters with ``reference`` by name and shape only, not
+by value. Convolutions are not examined for isolation (a convolution's weight gradient sums over
+positions: no row holds one sample's input), nor are combinations of three or more rows.
 """
 
 from __future__ import annotations
@@ -84,6 +95,33 @@ CONCENTRATION_LABEL_FRACTION = 0.5
 #: concentration is judged only on batches of at least this many samples and 2+ labels (in a batch of
 #: 2 one sample carrying most of the gradient is ordinary)
 CONCENTRATION_MIN_BATCH = 8
+#: sample isolation (with ``batch``): the loss gradient of an ``nn.Linear`` layer's weight row ``i`` is
+#: ``sum_n delta_ni a_n`` (``a_n`` the layer's input for sample n, ``delta_ni`` the gradient into output
+#: unit i). A sample is isolated when one row's sum holds it alone, or when the difference of two rows does
+#: (row j's samples a subset of row i's, their coefficients proportional on the shared samples within
+#: ``ISOLATION_TOLERANCE`` of the extra samples'), also after peeling the samples already read from a bin
+#: of a few (``isolated_samples``): the server then reads ``a_n``, exactly, from the update (Robbing the
+#: Fed's bins, trap weights inside the honest model's own layers). Flagged when at least
+#: ``ISOLATION_MIN_SAMPLES`` samples and ``ISOLATION_SHARE`` of the batch are isolated in one layer MORE
+#: than the client's own model (``reference``, a module with weights) isolates on the same batch. Without
+#: such a reference the counts are reported and not judged: an untrained MLP on uncentred inputs isolates
+#: a third to a half of a batch by itself (FC-2 at PyTorch's default init on LFW faces: 23 of 64; on
+#: inputs in [0.8, 1]: 18 of 32), sparse units that fire for one or two samples: a real leak of the
+#: honest architecture, which the honest-server attacks measure, and no sign of a malicious edit, so no
+#: count alone separates the two. Measured in ``bench/bench_inspect.py``
+ISOLATION_MIN_SAMPLES = 2
+ISOLATION_SHARE = 0.05
+#: the residual allowed when cancelling the shared samples of two rows, as a fraction of the extra
+#: sample's coefficient (an attacker's scaled or noised rows leave a small residual and still leak)
+ISOLATION_TOLERANCE = 0.1
+#: a nested pair separates at most this many samples (a bin of up to 4), to be peeled with the others
+ISOLATION_PEEL = 4
+#: the largest layer (output units) examined for isolation: the unit-by-unit support overlaps are a
+#: units x units matrix (4096: 64 MiB); larger layers are named as not examined in ``checks``
+ISOLATION_MAX_UNITS = 4096
+#: the most (nested) row pairs whose coefficients are compared per layer (a layer with more is judged on
+#: these, and the cap is reported)
+ISOLATION_MAX_PAIRS = 200_000
 #: the most elements one tensor may have for inspect_model to examine it (2**27 ~ 134M: VGG-16's first
 #: fully connected layer has 103M, a 7B language model's output layer 131M). A larger tensor is refused
 #: ("too large to examine") instead of examined: the finiteness scan and the float copies the checks make
@@ -272,13 +310,72 @@ def gradient_shares(probs: Tensor, onehot: Tensor, weight: Tensor, labels: Tenso
     one label among the labels that hold at most ``CONCENTRATION_LABEL_FRACTION`` of the batch (and that
     label; -1 when no label is that rare). Shares are 0 when the batch sends no gradient at all."""
     g = (probs.double() - onehot.double()) @ weight.detach().double()
-    norms = g.norm(dim=1)
+    return concentration(g.norm(dim=1), labels, onehot.shape[1])
+
+
+def isolated_samples(delta: Tensor, tolerance: float = ISOLATION_TOLERANCE) -> tuple[list[int], dict[str, int]]:
+    """The samples a server can read exactly from a linear layer's weight gradient by combining one or two
+    rows and peeling (see ``ISOLATION_MIN_SAMPLES``), from ``delta`` (batch x units): each sample's loss
+    gradient into the layer's outputs.
+
+    The sets of samples a server can separate: each row whose gradient holds one sample, and each nested
+    pair of rows (row j's samples a subset of row i's, at most ``ISOLATION_PEEL`` more, their coefficients
+    proportional on row j's samples): ``row_i - c row_j`` holds the extra samples alone. A set whose
+    samples are all read but one gives that one (peeling: a bin of two samples, one of which another
+    bin isolated), repeated until nothing changes. Returns the samples read (sorted) and counts: rows
+    holding one sample (``single_rows``), nested pairs (``nested_pairs``), those whose coefficients
+    cancel (``separating_pairs``), and ``pairs_capped`` when more than ``ISOLATION_MAX_PAIRS`` were nested."""
+    d = delta.detach().double()
+    top = float(d.abs().max()) if d.numel() else 0.0
+    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "pairs_capped": 0}
+    if top == 0.0 or d.shape[0] < 2:
+        return [], info
+    support = d.abs() > 1e-9 * top  # batch x units
+    size = support.sum(0)
+    sets = [support[:, size == 1].T]  # separable sample sets, one per row: (sets, batch)
+    info["single_rows"] = int(sets[0].shape[0])
+    s = support.float()
+    overlap = s.T @ s  # units x units: shared samples (exact in float32 below 2**24)
+    extra = size[:, None] - size[None, :]
+    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= ISOLATION_PEEL) & (size[None, :] >= 1)
+    pairs = nested.nonzero()
+    info["nested_pairs"] = int(pairs.shape[0])
+    if pairs.shape[0] > ISOLATION_MAX_PAIRS:
+        pairs, info["pairs_capped"] = pairs[:ISOLATION_MAX_PAIRS], 1
+    for block in pairs.split(4096):
+        i, j = block[:, 0], block[:, 1]
+        di, dj, shared = d[:, i], d[:, j], support[:, j].double()
+        c = (di * dj * shared).sum(0) / (dj * dj * shared).sum(0)
+        residual = ((di - c * dj).abs() * shared).sum(0)
+        held = support[:, i] & ~support[:, j]  # batch x pairs: the samples the difference holds
+        lead = torch.where(held, di.abs(), torch.full_like(di, float("inf"))).amin(0)
+        cancels = residual <= tolerance * lead
+        info["separating_pairs"] += int(cancels.sum())
+        sets.append(held[:, cancels].T)
+    sets = torch.cat(sets) if sets else torch.zeros(0, d.shape[0], dtype=torch.bool)
+    read = torch.zeros(d.shape[0], dtype=torch.bool)
+    while True:  # peeling
+        left = sets & ~read
+        one = left.sum(1) == 1
+        new = left[one].any(0) & ~read
+        if not bool(new.any()):
+            break
+        read |= new
+    return read.nonzero().flatten().tolist(), info
+
+
+def concentration(norms: Tensor, labels: Tensor, classes: int) -> tuple[float, int, float, int]:
+    """From per-sample gradient norms: the largest share of their sum carried by one sample (and its
+    index), and by the samples of one label among the labels that hold at most
+    ``CONCENTRATION_LABEL_FRACTION`` of the batch (and that label; -1 when no label is that rare). Shares
+    are 0 when the batch sends no gradient at all."""
+    norms = norms.double()
     total = float(norms.sum())
     if total == 0.0:
         return 0.0, 0, 0.0, -1
     i = int(norms.argmax())
-    per_class = torch.zeros(onehot.shape[1], dtype=torch.float64).index_add_(0, labels, norms) / total
-    count = torch.bincount(labels, minlength=onehot.shape[1]).double()
+    per_class = torch.zeros(classes, dtype=torch.float64).index_add_(0, labels, norms) / total
+    count = torch.bincount(labels, minlength=classes).double()
     rare = (count > 0) & (count <= CONCENTRATION_LABEL_FRACTION * labels.numel())
     if not bool(rare.any()):
         return float(norms[i]) / total, i, 0.0, -1
@@ -300,8 +397,9 @@ def inspect_model(
     client expects: its own model (``nn.Module``) or a state dict of expected tensors or shapes; without
     it the architecture is not compared. ``batch``: ``(x, y)``, the client's own first batch (class
     indices), for the output and gradient checks; it needs a module to run (``received``, or ``reference``
-    with the received state loaded into a copy). The model is run in eval mode without autograd and its
-    training flag restored. ``strict=True`` raises ``MaliciousModelError`` when the model is not ok.
+    with the received state loaded into a copy). The model is run in eval mode (autograd for the gradient
+    checks, which never touch the parameters' ``.grad``) and its training flag restored; with ``reference``
+    a module with weights, it is run on the batch too, as the baseline of the isolation check. ``strict=True`` raises ``MaliciousModelError`` when the model is not ok.
 
     Broken or hostile models fail closed: a model is **not ok** (a reason, or ``MaliciousModelError``
     with ``strict=True``) when a tensor holds NaN or infinite values ("non-finite:"), cannot be examined
@@ -357,7 +455,8 @@ def inspect_model(
             architecture_ok = not any(r.startswith("architecture") for r in reasons)
             module, load_reason = _runnable(received, reference, state, architecture_ok=architecture_ok)
             if module is not None:
-                batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None)
+                baseline = reference if isinstance(reference, nn.Module) and reference is not module else None
+                batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None, baseline)
                 reasons += batch_reasons
                 checks.update(batch_checks)
             else:
@@ -574,9 +673,12 @@ def _outputs(out) -> list[Tensor]:
     return []
 
 
-def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tuple[list[str], dict[str, dict[str, Any]]]:
+def _batch_checks(module: nn.Module, batch, examined: str | None = None,
+                  baseline: nn.Module | None = None) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
-    classifier (the last 2-D weight); when another layer computes the logits, its weights are checked too."""
+    classifier (the last 2-D weight); when another layer computes the logits, its weights are checked too.
+    ``baseline``: the client's own module (the reference), whose isolation on the same batch is what the
+    received model's is compared with."""
     x, y = _valid_batch(batch)
     linear = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not linear:
@@ -588,7 +690,7 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tupl
     def watch(name):
         def hook(m, inp, out):
             if id(m) in linear_names:
-                ran.append((linear_names[id(m)], m, out))
+                ran.append((linear_names[id(m)], m, out, inp[0] if inp and isinstance(inp[0], Tensor) else None))
             if not bad and any(not bool(torch.isfinite(t).all()) for t in _outputs(out)):
                 bad.append(name or "the model")
         return hook
@@ -601,8 +703,13 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tupl
             hooks.append(m.register_forward_hook(watch(name)))
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         module.eval()
-        with torch.no_grad():
-            out = module(x.to(device))
+        # with autograd (the isolation and per-layer concentration checks differentiate the loss with
+        # respect to the layers' outputs; parameters' .grad is never touched)
+        inputs = x.detach().to(device)
+        if inputs.is_floating_point():
+            inputs.requires_grad_(True)
+        with torch.enable_grad():
+            out = module(inputs)
     except Exception as err:  # noqa: BLE001 - the client's model on the client's batch: a bad batch argument
         raise ConfigError(f"batch: the model cannot run on x of shape {list(x.shape)} ({x.dtype}): {_first_line(err)}") from None
     finally:
@@ -619,19 +726,19 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tupl
         return ([f"batch: none of the model's {len(linear)} nn.Linear layer(s) ran on the batch "
                  f"({_some(name for name, _ in linear)}): the layers the weight checks examined do not compute its output"],
                 {"batch": {"skipped": "no nn.Linear layer ran"}})
-    heads = [(name, m, o) for name, m, o in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == n]
+    heads = [(name, m, o) for name, m, o, _ in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == n]
     if not heads:
         return [], {"batch": {"skipped": f"no nn.Linear layer gave one row of logits per sample (shape [{n}, classes])"}}
-    name, head, logits = heads[-1]
+    name, head, raw_logits = heads[-1]
     info: dict[str, Any] = {"classifier": name}
-    not_run = [k for k, m in linear if all(m is not r for _, r, _ in ran)]
+    not_run = [k for k, m in linear if all(m is not r for _, r, _, _ in ran)]
     if not_run:
         info["not_run"] = not_run
     reasons = []
     if name != examined:
         head_reasons, info["class_fishing"] = _class_fishing(name, *(_float(t) for t in (head.weight, head.bias)))
         reasons += head_reasons
-    logits = logits.detach().double().cpu()
+    logits = raw_logits.detach().double().cpu()
     classes = logits.shape[1]
     y = y.long().cpu()
     if int(y.min()) < 0 or int(y.max()) >= classes:
@@ -657,7 +764,108 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None) -> tupl
             reasons.append(f"gradient concentration: the {int((y == c).sum())} sample(s) of label {c} carry {class_share:.1%} of the "
                            f"gradient into the classification layer's input (> {CONCENTRATION_SHARE:.0%}) of a batch of "
                            f"{x.shape[0]} with {labels} labels")
+    base = _baseline_isolation(baseline, x, y) if baseline is not None else None
+    layer_reasons, checks["isolation"], per_layer = _layer_gradients(ran, raw_logits, y, labels, base)
+    reasons += layer_reasons
+    checks["gradient_concentration"]["layers"] = per_layer
     return reasons, checks
+
+
+def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) -> str | None:
+    """The isolation reason for one layer, or None: an excess over the client's own model's count on the
+    same batch of at least ``ISOLATION_MIN_SAMPLES`` and ``ISOLATION_SHARE`` of the batch (no baseline:
+    not judged, see ``ISOLATION_MIN_SAMPLES``)."""
+    what = (f"layer '{name}' singles out {isolated} of {n} samples in its weight gradient (one row, or the difference of "
+            f"two rows after peeling, holds the sample alone: the server reads those samples' inputs to the layer exactly)")
+    if baseline is None:
+        return None
+    if isolated - baseline >= max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n):
+        return (f"isolation: {what}, {isolated - baseline} more than the client's own model ({baseline}); "
+                f">= {ISOLATION_MIN_SAMPLES} and >= {ISOLATION_SHARE:.0%} of the batch more")
+    return None
+
+
+def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor) -> dict[str, int] | None:
+    """Samples isolated per ``nn.Linear`` layer by the client's own model on the same batch (None when it
+    cannot run: meta tensors, another input shape; the counts are then not judged)."""
+    if any(t.is_meta for t in baseline.state_dict().values() if isinstance(t, Tensor)):
+        return None
+    names = {id(m): name for name, m in baseline.named_modules() if isinstance(m, nn.Linear)}
+    ran: list = []
+    hooks = [m.register_forward_hook(lambda m, i, o: ran.append((names[id(m)], m, o, i[0] if i else None)))
+             for m in baseline.modules() if id(m) in names]
+    was = baseline.training
+    try:
+        baseline.eval()
+        inputs = x.detach().to(next((p.device for p in baseline.parameters()), torch.device("cpu")))
+        if inputs.is_floating_point():
+            inputs.requires_grad_(True)
+        with torch.enable_grad():
+            baseline(inputs)
+    except Exception:  # noqa: BLE001 - the reference cannot run on the batch: no baseline
+        return None
+    finally:
+        for h in hooks:
+            h.remove()
+        baseline.train(was)
+    heads = [o for _, _, o, _ in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == x.shape[0]]
+    if not heads:
+        return None
+    _, isolation, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None)
+    return {name: layer["isolated"] for name, layer in isolation.get("layers", {}).items()}
+
+
+def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int,
+                     baseline: dict[str, int] | None) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """Isolation and per-layer gradient concentration: the batch's summed cross-entropy differentiated
+    with respect to every ``nn.Linear`` layer's output (one row per sample), which gives each sample's
+    coefficients ``delta`` in that layer's weight gradient ``sum_n delta_n a_n^T``. ``baseline``: the
+    samples the client's own model isolates per layer (the received model is judged on its excess over
+    them); None: the counts are reported, not judged."""
+    n = logits.shape[0]
+    layers = [(name, out, a) for name, _, out, a in ran
+              if isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == n and out.requires_grad]
+    if not layers or not logits.requires_grad:
+        why = "the model's linear layers do not depend on anything differentiable (no float input, no trainable weight)"
+        return [], {"skipped": why}, {}
+    loss = torch.nn.functional.cross_entropy(logits.double(), y.to(logits.device), reduction="sum")
+    grads = torch.autograd.grad(loss, [out for _, out, _ in layers], allow_unused=True)
+    reasons: list[str] = []
+    isolation: dict[str, Any] = {"layers": {}, "not_examined": []}
+    per_layer: dict[str, Any] = {}
+    judged = n >= CONCENTRATION_MIN_BATCH and labels >= 2
+    worst = 0
+    for (name, out, a), g in zip(layers, grads):
+        delta = torch.zeros_like(out, dtype=torch.float64) if g is None else g.detach().double().cpu()
+        if delta.shape[1] > ISOLATION_MAX_UNITS:
+            isolation["not_examined"].append(f"{name} ({delta.shape[1]} units > {ISOLATION_MAX_UNITS})")
+        else:
+            found, info = isolated_samples(delta)
+            isolation["layers"][name] = {"isolated": len(found), **info}
+            worst = max(worst, len(found))
+            reason = _isolation_reason(name, len(found), n, None if baseline is None else baseline.get(name, 0))
+            if reason:
+                reasons.append(reason)
+        if a is None or a.dim() != 2 or a.shape[0] != n:
+            continue
+        norms = delta.norm(dim=1) * a.detach().double().cpu().norm(dim=1)  # |delta_n a_n^T| = |delta_n| |a_n|
+        share, i, class_share, c = concentration(norms, y.cpu(), int(y.max()) + 1)
+        per_layer[name] = {"sample_share": share, "class_share": class_share}
+        if judged and share > CONCENTRATION_SHARE:
+            reasons.append(f"gradient concentration: sample {i} of {n} carries {share:.1%} of layer '{name}''s weight "
+                           f"gradient (> {CONCENTRATION_SHARE:.0%}): that layer's update would be that one sample's")
+        elif judged and class_share > CONCENTRATION_SHARE:
+            reasons.append(f"gradient concentration: the {int((y == c).sum())} sample(s) of label {c} carry {class_share:.1%} "
+                           f"of layer '{name}''s weight gradient (> {CONCENTRATION_SHARE:.0%}) of a batch of {n} with "
+                           f"{labels} labels")
+    isolation["max_isolated"] = worst
+    if baseline is None:
+        isolation["rule"] = "not judged: no reference module to compare with (pass reference=the client's model)"
+    else:
+        isolation["rule"], isolation["baseline"] = "excess over the client's own model", baseline
+    if not isolation["not_examined"]:
+        del isolation["not_examined"]
+    return reasons, isolation, per_layer
 
 
 __all__ = [
@@ -670,6 +878,12 @@ __all__ = [
     "DUPLICATE_ROW_SHARE",
     "EXACT_SVD_COST",
     "IMPRINT_MIN_ROWS",
+    "ISOLATION_MAX_PAIRS",
+    "ISOLATION_MAX_UNITS",
+    "ISOLATION_MIN_SAMPLES",
+    "ISOLATION_PEEL",
+    "ISOLATION_SHARE",
+    "ISOLATION_TOLERANCE",
     "Inspection",
     "MAX_TENSOR_ELEMENTS",
     "MONOTONE_SHARE",
@@ -679,8 +893,10 @@ __all__ = [
     "architecture_mismatch",
     "bias_gap",
     "duplicate_row_share",
+    "concentration",
     "gradient_shares",
     "inspect_model",
+    "isolated_samples",
     "output_collapse",
     "rank_ratio",
     "threshold_monotone_share",

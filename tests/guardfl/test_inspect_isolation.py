@@ -1,0 +1,133 @@
+"""inspect_model's isolation check (issue 34): the samples a server reads exactly from one or two rows of a
+linear layer's weight gradient, counted on the client's batch and judged against the client's own model."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guardfl.inspect import inspect_model, isolated_samples
+from guardfl.redteam.attacks.trap_weights import craft, trap_layers
+from guardfl.redteam.models import FC2
+
+
+def chain_delta(batch=16, bins=12, seed=0):
+    """Coefficients of a Robbing-the-Fed chain: row i holds the samples above cut-off i, each with its
+    sample's shared coefficient D_n (batch x rows)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.rand(batch, generator=g, dtype=torch.float64)
+    cuts = torch.linspace(-0.1, 0.95, bins, dtype=torch.float64)
+    d = torch.randn(batch, generator=g, dtype=torch.float64)
+    return (s[:, None] > cuts[None, :]).double() * d[:, None], s, cuts
+
+
+def test_a_chain_of_bins_isolates_every_sample_alone_in_its_bin():
+    delta, s, cuts = chain_delta()
+    found, info = isolated_samples(delta)
+    bins = torch.bucketize(s, cuts)
+    alone = [n for n in range(len(s)) if int((bins == bins[n]).sum()) == 1]
+    assert set(alone) <= set(found) and info["separating_pairs"] >= len(alone) - 1
+
+
+def test_peeling_reads_a_bin_of_two_once_one_of_them_is_read():
+    # samples x rows: row 0 holds {0, 1, 2}, row 1 {1, 2}, row 2 {2}, with proportional coefficients
+    delta = torch.tensor([[1.0, 0.0, 0.0], [1.0, 2.0, 0.0], [1.0, 2.0, 3.0]])
+    found, _ = isolated_samples(delta)
+    assert found == [0, 1, 2]
+    two = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])  # row 0 holds {0,1,2}, row 1 holds {0} alone
+    found, _ = isolated_samples(two)
+    assert found == [0]  # {1, 2} stay mixed: nothing separates them
+
+
+def test_coefficients_that_do_not_cancel_separate_nothing():
+    delta = torch.zeros(3, 2)
+    delta[:, 0] = torch.tensor([1.0, 3.0, -2.0])  # row 0 holds every sample
+    delta[:, 1] = torch.tensor([0.0, 1.0, 0.0])   # row 1 holds sample 1 alone
+    found, info = isolated_samples(delta)
+    assert found == [1] and info["single_rows"] == 1
+    nested = torch.tensor([[1.0, 1.0], [1.0, 0.0], [2.0, 7.0]])  # row 1 = {0, 2} inside row 0 = {0,1,2}: not proportional
+    found, info = isolated_samples(nested)
+    assert found == [] and info["nested_pairs"] == 1 and info["separating_pairs"] == 0
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.integers(0, 2**16), st.floats(0.1, 10.0))
+def test_the_count_ignores_row_order_and_row_scale(seed, scale):
+    delta, _, _ = chain_delta(seed=seed)
+    found, _ = isolated_samples(delta)
+    perm = torch.randperm(delta.shape[1], generator=torch.Generator().manual_seed(seed))
+    scaled = delta[:, perm] * torch.linspace(scale, 1.0, delta.shape[1], dtype=torch.float64)
+    assert isolated_samples(scaled)[0] == found
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.integers(0, 2**16))
+def test_dense_random_coefficients_isolate_nothing(seed):
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randn(32, 64, generator=g) * (torch.rand(32, 64, generator=g) < 0.5)
+    assert isolated_samples(delta)[0] == []
+
+
+def cifar_like(n=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, 32, 32, generator=g), torch.arange(n) % 10
+
+
+def trapped(model, rows=None, chains=2, seed=0):
+    layers = trap_layers(model, (3, 32, 32))
+    x, _ = cifar_like(512, seed=99)
+    sent, _, _, _ = craft(model, layers, (3, 32, 32), x, chains, 0.0, (0.0, 1.0), torch.Generator().manual_seed(seed),
+                          rows, 32)
+    return sent
+
+
+def test_trap_weights_pass_every_weight_check_and_fail_the_batch_check():
+    torch.manual_seed(0)
+    honest = FC2()
+    sent = trapped(honest)
+    assert inspect_model(sent.state_dict(), honest).ok  # weights alone: the disguise holds
+    result = inspect_model(sent.state_dict(), honest, batch=cifar_like())
+    assert not result.ok and any(r.startswith("isolation: layer 'net.1'") for r in result.reasons)
+    assert result.checks["isolation"]["rule"] == "excess over the client's own model"
+
+
+def test_the_honest_model_is_judged_against_itself_and_passes():
+    torch.manual_seed(0)
+    honest = FC2()
+    ref = copy.deepcopy(honest)
+    result = inspect_model(honest.state_dict(), ref, batch=cifar_like())
+    assert result.ok and result.checks["isolation"]["baseline"]["net.1"] == result.checks["isolation"]["layers"]["net.1"]["isolated"]
+
+
+def test_uncentred_inputs_isolate_samples_in_an_honest_mlp_and_that_is_no_reason():
+    """FC-2 at PyTorch's default init on inputs that share most of their structure (all bright): sparse
+    units fire for one or two samples. A real leak of the honest architecture (the honest-server attacks
+    measure it), not a malicious edit: judged against the client's own model it passes, and without a
+    reference the count is reported, not judged (no count alone separates it from a trap)."""
+    torch.manual_seed(0)
+    honest = FC2()
+    x = 0.8 + 0.2 * cifar_like()[0]
+    batch = (x, torch.arange(32) % 10)
+    with_ref = inspect_model(honest.state_dict(), copy.deepcopy(honest), batch=batch)
+    alone = inspect_model(honest, batch=batch)
+    assert with_ref.ok and alone.ok
+    assert alone.checks["isolation"]["max_isolated"] >= 8 and alone.checks["isolation"]["rule"].startswith("not judged")
+
+
+def test_a_small_trap_stays_under_the_check_that_counts_against_the_honest_model():
+    """The construction that adapts to the isolation check (a handful of trapped rows): it passes, which
+    is why the red team runs it (configs/malicious-adaptive-inspect.yaml does not certify)."""
+    torch.manual_seed(0)
+    honest = FC2()
+    result = inspect_model(trapped(honest, rows=3, chains=1).state_dict(), honest, batch=cifar_like())
+    assert result.ok
+
+
+@pytest.mark.parametrize("units", [8, 64])
+def test_isolation_is_reported_per_layer(units):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, units), torch.nn.ReLU(), torch.nn.Linear(units, 3))
+    result = inspect_model(model, batch=(torch.randn(16, 12), torch.arange(16) % 3))
+    assert set(result.checks["isolation"]["layers"]) == {"1", "3"} and result.ok
