@@ -745,7 +745,7 @@ class _AttackRunner:
         """The simulated client of this batch as a malicious server reaches it (its private batch, the
         configured defense, the protocol and mode it was observed with)."""
         return ClientQuery(x, y, self.setting.defense_config, obs.protocol, input_range=obs.input_range,
-                           train_mode=obs.train_mode)
+                           train_mode=obs.train_mode, inspect=self.cfg.client.inspect, reference=self.setting.model)
 
 
 class _StateCache(PreparedCache):

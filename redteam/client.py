@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import guardfl
 from guardfl.defenses import Defense, Identity, from_config
-from guardfl.errors import ConfigError
+from guardfl.errors import ConfigError, GuardflError
+from guardfl.inspect import inspect_model
 from guardfl.protect import dp_compatible, soft_cross_entropy, split_stages
 from guardfl.redteam.auxdata import content_hashes
 
@@ -309,25 +310,50 @@ def _modality(model: nn.Module, inputs: Tensor, input_range: tuple[float, float]
     return "text", (0.0, float(vocab - 1))
 
 
+class ModelRefused(GuardflError):
+    """The client's inspection (``guardfl.inspect_model``) refused the model a malicious server sent: the
+    client trained nothing and sent nothing. ``reasons``: the inspection's, one sentence each."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = list(reasons)
+        super().__init__("the client's inspection refused the model: " + "; ".join(self.reasons))
+
+
 class ClientQuery:
     """The client as a malicious server reaches it: send a model, receive the update the client computes
     on its private batch with it (``simulate_client``: the real defense path, train mode as deployed).
     The attack holds only this callable, never the batch. Each query builds the defense anew from its
     configuration, so its randomness is fresh per query (a seeded configuration repeats its draws, as a
     deployed seeded client would); ``queries`` counts the models sent. Picklable (a worker process runs
-    it), so it holds the configuration, not a defense object."""
+    it), so it holds the configuration, not a defense object.
+
+    ``inspect=True``: the client checks every received model first, as ``local_update(inspect=True)`` does:
+    ``guardfl.inspect_model`` with ``reference`` (the architecture it expects: the honest global model) and
+    its first batch (``(x, y)`` of its first local step); a model that is not ok raises ``ModelRefused``
+    (nothing trained, nothing sent) and is counted in ``refused``."""
 
     def __init__(self, inputs: Tensor, labels: Tensor, defense_config: dict | None, protocol: Protocol,
-                 *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True) -> None:
+                 *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
+                 inspect: bool = False, reference: nn.Module | None = None) -> None:
+        if inspect and reference is None:
+            raise ConfigError("client.inspect: the client needs its reference model (the honest global model) to inspect")
         self._inputs, self._labels = inputs, labels
         self.defense_config, self.protocol = defense_config, protocol
         self.input_range, self.train_mode = tuple(input_range), train_mode
+        self.inspect, self.reference = inspect, reference
         self.num_samples = int(inputs.shape[0])
         self.input_shape = tuple(inputs.shape[1:])
         self.queries = 0
+        self.refused = 0
 
     def __call__(self, model: nn.Module) -> Observation:
         self.queries += 1
+        if self.inspect:
+            first = self.protocol.batch_size if isinstance(self.protocol, FedAvg) else self.num_samples
+            inspection = inspect_model(model, self.reference, batch=(self._inputs[:first], self._labels[:first]))
+            if not inspection.ok:
+                self.refused += 1
+                raise ModelRefused(inspection.reasons)
         defense = from_config(self.defense_config) if self.defense_config is not None else None
         return simulate_client(model, self._inputs, self._labels, defense, self.protocol,
                                input_range=self.input_range, train_mode=self.train_mode)

@@ -119,6 +119,11 @@ class ClientSection(StrictModel):
     momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
     weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": "finite, >= 0"})
     train_mode: bool = True
+    #: the client inspects every model it receives (``guardfl.inspect_model`` with the honest global model
+    #: as the reference and its first batch, as ``local_update(inspect=True)`` does) and refuses one that
+    #: is not ok: a malicious server's refused model gets nothing. Only what a malicious-server attack
+    #: sends is inspected (an honest server's model is the honest one)
+    inspect: bool = False
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 
@@ -352,6 +357,22 @@ class RedTeamConfig(StrictModel):
                        "to know or not): remove it, or set client.protocol: fedavg")
             if why is not None:
                 raise ValueError(f"attacks[{i}] {a.name}: {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _inspection_tested(self) -> "RedTeamConfig":
+        """``client.inspect`` changes only what a malicious server's model meets: it needs an image
+        classifier, a simulated client, and at least one attack under ``threat.server: malicious``."""
+        if not self.client.inspect:
+            return self
+        if self.modality == "text":
+            raise ValueError("client.inspect: the inspection checks image classifiers (class labels); remove it for a text client")
+        if self.target is not None:
+            raise ValueError("client.inspect: a target's own code decides whether it inspects (guardfl_flower.train("
+                             "..., inspect=True)); remove client.inspect")
+        if not any(a.threat.server == "malicious" for a in self.attacks or []):
+            raise ValueError("client.inspect: true, but no attack runs as a malicious server (threat: {server: malicious}), "
+                             "so nothing would test the inspection: add robbing_the_fed, trap_weights or fishing under it")
         return self
 
     @model_validator(mode="after")

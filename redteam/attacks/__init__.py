@@ -18,6 +18,7 @@ from guardfl.redteam.attacks.registry import ATTACKS, available, get
 from guardfl.redteam.attacks.robbing_the_fed import RobbingTheFed
 from guardfl.redteam.attacks.server import ServerAttack
 from guardfl.redteam.attacks.tag import TAG
+from guardfl.redteam.attacks.trap_weights import TrapWeights
 
 __all__ = [
     "ATTACKS",
@@ -40,6 +41,7 @@ __all__ = [
     "RobbingTheFed",
     "ServerAttack",
     "TAG",
+    "TrapWeights",
     "available",
     "get",
     "infer_labels",

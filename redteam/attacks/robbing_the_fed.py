@@ -28,6 +28,13 @@ Scales: the imprint's parameters are small (``gain`` 1e-3) and the back projecti
 FedAvg client sends ``w_end - w_start``, and an update below float32's resolution of ``w`` would vanish
 in the subtraction. Their product keeps the perturbation of the input small (~5e-3 of the range).
 
+Adapted to the defense it knows (``threat.defense: known``, the default; the attacker knows the
+defense's configuration, never its randomness): ``pad: auto`` adds rows that never fire, so that a
+per-layer pruning (GradPrune, Outpost's) keeps every bin row (their gradient is 0; the pruning keeps a
+share of the layer); ``boost: auto`` makes the imprint's gradients 1e5 times larger at the same input
+perturbation (gain down, back projection up), so that noise of a fixed scale, or Outpost's noise scaled
+by the layer's weight variance, is small beside them. Both are our adaptations, not Fowl et al.'s.
+
 Output: one candidate per bin whose bias difference is not negligible (``min_mass`` of the largest), the
 ``B`` with the largest bias differences when there are more (noise makes every bin non-empty), repeated
 when there are fewer (``fill_batch``); clamped to the input range. ``info``: the number of
@@ -40,14 +47,15 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting, infer_labels
+from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.server import ServerAttack, fill_batch
+from guardfl.redteam.attacks.server import ServerAttack, fill_batch, server_labels
 from guardfl.redteam.client import ClientQuery
 from guardfl.redteam.data import MAX_TENSOR_BYTES, gib, memory_bound
 from guardfl.redteam.threat import ThreatModel
@@ -100,18 +108,59 @@ def cutoffs(measurements: Tensor | None, bins: int, input_range: tuple[float, fl
 
 
 def craft(model: nn.Module, input_shape: tuple[int, ...], cuts: Tensor, gain: float, back_scale: float,
-          gen: torch.Generator) -> Imprinted:
-    """The imprinted model (a deep copy of ``model`` behind a fresh ``ImprintBlock``)."""
+          gen: torch.Generator, pad: int = 0) -> Imprinted:
+    """The imprinted model (a deep copy of ``model`` behind a fresh ``ImprintBlock``): ``cuts.numel()``
+    bins, then ``pad`` rows that never fire (zero weights, bias -1: their gradient is exactly 0)."""
     bins = cuts.numel()
-    block = ImprintBlock(input_shape, bins)
+    block = ImprintBlock(input_shape, bins + pad)
     d = block.imprint.in_features
     with torch.no_grad():
-        block.imprint.weight.fill_(gain / d)  # every row: gain x the average brightness
-        block.imprint.bias.copy_((-gain * cuts).to(block.imprint.bias.dtype))
+        block.imprint.weight.zero_()
+        block.imprint.weight[:bins] = gain / d  # every bin row: gain x the average brightness
+        block.imprint.bias.fill_(-1.0)
+        block.imprint.bias[:bins] = (-gain * cuts).to(block.imprint.bias.dtype)
         column = torch.randn(d, 1, generator=gen) * back_scale / bins
-        block.back.weight.copy_(column.expand(d, bins))  # identical columns: one D_n per sample
+        block.back.weight.zero_()
+        block.back.weight[:, :bins] = column.expand(d, bins)  # identical columns: one D_n per sample
         block.back.bias.zero_()
     return Imprinted(block, copy.deepcopy(model))
+
+
+def padding_for(defense_config: dict | None, bins: int) -> int:
+    """Dead rows that make a per-layer pruning of the imprint layer keep every bin row: the pruning keeps
+    ``n - ceil(ratio (n - 1))`` of the layer's ``n`` entries, the largest; with ``bins / (1 - ratio)`` rows
+    in all, that is at least the bins' entries, and the dead rows' gradient is exactly 0 (the server knows
+    the defense's configuration). The largest per-layer ratio of the defense's GradPrune / Outpost stages;
+    0 without one (a global GradPrune is not padded against)."""
+    ratio = 0.0
+    for leaf in _leaves(defense_config):
+        if leaf.get("kind") == "gradprune" and leaf.get("scope", "layer") == "layer":
+            ratio = max(ratio, float(leaf.get("ratio", 0.0)))
+        elif leaf.get("kind") == "outpost":
+            ratio = max(ratio, float(leaf.get("prune", 0.8)))
+    if ratio <= 0.0:
+        return 0
+    return int(math.ceil(bins / (1.0 - ratio))) - bins + 1
+
+
+#: the boost "auto" uses against a known noise defense (see ``RobbingTheFedConfig.boost``)
+NOISE_BOOST = 1e5
+
+
+def boost_for(defense_config: dict | None) -> float:
+    """``NOISE_BOOST`` when the defense adds noise whose scale does not follow the gradient's (Gaussian,
+    Laplace, Outpost), else 1 (pruning, sign, DP-SGD's per-sample clipping: a larger gradient buys
+    nothing there)."""
+    kinds = {leaf.get("kind") for leaf in _leaves(defense_config)}
+    return NOISE_BOOST if kinds & {"gaussian", "laplace", "outpost"} else 1.0
+
+
+def _leaves(config: dict | None) -> list[dict]:
+    if not config:
+        return []
+    if config.get("kind") == "stack":
+        return [leaf for member in config.get("defenses", []) for leaf in _leaves(member)]
+    return [config]
 
 
 def recover(weight_update: Tensor, bias_update: Tensor, input_shape: tuple[int, ...], samples: int,
@@ -144,6 +193,30 @@ class RobbingTheFedConfig(AttackConfig):
     gain: float = Field(default=1e-3, gt=0, json_schema_extra={"allowed": "> 0"})
     back_scale: float = Field(default=10.0, gt=0, json_schema_extra={"allowed": "> 0"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
+    #: rows that never fire added to the imprint layer, so that a per-layer pruning keeps every bin row:
+    #: "auto" sizes them from the defense's configuration (``padding_for``; none when threat.defense is
+    #: unknown), 0 adds none
+    pad: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [0, 1000000]"})
+
+    #: the imprint's gradients made this many times larger (``back_scale`` x boost, ``gain`` / boost: the
+    #: same perturbation of the input), so that noise of a fixed scale (Gaussian, Laplace) or scaled by the
+    #: layer's own weights (Outpost's risk, Var(w), which a tiny gain makes tiny) is small beside them:
+    #: "auto" is 1e5 against a known noise defense, else 1
+    boost: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [1, 1e8]"})
+
+    @field_validator("boost")
+    @classmethod
+    def _boost(cls, value):
+        if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value <= 1e8):
+            raise ValueError(f"expected 'auto' or a number in [1, 1e8] (got {value!r})")
+        return value
+
+    @field_validator("pad")
+    @classmethod
+    def _pad(cls, value):
+        if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1_000_000):
+            raise ValueError(f"expected 'auto' or an integer in [0, 1000000] (got {value!r})")
+        return value
 
 
 @register
@@ -153,7 +226,7 @@ class RobbingTheFed(ServerAttack):
     name = "robbing_the_fed"
     Config = RobbingTheFedConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd", "fedavg"}), server="malicious",
-                                threat=frozenset({"labels"}))  # the imprint reads the aux data, never bn/defense/fedavg
+                                threat=frozenset({"labels", "defense"}))  # aux data; the defense sizes pad: auto; never bn/fedavg
     budgets = {"quick": {}, "paper": {}}
     paper_budget = "Fowl et al. 2022: analytic (one query); bins a few times the batch size"
 
@@ -161,9 +234,10 @@ class RobbingTheFed(ServerAttack):
         """The imprint block is ``bins x d`` twice (``d`` the flattened input): refused, before any work, when
         its estimated memory (``memory_estimate``) is past ``memory_bound``."""
         shape, bins = tuple(setting.input_shape), self.config.bins or 4 * setting.num_samples
-        need, bound = memory_estimate(shape, bins), memory_bound()
+        rows = bins + (padding_for(setting.defense_config, bins) if self.config.pad == "auto" else self.config.pad)
+        need, bound = memory_estimate(shape, rows), memory_bound()
         if need > bound:
-            return (f"the imprint block for inputs {'x'.join(map(str, shape))} ({math.prod(shape)} values) and {bins} bins "
+            return (f"the imprint block for inputs {'x'.join(map(str, shape))} ({math.prod(shape)} values) and {rows} rows "
                     f"needs about {gib(need)}, past the bound of {gib(bound)} (half the memory, at most {gib(MAX_TENSOR_BYTES)}); "
                     "lower data.image_size (or model.input_shape), client.batch_size or budget.bins")
         return None
@@ -177,18 +251,15 @@ class RobbingTheFed(ServerAttack):
         if threat.aux is not None:
             measurements = threat.aux.images.flatten(1).mean(1)
         cuts = cutoffs(measurements, bins, setting.input_range)
-        sent = craft(setting.model, shape, cuts, c.gain, c.back_scale, gen)
+        known = threat.defense == "known"
+        pad = (padding_for(setting.defense_config, bins) if known else 0) if c.pad == "auto" else c.pad
+        boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
+        sent = craft(setting.model, shape, cuts, c.gain / boost, c.back_scale * boost, gen, pad)
         observation = client(sent)
         w = observation.update[f"{PREFIX}.imprint.weight"]
         b = observation.update[f"{PREFIX}.imprint.bias"]
-        images, found = recover(w, b, shape, n, setting.input_range, c.min_mass)
-        knowledge = threat.knowledge(observation)
-        if knowledge.labels is not None:
-            labels, source = knowledge.labels, "known"
-        elif n <= setting.num_classes:
-            labels, source = infer_labels(observation), "inferred"
-        else:
-            labels, source = torch.zeros(n, dtype=torch.long), "not restored"
+        images, found = recover(w[:bins], b[:bins], shape, n, setting.input_range, c.min_mass)
+        labels, source = server_labels(observation, setting, threat)
         return Reconstruction(images, labels.cpu(), 0.0, [], {
-            "labels": source, "bins": bins, "candidates": found, "measurement": "brightness",
+            "labels": source, "bins": bins, "pad": pad, "boost": boost, "candidates": found, "measurement": "brightness",
             "cutoffs": "aux quantiles" if measurements is not None else "gaussian guess", "malicious_model": sent})

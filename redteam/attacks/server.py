@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction, Setting, exact_float32, resolve_device
-from guardfl.redteam.client import ClientQuery, Observation
+from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction, Setting, exact_float32, infer_labels, resolve_device
+from guardfl.redteam.client import ClientQuery, ModelRefused, Observation
 from guardfl.redteam.threat import ThreatModel
 
 
@@ -35,9 +35,18 @@ class ServerAttack(Attack):
             raise NotApplicable(f"{self.name}: {reason}")
         device = resolve_device(self.config.device)
         gen = self._generator(self.config.seed if seed is None else seed)
-        with exact_float32():
-            rec = self._interrogate(client, setting, threat, device, gen)
+        try:
+            with exact_float32():
+                rec = self._interrogate(client, setting, threat, device, gen)
+        except ModelRefused as refused:
+            # the client's inspection refused a model: it sent nothing for it, and the attack ends with
+            # what it had (nothing: a grey guess) and the reasons on record
+            empty = torch.zeros((0, *setting.input_shape))
+            rec = Reconstruction(fill_batch(empty, setting.num_samples, setting.input_range),
+                                 torch.zeros(setting.num_samples, dtype=torch.long), float("nan"), [],
+                                 {"labels": "not restored", "refused": "; ".join(refused.reasons)})
         rec.info.setdefault("queries", client.queries)
+        rec.info.setdefault("refused_queries", getattr(client, "refused", 0))
         return rec
 
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
@@ -49,6 +58,18 @@ class ServerAttack(Attack):
         raise NotApplicable(f"{self.name}: a malicious-server attack sends the client its own model; an update the "
                             "client computed on the honest model cannot be attacked this way (use interrogate)")
 
+
+
+def server_labels(observation: Observation, setting: Setting, threat: ThreatModel) -> tuple[torch.Tensor, str]:
+    """The labels a server attack returns with its images, and where they came from: granted
+    (``threat.labels: known``), restored from the classifier's update when the batch has at most one
+    sample per class, else zeros marked "not restored" (the attacks that read inputs, not labels)."""
+    knowledge = threat.knowledge(observation)
+    if knowledge.labels is not None:
+        return knowledge.labels, "known"
+    if setting.num_samples <= setting.num_classes:
+        return infer_labels(observation), "inferred"
+    return torch.zeros(setting.num_samples, dtype=torch.long), "not restored"
 
 
 def fill_batch(images: torch.Tensor, samples: int, input_range: tuple[float, float]) -> torch.Tensor:

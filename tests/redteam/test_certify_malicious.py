@@ -12,15 +12,31 @@ from guardfl.redteam.certify import certify
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def test_robbing_the_fed_breaks_the_undefended_client_and_gradprune_certifies():
+def test_robbing_the_fed_breaks_the_undefended_client_and_adapts_to_gradprune():
     plain = certify(str(CONFIGS / "malicious-rtf.yaml"))
     assert plain.status == "NOT CERTIFIED"
     (record,) = plain.results
     assert record["attack"] == "robbing_the_fed" and record["threat"]["server"] == "malicious"
     assert record["recovered"]["exact"] >= 40 and record["info"]["queries"] == "1"
     assert record["info"]["malicious_model"] == "Imprinted"  # the crafted model, named in the record
+    assert record["info"]["pad"] == "0" and record["info"]["boost"] == "1.0"  # nothing to adapt to
+    # GradPrune 0.9 certified against the published construction; the server that knows it pads the
+    # imprint layer with dead rows, and the per-layer pruning keeps every bin row (issue 34)
     pruned = certify(str(CONFIGS / "malicious-rtf-gradprune.yaml"))
-    assert pruned.status == "CERTIFIED" and pruned.results[0]["recovered"]["exact"] == 0
+    assert pruned.status == "NOT CERTIFIED" and pruned.results[0]["recovered"]["exact"] >= 40
+    assert int(pruned.results[0]["info"]["pad"]) > 0
+
+
+@pytest.mark.parametrize("defense, holds", [
+    ({"kind": "gaussian", "sigma": 0.01}, False),   # boosted gradients drown fixed-scale noise
+    ({"kind": "sign"}, True),                        # no magnitude left to boost
+])
+def test_the_adaptive_imprint_against_noise_and_sign(defense, holds):
+    cfg = yaml.safe_load((CONFIGS / "malicious-rtf.yaml").read_text())
+    cfg["defense"] = defense
+    cert = certify(cfg)
+    assert (cert.status == "CERTIFIED") == holds
+    assert float(cert.results[0]["info"]["boost"]) == (1.0 if holds else 1e5)
 
 
 def test_fishing_breaks_the_undefended_client_in_train_mode():
@@ -61,3 +77,20 @@ def test_bad_threat_server_is_one_line(tmp_path, capsys, threat, expect):
     assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expect in err and "'honest' or 'malicious'" in err
+
+
+def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies():
+    """configs/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
+    fishing and the whole-layer trap (nothing sent: no leak, the reasons on record); the small traps built
+    against the isolation check and against pruning pass it and leak without a defense; DP-SGD holds."""
+    inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"))
+    assert inspecting.status == "NOT CERTIFIED"
+    by = {(r["attack"], r["budget"].get("rows")): r for r in inspecting.results}
+    for key, reason in ((("robbing_the_fed", None), "architecture:"), (("trap_weights", None), "isolation:"),
+                        (("fishing", None), "class fishing:")):
+        assert by[key]["info"]["refused"].startswith(reason) and by[key]["recovered"]["above_max_ssim"] == 0
+    assert by[("trap_weights", 8)]["info"].get("refused") is None
+    assert max(by[("trap_weights", 8)]["recovered"]["above_max_ssim"], by[("trap_weights", 2)]["recovered"]["above_max_ssim"]) > 0
+    defended = certify(str(CONFIGS / "malicious-adaptive.yaml"))
+    assert defended.status == "CERTIFIED"
+    assert all(r["recovered"]["above_max_ssim"] == 0 for r in defended.results)

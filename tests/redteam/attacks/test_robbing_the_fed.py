@@ -1,6 +1,8 @@
 """Robbing the Fed: the imprint block, exact recovery from what the client sends, and its place in the
 malicious-server lifecycle (``ServerAttack.interrogate`` with a ``ClientQuery``)."""
 
+import math
+
 import pytest
 import torch
 
@@ -44,8 +46,36 @@ def test_a_one_step_fedavg_delta_too_and_more_local_steps_degrade_it(faces):
 
 
 @pytest.mark.parametrize("defense", [{"kind": "gradprune", "ratio": 0.9}, {"kind": "gaussian", "sigma": 0.01}])
-def test_pruning_or_noise_on_the_update_stops_exact_recovery(faces, defense):
-    assert max(run(faces, defense)[2]) < 0.95
+def test_pruning_or_noise_on_the_update_stops_the_published_construction(faces, defense):
+    assert max(run(faces, defense, pad=0, boost=1.0)[2]) < 0.95
+
+
+def test_the_imprint_adapted_to_pruning_pads_the_layer_and_reads_faces_exactly_again(faces):
+    """Dead rows (gradient 0) make the per-layer pruning keep every bin row: the server knows the ratio."""
+    rec, _, ssim = run(faces, {"kind": "gradprune", "ratio": 0.9})
+    assert rec.info["pad"] > 9 * rec.info["bins"] - 1 and sum(s >= 0.95 for s in ssim) >= 40
+
+
+def test_the_imprint_adapted_to_noise_boosts_its_gradients_past_it(faces):
+    rec, _, ssim = run(faces, {"kind": "gaussian", "sigma": 0.01})
+    assert rec.info["boost"] == 1e5 and max(ssim) > 0.4
+
+
+def test_an_unknown_defense_gets_the_published_construction(faces):
+    rec, _, _ = run(faces, {"kind": "gradprune", "ratio": 0.9},
+                    threat=ThreatModel(server="malicious", labels="known", defense="unknown"))
+    assert rec.info["pad"] == 0 and rec.info["boost"] == 1.0
+
+
+def test_padding_and_boost_read_the_defense_configuration():
+    from guardfl.redteam.attacks.robbing_the_fed import boost_for, padding_for
+
+    assert padding_for(None, 64) == 0 and padding_for({"kind": "sign"}, 64) == 0
+    assert padding_for({"kind": "gradprune", "ratio": 0.9, "scope": "global"}, 64) == 0
+    n = (64 + padding_for({"kind": "gradprune", "ratio": 0.99}, 64)) * 625  # the imprint layer's entries
+    assert n - math.ceil(0.99 * (n - 1)) >= 64 * 625  # GradPrune's kept count covers every bin row's entries
+    stack = {"kind": "stack", "defenses": [{"kind": "sign"}, {"kind": "outpost", "prune": 0.8}]}
+    assert 40 <= padding_for(stack, 10) <= 42 and boost_for(stack) == 1e5 and boost_for({"kind": "dpsgd"}) == 1.0
 
 
 def test_recovery_divides_adjacent_bins_and_skips_empty_ones():
