@@ -53,6 +53,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor, nn
 
+from guardfl.defenses import parse_config
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.server import ServerAttack, fill_batch, server_labels
@@ -134,10 +135,10 @@ def padding_for(defense_config: dict | None, bins: int) -> int:
     0 without one (a global GradPrune is not padded against)."""
     ratio = 0.0
     for leaf in _leaves(defense_config):
-        if leaf.get("kind") == "gradprune" and leaf.get("scope", "layer") == "layer":
-            ratio = max(ratio, float(leaf.get("ratio", 0.0)))
-        elif leaf.get("kind") == "outpost":
-            ratio = max(ratio, float(leaf.get("prune", 0.8)))
+        if leaf.kind == "gradprune" and leaf.scope == "layer":
+            ratio = max(ratio, float(leaf.ratio))
+        elif leaf.kind == "outpost":
+            ratio = max(ratio, float(leaf.prune))
     if ratio <= 0.0:
         return 0
     return int(math.ceil(bins / (1.0 - ratio))) - bins + 1
@@ -151,25 +152,32 @@ def boost_for(defense_config: dict | None) -> float:
     """``NOISE_BOOST`` when the defense adds noise whose scale does not follow the gradient's (Gaussian,
     Laplace, Outpost), else 1 (pruning, sign, DP-SGD's per-sample clipping: a larger gradient buys
     nothing there)."""
-    kinds = {leaf.get("kind") for leaf in _leaves(defense_config)}
+    kinds = {leaf.kind for leaf in _leaves(defense_config)}
     return NOISE_BOOST if kinds & {"gaussian", "laplace", "outpost"} else 1.0
 
 
-def _leaves(config: dict | None) -> list[dict]:
-    if not config:
-        return []
-    if config.get("kind") == "stack":
-        return [leaf for member in config.get("defenses", []) for leaf in _leaves(member)]
-    return [config]
+def _leaves(config: dict | None) -> list:
+    return [] if not config else parse_config(config).leaves()
+
+
+def bin_differences(weight_update: Tensor, bias_update: Tensor) -> tuple[Tensor, Tensor]:
+    """Each bin's share of an imprint layer's update ``(k, d)`` / ``(k,)`` (rows in increasing cut-off
+    order): adjacent rows' differences, the last row as it is (float64)."""
+    w, b = weight_update.double(), bias_update.double()
+    return torch.cat([w[:-1] - w[1:], w[-1:]]), torch.cat([b[:-1] - b[1:], b[-1:]])
 
 
 def recover(weight_update: Tensor, bias_update: Tensor, input_shape: tuple[int, ...], samples: int,
             input_range: tuple[float, float], min_mass: float) -> tuple[Tensor, int]:
     """The candidates of an imprint layer's update ``(k, d)`` / ``(k,)`` (bins in increasing cut-off
     order): ``samples`` images (see the module docstring) and how many bins held a candidate."""
-    w, b = weight_update.double(), bias_update.double()
-    dw = torch.cat([w[:-1] - w[1:], w[-1:]])
-    db = torch.cat([b[:-1] - b[1:], b[-1:]])
+    return candidates(*bin_differences(weight_update, bias_update), input_shape, samples, input_range, min_mass)
+
+
+def candidates(dw: Tensor, db: Tensor, input_shape: tuple[int, ...], samples: int, input_range: tuple[float, float],
+               min_mass: float) -> tuple[Tensor, int]:
+    """``samples`` images from bins' updates ``dw`` / ``db``: one per bin whose bias difference is at least
+    ``min_mass`` of the largest, the largest first, ``fill_batch`` when fewer; and how many there were."""
     mass = db.abs()
     top = float(mass.max()) if mass.numel() else 0.0
     keep = torch.nonzero(mass > min_mass * top).flatten() if top > 0 else torch.zeros(0, dtype=torch.long)

@@ -52,7 +52,8 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.server import ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.robbing_the_fed import bin_differences, candidates
+from guardfl.redteam.attacks.server import ServerAttack, server_labels
 from guardfl.redteam.client import ClientQuery
 from guardfl.redteam.threat import ThreatModel
 
@@ -158,18 +159,9 @@ def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, in
             input_range: tuple[float, float], min_mass: float) -> tuple[Tensor, int]:
     """Candidates from every chain's adjacent row differences (see the module docstring): ``samples``
     images and the number of bins that held one."""
-    dws, dbs = [], []
-    for rows in chains:
-        w, b = weight[rows].double(), bias[rows].double()
-        dws.append(torch.cat([w[:-1] - w[1:], w[-1:]]))
-        dbs.append(torch.cat([b[:-1] - b[1:], b[-1:]]))
-    dw, db = torch.cat(dws), torch.cat(dbs)
-    mass = db.abs()
-    top = float(mass.max()) if mass.numel() else 0.0
-    keep = torch.nonzero(mass > min_mass * top).flatten() if top > 0 else torch.zeros(0, dtype=torch.long)
-    keep = keep[torch.argsort(mass[keep], descending=True)][:samples]
-    images = (dw[keep] / db[keep, None]).float().clamp(*input_range).view(-1, *input_shape)
-    return fill_batch(images, samples, input_range), int(keep.numel())
+    parts = [bin_differences(weight[rows], bias[rows]) for rows in chains]
+    return candidates(torch.cat([dw for dw, _ in parts]), torch.cat([db for _, db in parts]), input_shape, samples,
+                      input_range, min_mass)
 
 
 class TrapWeightsConfig(AttackConfig):

@@ -75,7 +75,7 @@ def test_padding_and_boost_read_the_defense_configuration():
     n = (64 + padding_for({"kind": "gradprune", "ratio": 0.99}, 64)) * 625  # the imprint layer's entries
     assert n - math.ceil(0.99 * (n - 1)) >= 64 * 625  # GradPrune's kept count covers every bin row's entries
     stack = {"kind": "stack", "defenses": [{"kind": "sign"}, {"kind": "outpost", "prune": 0.8}]}
-    assert 40 <= padding_for(stack, 10) <= 42 and boost_for(stack) == 1e5 and boost_for({"kind": "dpsgd"}) == 1.0
+    assert 40 <= padding_for(stack, 10) <= 42 and boost_for(stack) == 1e5 and boost_for({"kind": "dpsgd", "noise_multiplier": 1.0}) == 1.0
 
 
 def test_recovery_divides_adjacent_bins_and_skips_empty_ones():
