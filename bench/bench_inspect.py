@@ -8,7 +8,11 @@ default initialisations (small CNN, LeNet, ResNet-18, a linear model, FC-2) and 
 initialisation over many seeds, checkpoints trained 1-5 epochs on
 CIFAR-10 images, and FedAvg global models over rounds (4 IID clients, and 4 non-IID clients of 2-3
 classes each). Every model is inspected with and without the client's first batch (32 CIFAR-10 images
-it was not trained on) and, for benign ones, a non-IID batch (mostly one class).
+it was not trained on) and, for benign ones, a non-IID batch (mostly one class), also against a fresh
+initialisation of the same architecture as the client's own model (the isolation check's reference).
+Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
+(two chains, one chain, and 8 rows adapted to the isolation check) and class fishing without the
+zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained.
 
     .venv/bin/python bench/bench_inspect.py [--seeds 20] [--images 1024]
 
@@ -18,6 +22,7 @@ Prints a table and the largest benign value of each measured statistic next to i
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -30,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from guardfl import inspect as I  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
+from guardfl.redteam.attacks.trap_weights import craft, trap_layers  # noqa: E402
 from guardfl.redteam.models import FC2  # noqa: E402
 from tests import malicious as M  # noqa: E402
 
@@ -53,6 +59,54 @@ def fedavg_non_iid(model, x, y, rounds):
                                  else states[0][k] for k, v in current.state_dict().items()})
         history.append(copy.deepcopy(current))
     return history
+
+
+def fresh_init(model, seed: int = 1234):
+    """A copy of ``model`` with every layer re-initialised (PyTorch's defaults): the client's own model of
+    the same architecture, the reference of the isolation check."""
+    own = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    for m in own.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return own
+
+
+def trap(base, aux, chains=2, rows=None, seed=0):
+    """Trap weights (the red team's construction, guardfl.redteam.attacks.trap_weights) in ``base``."""
+    layers = trap_layers(base, (3, 32, 32))
+    sent, _, _, _ = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())),
+                          torch.Generator().manual_seed(seed), rows, 32)
+    return sent
+
+
+def fish_scaled(model, target, scale=3e-3, gap=20.0):
+    """Class fishing without the zero-row / bias-gap fingerprints: the other rows scaled by ``scale``
+    (above the zero-row threshold), the biases ``gap`` logits apart (at the bias-gap threshold)."""
+    fished = copy.deepcopy(model)
+    head = M.last_linear(fished)
+    with torch.no_grad():
+        keep = torch.arange(head.out_features) != target
+        head.weight[keep] *= scale
+        head.bias.fill_(gap / 2)
+        head.bias[target] = -gap / 2
+    return fished
+
+
+def fish_routed(model, target, dead=200, gap=20.0):
+    """FC-2 class fishing routed through hidden units that never fire: the other classes read only the
+    ``dead`` units (biased far below zero), the target only the live ones."""
+    fished = copy.deepcopy(model)
+    first, head = fished.net[1], fished.net[3]
+    with torch.no_grad():
+        first.bias[:dead] = -50.0
+        first.weight[:dead] *= 0.01
+        keep = torch.arange(head.out_features) != target
+        head.weight[keep, dead:] = 0.0
+        head.weight[target, :dead] = 0.0
+        head.bias.fill_(gap / 2)
+        head.bias[target] = -gap / 2
+    return fished
 
 
 def main() -> None:
@@ -108,15 +162,40 @@ def main() -> None:
             malicious.setdefault("class fishing, target row kept", []).append((M.class_fishing(base, t, keep_target_row=True), base))
             malicious.setdefault("feature fishing", []).append((M.feature_fishing(base, t, feature=3 * t), base))
 
+    # the adaptive constructions (issue 34): built by a server that has read guardfl/inspect.py
+    aux = M.cifar(1024, offset=2048)[0]
+    trained_fc2 = benign["trained: FC-2"][1]
+    for name, base in (("FC-2", FC2()), ("FC-2 trained", trained_fc2)):
+        for seed in range(5):
+            malicious.setdefault("trap weights, whole layer (2 chains)", []).append((trap(base, aux, seed=seed), base))
+            malicious.setdefault("trap weights, whole layer (1 chain)", []).append((trap(base, aux, chains=1, seed=seed), base))
+            malicious.setdefault("trap weights, 8 rows (adapted to isolation)", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
+        for t in range(10):
+            malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
+            malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
+
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
-             "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": []}
+             "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],
+             "layer sample share (max)": [], "layer label share (max)": [], "isolated samples, no reference (max)": [],
+             "isolation excess over own init (max)": []}
     rows = []
     for group, models in benign.items():
         flagged = 0
         for model in models:
+            own = fresh_init(model)  # the client's own model: the same architecture, its own initialisation
             results = [inspect_model(model, batch=b) for b in (None, batch, skewed)] + [inspect_model(model.state_dict(), model)]
+            results += [inspect_model(model.state_dict(), own, batch=b) for b in (batch, skewed)]
             flagged += any(not r.ok for r in results)
+            for r in results[-2:]:
+                iso = r.checks["isolation"]
+                if "layers" in iso:
+                    judged = [v["isolated"] - iso["baseline"].get(k, 0) for k, v in iso["layers"].items() if v.get("judged", True)]
+                    stats["isolation excess over own init (max)"].append(max(judged, default=0))
             for r in results[1:3]:
+                layers = r.checks["gradient_concentration"].get("layers", {})
+                stats["layer sample share (max)"].append(max((v["sample_share"] for v in layers.values()), default=0.0))
+                stats["layer label share (max)"].append(max((v["class_share"] for v in layers.values()), default=0.0))
+                stats["isolated samples, no reference (max)"].append(r.checks["isolation"].get("max_isolated", 0))
                 c = r.checks
                 stats["class rank ratio (min)"].append(c["class_fishing"]["rank_ratio"])
                 stats["bias gap (max)"].append(c["class_fishing"]["bias_gap"])
@@ -133,7 +212,7 @@ def main() -> None:
             weights_only = inspect_model(model)
             with_ref = inspect_model(model, expected, batch=batch)
             caught_weights += not weights_only.ok
-            caught_batch += any(r.startswith("gradient concentration") for r in with_ref.reasons)
+            caught_batch += any(r.startswith(("gradient concentration", "isolation")) for r in with_ref.reasons)
             caught += not (weights_only.ok and with_ref.ok)
         rows.append(("malicious", group, len(models), caught, caught / len(models), caught_weights, caught_batch))
 
@@ -153,7 +232,10 @@ def main() -> None:
     print(f"\ndetection {det}/{m} = {det / m:.1%}; false positives {fp}/{n} = {fp / n:.1%}\n")
     thresholds = {"class rank ratio (min)": f"< {I.RANK_ONE_RATIO:g}", "imprint rank ratio (min)": f"< {I.RANK_ONE_RATIO:g}",
                   "bias gap (max)": f"> {I.BIAS_GAP_LOGITS:g}", "mean top probability, unanimous (max)": "(reported only)",
-                  "sample gradient share (max)": f"> {I.CONCENTRATION_SHARE}", "label gradient share (max)": f"> {I.CONCENTRATION_SHARE}"}
+                  "sample gradient share (max)": f"> {I.CONCENTRATION_SHARE}", "label gradient share (max)": f"> {I.CONCENTRATION_SHARE}",
+                  "layer sample share (max)": f"> {I.CONCENTRATION_SHARE}", "layer label share (max)": f"> {I.CONCENTRATION_SHARE}",
+                  "isolated samples, no reference (max)": "(reported only)",
+                  "isolation excess over own init (max)": f">= max({I.ISOLATION_MIN_SAMPLES}, {I.ISOLATION_SHARE:.0%} of 32)"}
     print("| benign statistic | worst benign value | flagged when |")
     print("|---|---|---|")
     for k, v in stats.items():

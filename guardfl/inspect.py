@@ -842,6 +842,12 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int,
         else:
             found, info = isolated_samples(delta)
             isolation["layers"][name] = {"isolated": len(found), **info}
+            if out is logits:
+                # the classification layer: a confident model's row k holds only the samples of label k
+                # (softmax saturates), so a class with one sample is isolated there, trained or not: its
+                # penultimate features, iDLG's known leak, not an edit. Reported, not judged
+                isolation["layers"][name]["judged"] = False
+                continue
             worst = max(worst, len(found))
             reason = _isolation_reason(name, len(found), n, None if baseline is None else baseline.get(name, 0))
             if reason:
