@@ -1,0 +1,59 @@
+"""The model and the data shared by the example's server and sites (offline, CPU)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+NUM_CLASSES = 10
+
+
+class Net(nn.Module):
+    """A small CNN for 3x16x16 inputs (3.6k parameters), the Flower example's."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def synthetic(n: int, seed: int, *, template_seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` images of 10 classes: a fixed smooth random pattern per class, plus noise (the same class
+    patterns at every site and the server)."""
+    g = torch.Generator().manual_seed(template_seed)
+    templates = F.interpolate(torch.rand(NUM_CLASSES, 3, 4, 4, generator=g), size=16, mode="bilinear", align_corners=False)
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    return (templates[labels] + 0.25 * torch.randn(n, 3, 16, 16, generator=g)).clamp(0, 1), labels
+
+
+def site_index(site_name: str) -> int:
+    """``site-3`` -> 2 (the simulator names its sites site-1, site-2, ...)."""
+    try:
+        return int(site_name.rsplit("-", 1)[1]) - 1
+    except (IndexError, ValueError):
+        raise ValueError(f"site name: expected site-N, got {site_name!r}") from None
+
+
+def site_loader(index: int, samples: int, batch_size: int = 16, seed: int = 0) -> DataLoader:
+    """Site ``index``'s private samples (disjoint seeds across sites)."""
+    data = TensorDataset(*synthetic(samples, seed=seed * 1000 + index + 1))
+    return DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed * 7919 + index))
+
+
+def test_data(n: int = 500, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return synthetic(n, seed=10_000_000 + seed)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    return float((model(x).argmax(1) == y).float().mean())
