@@ -1,6 +1,6 @@
 """guardfl + NVIDIA FLARE: FedAvg over a few simulated sites, each site's update defended twice.
 
-    python examples/nvflare/job.py --rounds 3 --sites 2 --out nvflare-out
+    python examples/nvflare/job.py --rounds 3 --sites 3 --out nvflare-out
 
 Runs NVFlare's simulator (one machine, offline, CPU) and writes ``OUT/results.json``: the accuracy of the
 global model per round, the audit of every update that arrived at the server, and the run's time.
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sites", type=int, default=2)
+    p.add_argument("--sites", type=int, default=3)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--samples", type=int, default=128, help="samples per site")
