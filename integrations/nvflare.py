@@ -272,6 +272,73 @@ def add_update_filter(recipe: Any, update_filter: GuardUpdateFilter, tasks: Sequ
         raise ConfigError(f"recipe: expected an nvflare.recipe Recipe, got {type(recipe).__name__}")
 
 
+# -- running a site's result filters outside NVFlare (the red team) ----------------------------------------
+def job_result_filters(job: str | Path, task: str = "train") -> list[dict[str, Any]]:
+    """The ``{"path", "args"}`` entries of the result filters a site applies to ``task``, read from an
+    exported NVFlare job (a folder holding one ``config_fed_client.json``) or that file itself."""
+    path = Path(job)
+    files = [path] if path.is_file() else sorted(path.rglob("config_fed_client.json"))
+    if len(files) != 1:
+        raise ConfigError(f"target.job: expected an exported NVFlare job with exactly one config_fed_client.json, "
+                          f"found {len(files)} under {str(path)!r}")
+    try:
+        config = json.loads(files[0].read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"target.job: cannot read {files[0]} ({err})") from None
+    entries = []
+    for chain in config.get("task_result_filters", []):
+        if task in chain.get("tasks", []) or "*" in chain.get("tasks", []):
+            entries.extend(chain.get("filters", []))
+    return entries
+
+
+def build_filters(entries: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """NVFlare filters from job-config entries ``{"path": "module.Class", "args": {...}}``."""
+    from nvflare.apis.filter import Filter
+    from nvflare.fuel.utils.class_utils import instantiate_class
+
+    filters = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
+            raise ConfigError(f"result_filters[{i}]: expected {{path: module.Class, args: {{...}}}}, got {entry!r}")
+        try:
+            f = instantiate_class(entry["path"], dict(entry.get("args") or {}))
+        except GuardflError:
+            raise
+        except Exception as err:  # noqa: BLE001 - NVFlare's builder raises what the class raises
+            raise ConfigError(f"result_filters[{i}]: cannot build {entry['path']} ({type(err).__name__}: {err})") from None
+        if not isinstance(f, Filter):
+            raise ConfigError(f"result_filters[{i}]: {entry['path']} is not an NVFlare Filter")
+        filters.append(f)
+    return filters
+
+
+def apply_result_filters(filters: Sequence[Any], received: Mapping[str, Any], result: FLModel, *,
+                         task: str = "train") -> FLModel:
+    """Run task-result ``filters`` on a train ``result`` as a site's client runner does: the filters see
+    ``BEFORE_TASK_EXECUTION`` with ``received`` (the global model) as the task data, then ``process`` the
+    result's shareable in order. Raises ``UndefendedUpdateError`` when a filter refuses the result (a
+    return code other than OK): the site would not have sent it."""
+    from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+    task_id = f"guardfl-{id(result)}"
+    ctx = FLContext()
+    ctx.set_prop(FLContextKey.TASK_ID, task_id, private=True, sticky=False)
+    ctx.set_prop(FLContextKey.TASK_NAME, task, private=True, sticky=False)
+    ctx.set_prop(FLContextKey.TASK_DATA, DXO(DataKind.WEIGHTS, dict(received)).to_shareable(), private=True, sticky=False)
+    for f in filters:
+        f.handle_event(EventType.BEFORE_TASK_EXECUTION, ctx)
+    ctx.set_prop(FLContextKey.TASK_DATA, None, private=True, sticky=False)
+    shareable = FLModelUtils.to_shareable(copy.copy(result))
+    for f in filters:
+        shareable = f.process(shareable, ctx)
+        if not isinstance(shareable, Shareable) or shareable.get_return_code() != ReturnCode.OK:
+            code = shareable.get_return_code() if isinstance(shareable, Shareable) else type(shareable).__name__
+            raise UndefendedUpdateError(f"{type(f).__name__} refused the {task!r} result (return code {code}): the site "
+                                        "would not send it")
+    return FLModelUtils.from_shareable(shareable)
+
+
 # -- Client API --------------------------------------------------------------------------------------------
 def params_to_state(params: Mapping[str, Any]) -> dict[str, Tensor]:
     """An ``FLModel``'s params (numpy arrays or torch tensors) as a CPU state dict (copies)."""
@@ -351,4 +418,4 @@ def train(input_model: FLModel, model: nn.Module, loader: Iterable, make_optimiz
     return out, trainer.state
 
 
-__all__ = ["GuardUpdateFilter", "add_update_filter", "GuardedTrainer", "META_KEY", "UPDATE_DATA_KINDS", "defense_config", "params_to_state", "train"]
+__all__ = ["GuardUpdateFilter", "add_update_filter", "apply_result_filters", "build_filters", "job_result_filters", "GuardedTrainer", "META_KEY", "UPDATE_DATA_KINDS", "defense_config", "params_to_state", "train"]

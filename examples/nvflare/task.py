@@ -35,6 +35,32 @@ def synthetic(n: int, seed: int, *, template_seed: int = 1234) -> tuple[torch.Te
     return (templates[labels] + 0.25 * torch.randn(n, 3, 16, 16, generator=g)).clamp(0, 1), labels
 
 
+def lenet(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """The LeNet of Zhu et al. 2019 (sigmoid, strided convs) for 3x16x16 inputs: the gradient-inversion
+    benchmark, used by the red team's certificate (configs/nvflare-example.yaml)."""
+    from guardfl.redteam.models import LeNetZhu
+
+    return LeNetZhu((3, 16, 16), num_classes)
+
+
+def make_model(name: str) -> nn.Module:
+    if name == "cnn":
+        return Net()
+    if name == "lenet":
+        return lenet()
+    raise ValueError(f"model: {name!r}; allowed: cnn, lenet")
+
+
+def faces() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 100 LFW faces shipped with scikit-image, as 3x16x16 images; labels i % 10 (the subset has no
+    identities: for the red team's reconstructions, not for accuracy)."""
+    from guardfl.redteam.data import lfw_faces
+
+    x, y = lfw_faces(NUM_CLASSES)
+    x = F.interpolate(x, size=16, mode="bilinear", align_corners=False).clamp(0, 1)
+    return x.expand(-1, 3, -1, -1).contiguous(), y
+
+
 def site_index(site_name: str) -> int:
     """``site-3`` -> 2 (the simulator names its sites site-1, site-2, ...)."""
     try:
@@ -43,9 +69,18 @@ def site_index(site_name: str) -> int:
         raise ValueError(f"site name: expected site-N, got {site_name!r}") from None
 
 
-def site_loader(index: int, samples: int, batch_size: int = 16, seed: int = 0) -> DataLoader:
-    """Site ``index``'s private samples (disjoint seeds across sites)."""
-    data = TensorDataset(*synthetic(samples, seed=seed * 1000 + index + 1))
+def site_loader(index: int, samples: int, batch_size: int = 16, seed: int = 0, dataset: str = "synthetic") -> DataLoader:
+    """Site ``index``'s private samples (disjoint across sites): ``synthetic`` or ``faces``."""
+    if dataset == "synthetic":
+        data = TensorDataset(*synthetic(samples, seed=seed * 1000 + index + 1))
+    elif dataset == "faces":
+        x, y = faces()
+        lo = index * samples
+        if lo + samples > len(x):
+            raise ValueError(f"samples: site {index + 1} needs faces {lo}..{lo + samples - 1}; there are {len(x)}")
+        data = TensorDataset(x[lo : lo + samples], y[lo : lo + samples])
+    else:
+        raise ValueError(f"dataset: {dataset!r}; allowed: synthetic, faces")
     return DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed * 7919 + index))
 
 
