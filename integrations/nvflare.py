@@ -35,6 +35,10 @@ Randomness: OS entropy unless the defense config sets ``seed``; then round ``r``
 (its own counter of defended results, never the server's round number, which a server could repeat)
 uses a seed derived from (seed, r), as ``guardfl.integrations.torch`` does.
 
+``InspectModelFilter(reference="task:Net")``, a task-data filter, refuses a ``train`` task whose global
+model carries a malicious-server signature before the executor sees it (``guardfl.inspect_model`` on the
+weights, as Flower's ``InspectModelMod``).
+
 Optimizer-level defenses, DP-SGD and input encodings with the Client API (``nvflare.client``)::
 
     flare.init()
@@ -71,6 +75,7 @@ try:
     from nvflare.apis.dxo import DXO, DataKind, MetaKey, from_shareable
     from nvflare.apis.dxo_filter import DXOFilter
     from nvflare.apis.event_type import EventType
+    from nvflare.apis.filter import Filter
     from nvflare.apis.fl_constant import FLContextKey, ReturnCode
     from nvflare.apis.fl_context import FLContext
     from nvflare.apis.shareable import Shareable, make_reply
@@ -251,9 +256,19 @@ class GuardUpdateFilter(DXOFilter):
         })
 
 
+def _add_filter_section(recipe: Any, section: str, entry: dict[str, Any], tasks: Sequence[str],
+                        clients: Sequence[str] | None) -> None:
+    if isinstance(tasks, str) or not tasks or not all(isinstance(t, str) and t for t in tasks):
+        raise ConfigError(f"tasks: expected a non-empty list of task names (got {tasks!r})")
+    if not hasattr(recipe, "add_client_config"):
+        raise ConfigError(f"recipe: expected an nvflare.recipe Recipe, got {type(recipe).__name__}")
+    recipe.add_client_config({section: [{"tasks": list(tasks), "filters": [entry]}]},
+                             clients=list(clients) if clients is not None else None)
+
+
 def add_update_filter(recipe: Any, update_filter: GuardUpdateFilter, tasks: Sequence[str] = ("train",),
                       clients: Sequence[str] | None = None) -> None:
-    """Put ``update_filter`` in the sites' ``task_result_filters`` of an NVFlare ``Recipe`` (or ``FedJob``).
+    """Put ``update_filter`` in the sites' ``task_result_filters`` of an NVFlare ``Recipe``.
 
     Use this instead of ``recipe.add_client_output_filter(update_filter)``: NVFlare's Job API finds a
     filter's class by its source file and copies non-NVFlare modules into the job's custom code, which
@@ -263,13 +278,79 @@ def add_update_filter(recipe: Any, update_filter: GuardUpdateFilter, tasks: Sequ
     ``task_result_filters`` section of the sites' config; add other result filters to it by hand."""
     if not isinstance(update_filter, GuardUpdateFilter):
         raise ConfigError(f"update_filter: expected a GuardUpdateFilter, got {type(update_filter).__name__}")
-    if isinstance(tasks, str) or not tasks or not all(isinstance(t, str) and t for t in tasks):
-        raise ConfigError(f"tasks: expected a non-empty list of task names (got {tasks!r})")
-    section = {"task_result_filters": [{"tasks": list(tasks), "filters": [update_filter.job_config()]}]}
-    if hasattr(recipe, "add_client_config"):  # a Recipe
-        recipe.add_client_config(section, clients=list(clients) if clients is not None else None)
-    else:  # a FedJob: the same through its client apps
-        raise ConfigError(f"recipe: expected an nvflare.recipe Recipe, got {type(recipe).__name__}")
+    _add_filter_section(recipe, "task_result_filters", update_filter.job_config(), tasks, clients)
+
+
+def add_inspect_filter(recipe: Any, inspect_filter: "InspectModelFilter", tasks: Sequence[str] = ("train",),
+                       clients: Sequence[str] | None = None) -> None:
+    """Put ``inspect_filter`` in the sites' ``task_data_filters`` (as ``add_update_filter`` does for the
+    result filters; it sets the whole section)."""
+    if not isinstance(inspect_filter, InspectModelFilter):
+        raise ConfigError(f"inspect_filter: expected an InspectModelFilter, got {type(inspect_filter).__name__}")
+    entry = {"path": f"{InspectModelFilter.__module__}.{InspectModelFilter.__qualname__}",
+             "args": {"reference": inspect_filter.reference} if inspect_filter.reference is not None else {}}
+    _add_filter_section(recipe, "task_data_filters", entry, tasks, clients)
+
+
+class InspectModelFilter(Filter):
+    """NVFlare task-data filter: refuse a task whose global model carries a malicious-server signature
+    (``guardfl.inspect_model`` on the weights, as ``InspectModelMod`` does for Flower).
+
+    ``reference``: ``"module:callable"`` building the site's own model (``"task:Net"``), to refuse other
+    architectures (an inserted imprint block); null checks the weights alone. A ``WEIGHTS`` DXO is inspected;
+    other task data passes. A model that is not ok is logged in one error line naming the reasons and the
+    filter raises ``MaliciousModelError``: NVFlare then answers the task with ``TASK_DATA_FILTER_ERROR``
+    and the executor never sees the model (nothing trained, nothing sent). For the checks that need the
+    site's data (logits and gradients on its first batch) use ``GuardedTrainer(inspect=True)``.
+    """
+
+    def __init__(self, reference: str | None = None) -> None:
+        super().__init__()
+        if reference is not None and (not isinstance(reference, str) or reference.count(":") != 1):
+            raise ConfigError(f"reference: expected null or 'module:callable' building the site's model (got {reference!r})")
+        self.reference = reference
+        self._model: nn.Module | None = None
+
+    def _reference_model(self) -> nn.Module | None:
+        if self.reference is None:
+            return None
+        if self._model is None:
+            import importlib
+
+            module, attr = self.reference.split(":")
+            try:
+                factory = getattr(importlib.import_module(module), attr)
+                model = factory()
+            except Exception as err:  # noqa: BLE001 - the user's code
+                raise ConfigError(f"reference: cannot build {self.reference} ({type(err).__name__}: {err})") from None
+            if not isinstance(model, nn.Module):
+                raise ConfigError(f"reference: {self.reference} returned {type(model).__name__}, not a torch.nn.Module")
+            self._model = model
+        return self._model
+
+    def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        from guardfl.errors import MaliciousModelError
+        from guardfl.inspect import inspect_model
+
+        if shareable.get_return_code() != ReturnCode.OK:
+            return shareable
+        try:
+            dxo = from_shareable(shareable)
+        except Exception:  # noqa: BLE001 - not a model: nothing to inspect
+            return shareable
+        if dxo.data_kind != DataKind.WEIGHTS or not dxo.data:
+            return shareable
+        try:
+            inspection = inspect_model(params_to_state(dxo.data), self._reference_model())
+            reasons = inspection.reasons if not inspection.ok else []
+        except (ValueError, TypeError, GuardflError) as err:
+            reasons = [str(err)]
+        if reasons:
+            message = "the received model was refused: " + "; ".join(reasons)
+            self.log_error(fl_ctx, f"{type(self).__name__}: {message}; the task was not run", fire_event=False)
+            raise MaliciousModelError(reasons)
+        self.log_info(fl_ctx, f"{type(self).__name__}: the received model passed guardfl.inspect_model", fire_event=False)
+        return shareable
 
 
 # -- running a site's result filters outside NVFlare (the red team) ----------------------------------------
@@ -418,4 +499,4 @@ def train(input_model: FLModel, model: nn.Module, loader: Iterable, make_optimiz
     return out, trainer.state
 
 
-__all__ = ["GuardUpdateFilter", "add_update_filter", "apply_result_filters", "build_filters", "job_result_filters", "GuardedTrainer", "META_KEY", "UPDATE_DATA_KINDS", "defense_config", "params_to_state", "train"]
+__all__ = ["GuardUpdateFilter", "InspectModelFilter", "add_inspect_filter", "add_update_filter", "apply_result_filters", "build_filters", "job_result_filters", "GuardedTrainer", "META_KEY", "UPDATE_DATA_KINDS", "defense_config", "params_to_state", "train"]

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=128, help="samples per site")
     p.add_argument("--defense", default="sign", help="guardfl defense on the sites' optimizer: a kind, a .yaml path, or none")
     p.add_argument("--update-prune", type=float, default=0.9, help="GradPrune ratio of the update filter (0 = no filter)")
+    p.add_argument("--no-inspect", action="store_true", help="no InspectModelFilter on the sites' train tasks")
     p.add_argument("--transfer", default="DIFF", choices=["DIFF", "FULL"], help="send weight differences or full weights")
     p.add_argument("--out", default="nvflare-out")
     args = p.parse_args(argv)
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from nvflare.recipe import SimEnv
 
     from audit import UpdateAudit
-    from guardfl.integrations.nvflare import GuardUpdateFilter, add_update_filter
+    from guardfl.integrations.nvflare import GuardUpdateFilter, InspectModelFilter, add_inspect_filter, add_update_filter
     from task import Net, accuracy, test_data
 
     out = Path(args.out).resolve()
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                           params_transfer_type=TransferType.DIFF if args.transfer == "DIFF" else TransferType.FULL)
     if args.update_prune > 0:
         add_update_filter(recipe, GuardUpdateFilter({"kind": "gradprune", "ratio": args.update_prune}), tasks=["train"])
+    if not args.no_inspect:  # refuse a malicious global model before the site's script sees it
+        add_inspect_filter(recipe, InspectModelFilter(reference="task:Net"), tasks=["train"])
     recipe.add_server_input_filter(UpdateAudit(str(audit_path), lr=args.lr), tasks=["train"])
 
     start = time.perf_counter()

@@ -283,3 +283,27 @@ def test_example_job_on_the_simulator(tmp_path):
         assert a["guardfl"]["defended"] == 6
     acc = results["accuracy_per_round"]
     assert len(acc) == 3 and acc[-1] > acc[0] + 0.1, acc
+    site_log = (Path(results["workspace"]) / "site-1" / "log.txt").read_text()
+    assert site_log.count("the received model passed guardfl.inspect_model") == 2  # InspectModelFilter, every round
+
+
+# -- the inspection filter --------------------------------------------------------------------------------------
+def test_inspect_filter_refuses_a_fished_model_and_passes_a_benign_one(caplog, tmp_path, monkeypatch):
+    (tmp_path / "nvf_inspect_model.py").write_text(
+        "import torch\n\ndef net():\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), "
+        "torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flt = gn.InspectModelFilter(reference="nvf_inspect_model:net")
+    ok = DXO(DataKind.WEIGHTS, arrays(net())).to_shareable()
+    assert flt.process(ok, task_context(None)) is ok
+    fished = DXO(DataKind.WEIGHTS, arrays(M.class_fishing(net(), target=2))).to_shareable()
+    with caplog.at_level(logging.ERROR), pytest.raises(MaliciousModelError, match="class fishing"):
+        flt.process(fished, task_context(None))
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
+    imprinted = DXO(DataKind.WEIGHTS, arrays(M.with_imprint(net(), in_shape=(1, 4, 4), bins=16))).to_shareable()
+    with pytest.raises(MaliciousModelError, match="architecture"):
+        flt.process(imprinted, task_context(None))
+    metrics = DXO(DataKind.METRICS, {"a": 1.0}).to_shareable()
+    assert flt.process(metrics, task_context(None)) is metrics
+    with pytest.raises(ConfigError, match="reference"):
+        gn.InspectModelFilter(reference="no-colon")
