@@ -122,6 +122,10 @@ def _to_numpy(name: str, value: Any) -> np.ndarray:
     raise UndefendedUpdateError(f"update: {name} is a {type(value).__name__}, not an array or tensor: it cannot be defended")
 
 
+def _kind(kind: Any) -> str:
+    return str(getattr(kind, "value", kind))
+
+
 def _like(template: Any, array: np.ndarray) -> Any:
     """``array`` in the container type of ``template`` (a torch tensor stays a tensor, on its device)."""
     if isinstance(template, Tensor):
@@ -199,8 +203,9 @@ class GuardUpdateFilter(DXOFilter):
             except Exception as err:  # noqa: BLE001
                 raise UndefendedUpdateError(f"the {task!r} result is not a DXO ({type(err).__name__}), so no defense can act on it") from None
             if dxo.data_kind not in self.data_kinds:
-                raise UndefendedUpdateError(f"the {task!r} result is a {dxo.data_kind} DXO; this filter defends "
-                                            f"{'/'.join(self.data_kinds)} (attach it to training tasks only)")
+                raise UndefendedUpdateError(f"the {task!r} result is a {_kind(dxo.data_kind)} DXO; this filter defends "
+                                            f"{'/'.join(_kind(k) for k in self.data_kinds)} (attach it to training tasks "
+                                            "only, and list the kind the sites send in data_kinds)")
             if not dxo.data:
                 raise UndefendedUpdateError(f"the {task!r} result holds no weights")
             self._defend(dxo, received)
@@ -220,7 +225,7 @@ class GuardUpdateFilter(DXOFilter):
         if tuple(self.skip) != BN_BUFFERS:
             args["skip"] = list(self.skip)
         if tuple(self.data_kinds) != UPDATE_DATA_KINDS:
-            args["data_kinds"] = [str(getattr(k, "value", k)) for k in self.data_kinds]
+            args["data_kinds"] = [_kind(k) for k in self.data_kinds]
         return {"path": f"{GuardUpdateFilter.__module__}.{GuardUpdateFilter.__qualname__}", "args": args}
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:  # pragma: no cover
