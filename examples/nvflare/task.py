@@ -11,13 +11,18 @@ NUM_CLASSES = 10
 
 
 class Net(nn.Module):
-    """A small CNN for 3x16x16 inputs (3.6k parameters), the Flower example's."""
+    """A small CNN for 3x16x16 inputs (3.6k parameters), the Flower example's. ``seed`` fixes the initial
+    weights: NVFlare's server persistor builds the initial global model from this class and its arguments."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+    def __init__(self, num_classes: int = NUM_CLASSES, seed: int | None = 0) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
-        self.fc = nn.Linear(16 * 4 * 4, num_classes)
+        self.num_classes, self.seed = num_classes, seed
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+            self.fc = nn.Linear(16 * 4 * 4, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
