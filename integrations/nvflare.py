@@ -4,9 +4,10 @@ Client API helper that trains with any guardfl defense. Needs ``pip install 'gua
 Update-level defenses, configured in the job as NVFlare's own privacy filters are (``PercentilePrivacy``,
 ``SVTPrivacy``, ``ExcludeVars``)::
 
-    recipe.add_client_output_filter(GuardUpdateFilter({"kind": "gradprune", "ratio": 0.9}), tasks=["train"])
+    add_update_filter(recipe, GuardUpdateFilter({"kind": "gradprune", "ratio": 0.9}), tasks=["train"])
 
-or in ``config_fed_client.json``::
+(``add_update_filter`` rather than ``recipe.add_client_output_filter``: see its docstring), or in
+``config_fed_client.json``::
 
     "task_result_filters": [{"tasks": ["train"], "filters": [
         {"path": "guardfl.integrations.nvflare.GuardUpdateFilter",
@@ -56,6 +57,11 @@ tensors), ``NUM_STEPS_CURRENT_ROUND`` in its meta and ``train_loss`` / ``guardfl
 ``guardfl_delta`` in its metrics. The per-site state (round counter, DP accountant) lives in the trainer,
 which a ``launch_once`` script keeps for the whole job, so epsilon is cumulative over rounds; pass
 ``state_path`` to keep it in a JSON file as well (a script launched per task, a restarted site).
+
+The red team certifies such a site as deployed (``guardfl.redteam.target.run_nvflare``): it calls the
+script's train round with the global model and runs the site's result filters on what comes back with
+``apply_result_filters`` (filters from ``job_result_filters`` / ``build_filters``), as the client runner
+would.
 """
 
 from __future__ import annotations
@@ -148,7 +154,7 @@ class GuardUpdateFilter(DXOFilter):
     undefended update.
     """
 
-    def __init__(self, defense: Any = "identity", clip_norm: float | None = None,
+    def __init__(self, defense: Any, clip_norm: float | None = None,
                  skip: Sequence[str] | None = None, data_kinds: Sequence[str] | None = None) -> None:
         kinds = list(data_kinds) if data_kinds else list(UPDATE_DATA_KINDS)
         bad = [k for k in kinds if k not in UPDATE_DATA_KINDS]
