@@ -88,9 +88,11 @@ def test_target_section_validation(target, field):
         load_config({"target": target, "client": {"protocol": "fedavg"}, "model": {"name": "lenet"}})
 
 
-def test_shipped_nvflare_example_config_validates():
+def test_shipped_nvflare_example_configs_validate():
     cfg = load_config(ROOT / "configs" / "nvflare-example.yaml")
     assert cfg.target.nvflare == "client:train" and cfg.target.result_filters == [PRUNE_FILTER]
+    bare = load_config(ROOT / "configs" / "nvflare-example-no-defense.yaml")
+    assert bare.target.result_filters is None and bare.defense is None and bare.target.run_config["defense"] == "none"
 
 
 def test_certify_the_example_site_without_defenses_finds_the_leak(tmp_path):
