@@ -169,6 +169,9 @@ def run_nvflare(fn: Callable, global_model: nn.Module, *, site: str, kwargs: Map
         raise TargetError(f"target.nvflare: {err}") from None
     if not callable(fn):
         raise TargetError(f"target.nvflare: expected a callable, got {type(fn).__name__}")
+    if "site" in kwargs:
+        raise TargetError("target.run_config: 'site' is set by the red team, one site per batch (site-1, site-2, ...); "
+                          "remove it")
     sent = {k: v.detach().cpu().clone() for k, v in global_model.state_dict().items()}
     params = {k: v.numpy().copy() for k, v in sent.items()}
     input_model = FLModel(params_type=ParamsType.FULL, params=params, current_round=0, total_rounds=1)

@@ -64,6 +64,11 @@ def test_a_result_the_sites_filter_refuses_is_not_certified(site_train):
         run_site(site_train, filters=[only_diffs])  # the round returns FULL weights
 
 
+def test_the_site_name_is_the_red_teams(site_train):
+    with pytest.raises(TargetError, match="'site' is set by the red team"):
+        run_site(site_train, site="site-1")
+
+
 def test_filters_come_from_an_exported_job(tmp_path):
     job = tmp_path / "job" / "app" / "config"
     job.mkdir(parents=True)
