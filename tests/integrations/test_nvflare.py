@@ -307,3 +307,13 @@ def test_inspect_filter_refuses_a_fished_model_and_passes_a_benign_one(caplog, t
     assert flt.process(metrics, task_context(None)) is metrics
     with pytest.raises(ConfigError, match="reference"):
         gn.InspectModelFilter(reference="no-colon")
+
+
+def test_trainer_runs_input_encodings_and_stacks():
+    """MixUp trains on mixed inputs and soft labels through guardfl.protect; a stack with Outpost too."""
+    for defense in ({"kind": "mixup", "k": 2, "max_coeff": 0.7},
+                    {"kind": "stack", "defenses": [{"kind": "outpost"}, {"kind": "gradprune", "ratio": 0.5}]}):
+        trainer = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), defense, num_classes=3)
+        out = trainer.train(fl_model(net()), DataLoader(DATA, batch_size=8, drop_last=True))
+        assert out.meta[MetaKey.NUM_STEPS_CURRENT_ROUND] == 4 and np.isfinite(out.metrics["train_loss"])
+        assert not np.array_equal(out.params["1.weight"], net().state_dict()["1.weight"].numpy())
