@@ -63,7 +63,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="resnet18", choices=["resnet18", "lenet"])
     ap.add_argument("--batches", type=int, default=4, help="local steps per round")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's); 1 on a machine shared with "
+                    "other jobs, where OpenMP's threads wait on each other")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     make = (lambda: resnet18_cifar((3, 32, 32), 10)) if args.model == "resnet18" else (lambda: LeNetZhu((3, 32, 32), 10))
     base = make()
