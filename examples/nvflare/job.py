@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     audit_path = out / "audit.jsonl"
     audit_path.unlink(missing_ok=True)
     train_args = f"--lr {args.lr} --epochs {args.epochs} --samples {args.samples} --defense {args.defense}"
-    torch.manual_seed(0)
     recipe = FedAvgRecipe(name="guardfl_nvflare", model=Net(), min_clients=args.sites, num_rounds=args.rounds,
                           train_script=str(HERE / "client.py"), train_args=train_args,
                           params_transfer_type=TransferType.DIFF if args.transfer == "DIFF" else TransferType.FULL)
@@ -59,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     env = SimEnv(num_clients=args.sites, num_threads=args.sites, workspace_root=str(out / "workspace"))
-    run = recipe.run(env)
-    workspace = Path(run.get_result())
+    try:
+        workspace = Path(recipe.run(env).get_result())
+    except RuntimeError as err:  # a site refused a round (see its log), or the run failed
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     seconds = time.perf_counter() - start
 
     audit = [json.loads(line) for line in audit_path.read_text().splitlines()] if audit_path.is_file() else []
