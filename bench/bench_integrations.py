@@ -143,8 +143,7 @@ def main(argv=None) -> int:
                    "PercentilePrivacy": PercentilePrivacy(percentile=90, gamma=1e9),
                    "PercentilePrivacy defaults": PercentilePrivacy()}
         fns = {"result only": result, **{name: (lambda f=f: f.process(result(), fl_ctx)) for name, f in filters.items()}}
-        # the first calls in a process pay page faults on fresh float64 buffers (glibc raises its mmap
-        # threshold only after freeing big blocks): reported as "cold", then timed warm
+        # the first call of each is reported as "cold", then four untimed calls, then the timed ones
         cold = interleaved(fns, 1)
         for _ in range(4):
             interleaved(fns, 1)
