@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import numpy as np
 from nvflare.apis.dxo import DataKind, MetaKey, from_shareable
