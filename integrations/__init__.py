@@ -5,4 +5,6 @@
 - ``guardfl.integrations.update``: ``UpdateDefense``, defenses on the model delta after training.
 - ``guardfl.integrations.flower``: Flower's Message API (``train`` helper for ``@app.train()``,
   ``GuardUpdateMod``) and a legacy ``GuardedNumPyClient``; needs ``pip install 'guardfl[flower]'``.
+- ``guardfl.integrations.nvflare``: NVIDIA FLARE (``GuardUpdateFilter``, a task-result filter, and
+  ``GuardedTrainer`` for the Client API); needs ``pip install 'guardfl[nvflare]'``.
 """

@@ -49,7 +49,8 @@ from guardfl.redteam.fingerprint import changed_inputs, fingerprint, resume_key,
 from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
 from guardfl.redteam.models import build_model, set_model_state
 from guardfl.redteam.sampling import Population
-from guardfl.redteam.target import flower_run_config, load_object, observe, on_path, run_clientapp, run_train_fn
+from guardfl.redteam.target import (flower_run_config, load_object, nvflare_result_filters, observe, on_path, run_clientapp,
+                                   run_nvflare, run_train_fn)
 from guardfl.redteam.threat import ThreatModel
 from guardfl.redteam.workers import Job, RunContext, available_cores, default_workers, job_threads, run_parallel, torch_threads
 
@@ -940,10 +941,10 @@ class _BatchSource:
             if aux is not None:
                 aux.check_disjoint(self.x_all[self.drawn])
             return
-        if self.target is not None and self.target.clientapp is not None:
+        if self.target is not None and (self.target.clientapp is not None or self.target.nvflare is not None):
             in_shape = tuple(cfg.model.input_shape) if cfg.model.input_shape else None
             if in_shape is None and ":" not in cfg.model.name:
-                raise ConfigError("model.input_shape: needed with a target.clientapp and a built-in model "
+                raise ConfigError("model.input_shape: needed with a target.clientapp / target.nvflare and a built-in model "
                                   "(or use model.name 'module:callable', the app's own model factory)")
         else:
             self._load_data()
@@ -1007,6 +1008,9 @@ class _BatchSource:
         t = self.target
         if t.clientapp is not None:
             return load_object(t.clientapp, "target.clientapp")
+        if t.nvflare is not None:
+            self._result_filters = nvflare_result_filters(t.job, t.result_filters)
+            return load_object(t.nvflare, "target.nvflare")
         return load_object(t.train_fn, "target.train_fn")
 
     def _private(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1051,13 +1055,19 @@ class _BatchSource:
             returned, steps = run_clientapp(self._client, self.model, config=t.config, node_config=node_config,
                                             run_config=run_config)
             field_name, extra = "target.clientapp", {"node_config": node_config}
+        elif t.nvflare is not None:
+            site = f"site-{b + 1}"
+            returned, steps = run_nvflare(self._client, self.model, site=site, kwargs=t.run_config,
+                                          filters=self._result_filters)
+            field_name = "target.nvflare"
+            extra = {"site": site, "result_filters": [type(f).__name__ for f in self._result_filters]}
         else:
             x, y = self._private(b)
             returned, steps = run_train_fn(self._client, self.model, x, y, cfg.client.batch_size)
             field_name, extra = "target.train_fn", {}
         declared = cfg.client.samples if "samples" in cfg.client.model_fields_set else None
         run = observe(self.model, returned, steps, protocol, cfg.defense, field_name, declared)
-        self._runs[b] = {"kind": field_name.split(".")[1], "ref": t.clientapp or t.train_fn, "samples": int(run.inputs.shape[0]),
+        self._runs[b] = {"kind": field_name.split(".")[1], "ref": t.clientapp or t.train_fn or t.nvflare, "samples": int(run.inputs.shape[0]),
                          "steps": run.steps, "batch_sizes": run.batch_sizes, **extra}
         return run.observation, run.inputs, run.labels
 
@@ -1072,10 +1082,10 @@ class _BatchSource:
             note = ("the red team ran guardfl's client simulation with the configured defense"
                     if self.cfg.defense is not None else "the red team ran guardfl's client simulation without a defense (defense: null)")
         else:
-            kind = "clientapp" if self.target.clientapp else "train_fn"
+            kind = "clientapp" if self.target.clientapp else "nvflare" if self.target.nvflare else "train_fn"
             note = ("the red team ran the user's own client code; the configured defense is what the attacker "
                     "is told the client runs (the client applies its own)")
-        return {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn), "note": note,
+        return {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn or self.target.nvflare), "note": note,
                 "batches": {str(b): r for b, r in sorted(self._runs.items())}}
 
 

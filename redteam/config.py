@@ -180,6 +180,14 @@ class TargetSection(StrictModel):
 
     clientapp: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:attr' of a flwr ClientApp"})
     train_fn: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (model, loader) -> model"})
+    #: an NVFlare Client API site's training round: ``module:callable`` called as
+    #: ``fn(input_model: FLModel, site="site-<b+1>", **run_config) -> FLModel`` (it loads its own data)
+    nvflare: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (FLModel, site=...) -> FLModel"})
+    #: NVFlare only: the exported job whose sites' ``train`` result filters are applied to the result, as
+    #: the site applies them (a folder with one config_fed_client.json, or that file)
+    job: str | None = None
+    #: NVFlare only: result filters given here instead of a job (``[{path: module.Class, args: {...}}]``)
+    result_filters: list[dict[str, Any]] | None = None
     #: folder put on sys.path (and, for a ClientApp, whose pyproject.toml gives the run config)
     app_dir: str | None = None
     #: the ConfigRecord sent with the global model (what the ServerApp's train_config holds)
@@ -192,11 +200,16 @@ class TargetSection(StrictModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "TargetSection":
-        if (self.clientapp is None) == (self.train_fn is None):
-            raise ValueError("give exactly one of clientapp ('module:app') or train_fn ('module:callable')")
+        if sum(ref is not None for ref in (self.clientapp, self.train_fn, self.nvflare)) != 1:
+            raise ValueError("give exactly one of clientapp ('module:app'), train_fn ('module:callable') or nvflare "
+                             "('module:callable', an NVFlare Client API train round)")
+        if self.nvflare is None and (self.job is not None or self.result_filters is not None):
+            raise ValueError("job / result_filters: NVFlare's result filters apply to a target.nvflare only")
+        if self.job is not None and self.result_filters is not None:
+            raise ValueError("give at most one of job (an exported NVFlare job) or result_filters")
         from guardfl.redteam.userref import UserCodeError, split_ref
 
-        for name in ("clientapp", "train_fn"):
+        for name in ("clientapp", "train_fn", "nvflare"):
             ref = getattr(self, name)
             if ref is not None:
                 try:
@@ -382,8 +395,8 @@ class RedTeamConfig(StrictModel):
         if self.client.protocol != "fedavg":
             raise ValueError("client.protocol: a target returns trained weights, so it is 'fedavg' (set the client's lr, "
                              "epochs, batch_size, momentum, weight_decay as it trains)")
-        if self.target.clientapp is not None and "data" in self.model_fields_set:
-            raise ValueError("data: a target.clientapp loads its own private data; remove the data section "
+        if (self.target.clientapp is not None or self.target.nvflare is not None) and "data" in self.model_fields_set:
+            raise ValueError("data: a target.clientapp / target.nvflare loads its own private data; remove the data section "
                              "(choose the client's data with target.node_config / run_config)")
         return self
 

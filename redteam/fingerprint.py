@@ -124,13 +124,17 @@ def run_inputs(cfg: Any) -> dict[str, tuple[str, tuple[str, ...] | None]]:
     target = cfg.target
     app_dir = target.app_dir if target is not None else None
     clientapp = target is not None and target.clientapp is not None
-    if not clientapp:  # a ClientApp loads its own data; the data section is not read
+    own_data = clientapp or (target is not None and target.nvflare is not None)
+    if not own_data:  # a ClientApp / NVFlare site loads its own data; the data section is not read
         found.update({k: (v, None) for k, v in _source_entries("data", cfg.data).items()})
     if cfg.model.state not in ("default", "wide-init"):
         found["model.state"] = (cfg.model.state, None)
     refs = [("model.name", cfg.model.name)]
     if target is not None:
-        refs.append(("target.clientapp", target.clientapp) if clientapp else ("target.train_fn", target.train_fn))
+        refs.append(("target.clientapp", target.clientapp) if clientapp else ("target.nvflare", target.nvflare)
+                    if target.nvflare is not None else ("target.train_fn", target.train_fn))
+        if target.job is not None:
+            found["target.job"] = (str(target.job), None)
     for name, ref in refs:
         if ref and ":" in ref:
             origin = module_origin(ref.split(":", 1)[0], app_dir)

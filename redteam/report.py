@@ -228,7 +228,7 @@ def write_report(cert: Certificate, out: Path) -> None:
     defense = cert.config.get("defense")
     client = cert.client or {}
     attacked = (f"the user's {client.get('kind')} <code>{html.escape(str(client.get('ref')))}</code>"
-                if client.get("kind") in ("clientapp", "train_fn") else "guardfl's client simulation")
+                if client.get("kind") in ("clientapp", "train_fn", "nvflare") else "guardfl's client simulation")
     attack_rows = "".join(
         f"<tr class={'pass' if a['status'] == 'ran' else ''}><td>{html.escape(a['attack'])}</td>"
         f"<td>{html.escape(a['status'])}{(': ' + html.escape(a['reason'])) if a.get('reason') else ''}</td>"

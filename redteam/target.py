@@ -5,6 +5,11 @@ turn what it returns into an ``Observation`` the attacks work on.
   ``ArrayRecord`` plus a ``ConfigRecord``), exactly as a FedAvg ServerApp does, with the node config and
   run config of a deployed client, and attacks the reply. The app loads its own private data; the inputs
   and labels it trained on are recorded by ``TrainingCapture`` (the ground truth for the metrics).
+- ``nvflare: module:callable``: an NVFlare Client API site's training round, called as
+  ``fn(input_model, site="site-<b+1>", **run_config) -> FLModel`` with the global model as a FedAvg server
+  sends it (FULL weights); the site's ``train`` result filters (``job``: an exported job, or
+  ``result_filters``) then run on the result as NVFlare's client runner runs them, and what they let
+  through is attacked. A filter that refuses the result means nothing would be sent: not certified.
 - ``train_fn: module:callable``: called as ``train_fn(model, loader) -> model`` with a copy of the global
   model and a loader over the red team's private samples (``data`` section, batches of
   ``client.batch_size`` in order); the returned (or in-place trained) model's delta is attacked.
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -136,6 +142,56 @@ def run_train_fn(fn: Callable, global_model: nn.Module, inputs: Tensor, labels: 
     returned = {k: v.detach().cpu() for k, v in out.state_dict().items()}
     _check_keys(sent, returned, "target.train_fn")
     return returned, capture.captured.for_model()
+
+
+def nvflare_result_filters(job: str | None, entries: list[dict] | None) -> list:
+    """The NVFlare result filters a site applies to its ``train`` results: from the exported ``job``, or
+    the ``entries`` given in the config (none when neither is given)."""
+    if job is None and not entries:
+        return []
+    try:
+        from guardfl.integrations.nvflare import build_filters, job_result_filters
+    except ImportError as err:
+        raise TargetError(f"target.nvflare: {err}") from None
+    return build_filters(job_result_filters(job) if job is not None else entries)
+
+
+def run_nvflare(fn: Callable, global_model: nn.Module, *, site: str, kwargs: Mapping[str, Any],
+                filters: list) -> tuple[dict[str, Tensor], list[Step]]:
+    """Call an NVFlare Client API train round ``fn(input_model, site=site, **kwargs)`` with the global model
+    as the ``FLModel`` a FedAvg server sends (FULL numpy weights), run the site's result ``filters`` on what
+    it returns as the client runner does, and return the state dict that would reach the server."""
+    try:
+        from guardfl.errors import GuardflError
+        from guardfl.integrations.nvflare import apply_result_filters
+        from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+    except ImportError as err:
+        raise TargetError(f"target.nvflare: {err}") from None
+    if not callable(fn):
+        raise TargetError(f"target.nvflare: expected a callable, got {type(fn).__name__}")
+    if "site" in kwargs:
+        raise TargetError("target.run_config: 'site' is set by the red team, one site per batch (site-1, site-2, ...); "
+                          "remove it")
+    sent = {k: v.detach().cpu().clone() for k, v in global_model.state_dict().items()}
+    params = {k: v.numpy().copy() for k, v in sent.items()}
+    input_model = FLModel(params_type=ParamsType.FULL, params=params, current_round=0, total_rounds=1)
+    with TrainingCapture() as capture:
+        with calling("target.nvflare", "running it"):
+            out = fn(input_model, site=site, **dict(kwargs))
+    if not isinstance(out, FLModel) or not isinstance(out.params, Mapping) or not out.params:
+        raise TargetError(f"target.nvflare: returned {type(out).__name__}; expected the FLModel with the trained weights "
+                          "that the script passes to flare.send")
+    try:
+        out = apply_result_filters(filters, {k: v.numpy() for k, v in sent.items()}, out)
+    except (GuardflError, ValueError) as err:
+        raise TargetError(f"target.nvflare: {err}") from None
+    values = {k: torch.as_tensor(v.detach().cpu() if isinstance(v, Tensor) else np.asarray(v)) for k, v in out.params.items()}
+    if out.params_type == ParamsType.DIFF:  # the Client API's DIFF transfer: the server adds it back
+        values = {k: sent[k] + v.to(sent[k].dtype) if k in sent else v for k, v in values.items()}
+    elif out.params_type not in (None, ParamsType.FULL):
+        raise TargetError(f"target.nvflare: the result's params_type is {out.params_type}; expected FULL or DIFF")
+    _check_keys(sent, values, "target.nvflare")
+    return values, capture.captured.for_model()
 
 
 def _check_keys(sent: Mapping[str, Tensor], returned: Mapping[str, Tensor], field: str) -> None:

@@ -1,0 +1,513 @@
+"""NVIDIA FLARE (nvflare 2.9) adapters: a task-result filter that defends the update a site sends, and a
+Client API helper that trains with any guardfl defense. Needs ``pip install 'guardfl[nvflare]'``.
+
+Update-level defenses, configured in the job as NVFlare's own privacy filters are (``PercentilePrivacy``,
+``SVTPrivacy``, ``ExcludeVars``)::
+
+    add_update_filter(recipe, GuardUpdateFilter({"kind": "gradprune", "ratio": 0.9}), tasks=["train"])
+
+(``add_update_filter`` rather than ``recipe.add_client_output_filter``: see its docstring), or in
+``config_fed_client.json``::
+
+    "task_result_filters": [{"tasks": ["train"], "filters": [
+        {"path": "guardfl.integrations.nvflare.GuardUpdateFilter",
+         "args": {"defense": {"kind": "gradprune", "ratio": 0.9}, "clip_norm": 5.0}}]}]
+
+``GuardUpdateFilter`` has ``GuardUpdateMod``'s semantics (``guardfl.integrations.update.UpdateDefense``):
+optional L2 clipping of the whole delta, then GradPrune / GaussianNoise / LaplaceNoise / a stack of them on
+it; BatchNorm buffers (``skip``) sent as trained; every other floating-point array defended; a changed
+integer / boolean / complex array refuses the result. A ``WEIGHT_DIFF`` DXO is the delta itself; for a
+``WEIGHTS`` DXO the filter keeps a copy of the global model the site received for that task (it listens to
+``BEFORE_TASK_EXECUTION``, after the task-data filters) and defends ``trained - received``, sending
+``received + defended delta``. What it did goes into the DXO's meta under ``"guardfl"`` (arrays defended,
+zero fraction, clip factor, norm before, arrays sent as trained, the filter's round counter).
+
+Fail closed: a config naming an unknown defense, or ``sign`` / ``outpost`` (meaningless on a multi-step
+delta, see ``guardfl.integrations.update``), or a data kind other than ``WEIGHTS`` / ``WEIGHT_DIFF``,
+raises ``ConfigError`` when NVFlare builds the filter (the site does not start the job). At run time a
+result that is not a DXO, whose DXO has no weights or another kind (``METRICS``, ``COLLECTION``), a
+``WEIGHTS`` result with no received model on record, keys or shapes that differ from what was received,
+or any error of the defense, is answered with one error line in the site's log and a reply whose return
+code is ``TASK_RESULT_FILTER_ERROR`` and which carries no data: the undefended result never leaves the
+site. Attach the filter to training tasks only (``tasks=["train"]``): a ``submit_model`` or ``validate``
+result is refused by it, not passed through.
+
+Randomness: OS entropy unless the defense config sets ``seed``; then round ``r`` of this filter instance
+(its own counter of defended results, never the server's round number, which a server could repeat)
+uses a seed derived from (seed, r), as ``guardfl.integrations.torch`` does.
+
+``InspectModelFilter(reference="task:Net")``, a task-data filter, refuses a ``train`` task whose global
+model carries a malicious-server signature before the executor sees it (``guardfl.inspect_model`` on the
+weights, as Flower's ``InspectModelMod``).
+
+Optimizer-level defenses, DP-SGD and input encodings with the Client API (``nvflare.client``)::
+
+    flare.init()
+    trainer = GuardedTrainer(Net(), lambda p: torch.optim.SGD(p, lr=0.01), {"kind": "dpsgd", ...}, inspect=True)
+    while flare.is_running():
+        input_model = flare.receive()
+        if flare.is_train():
+            flare.send(trainer.train(input_model, loader))
+
+``GuardedTrainer`` loads the received ``FLModel``'s params into the model, checks it with
+``guardfl.inspect_model`` first when ``inspect=True`` (raising ``MaliciousModelError``: nothing trained,
+nothing sent), runs ``guardfl.integrations.torch.local_update`` and returns an ``FLModel`` with the trained
+weights (``FULL``, the received keys in their order and the received container type: numpy arrays or torch
+tensors), ``NUM_STEPS_CURRENT_ROUND`` in its meta and ``train_loss`` / ``guardfl_epsilon`` /
+``guardfl_delta`` in its metrics. The per-site state (round counter, DP accountant) lives in the trainer,
+which a ``launch_once`` script keeps for the whole job, so epsilon is cumulative over rounds; pass
+``state_path`` to keep it in a JSON file as well (a script launched per task, a restarted site).
+
+The red team certifies such a site as deployed (``guardfl.redteam.target.run_nvflare``): it calls the
+script's train round with the global model and runs the site's result filters on what comes back with
+``apply_result_filters`` (filters from ``job_result_filters`` / ``build_filters``), as the client runner
+would.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+try:
+    from nvflare.apis.dxo import DXO, DataKind, MetaKey, from_shareable
+    from nvflare.apis.dxo_filter import DXOFilter
+    from nvflare.apis.event_type import EventType
+    from nvflare.apis.filter import Filter
+    from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.apis.shareable import Shareable, make_reply
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError("guardfl.integrations.nvflare needs NVIDIA FLARE: pip install 'guardfl[nvflare]'") from err
+
+from guardfl.defenses import Defense, from_config
+from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
+from guardfl.integrations.torch import BN_BUFFERS, ClientState, MakeOptimizer, _inspect_mode, inspect_received, local_update
+from guardfl.integrations.update import UpdateDefense, key_mismatch
+from guardfl.protect import load_plain_state_dict, soft_cross_entropy
+
+#: the DXO kinds an update defense acts on
+UPDATE_DATA_KINDS: tuple[str, ...] = (DataKind.WEIGHTS, DataKind.WEIGHT_DIFF)
+#: DXO meta key of the filter's statistics
+META_KEY = "guardfl"
+
+
+def defense_config(defense: Defense | Mapping[str, Any] | str | None) -> dict | str | None:
+    """A defense as ``guardfl.defenses.from_config`` takes it, JSON-friendly for a job config: a bare kind
+    (``"gradprune"``) becomes ``{"kind": "gradprune"}``; a ``Defense`` becomes its config dict."""
+    if defense is None or isinstance(defense, dict):
+        return defense
+    if isinstance(defense, Defense):
+        return defense.config.model_dump(mode="json")
+    if isinstance(defense, Mapping):
+        return dict(defense)
+    if isinstance(defense, str):
+        text = defense.strip()
+        if text and ":" not in text and not text.endswith((".yaml", ".yml")):
+            return {"kind": text}
+        return text
+    raise ConfigError(f"defense: expected a guardfl defense config (dict, kind, YAML text or .yaml path), got {type(defense).__name__}")
+
+
+def _to_numpy(name: str, value: Any) -> np.ndarray:
+    if isinstance(value, Tensor):
+        if value.dtype == torch.bfloat16:  # numpy has no bfloat16: do not guess a cast
+            raise UndefendedUpdateError(f"update: {name} is a bfloat16 tensor; send float32 or float16")
+        return value.detach().cpu().numpy()
+    if isinstance(value, (np.ndarray, np.generic, int, float, bool)):
+        return np.asarray(value)
+    raise UndefendedUpdateError(f"update: {name} is a {type(value).__name__}, not an array or tensor: it cannot be defended")
+
+
+def _kind(kind: Any) -> str:
+    return str(getattr(kind, "value", kind))
+
+
+def _like(template: Any, array: np.ndarray) -> Any:
+    """``array`` in the container type of ``template`` (a torch tensor stays a tensor, on its device)."""
+    if isinstance(template, Tensor):
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device=template.device)
+    return array
+
+
+class GuardUpdateFilter(DXOFilter):
+    """NVFlare task-result filter: clip (optional) and defend the update in a ``train`` result's DXO (see
+    the module docstring). Arguments are JSON values, so the job config can set them:
+
+    - ``defense``: a guardfl defense config acting on an update (``gradprune``, ``gaussian``, ``laplace``,
+      ``identity`` or a ``stack`` of them): a dict, a bare kind, YAML text or a ``.yaml`` path;
+    - ``clip_norm``: L2 bound on the whole delta, applied first (null: no clipping);
+    - ``skip``: array-name endings sent as trained (default: BatchNorm's buffers);
+    - ``data_kinds``: the DXO kinds to defend, a subset of ``["WEIGHTS", "WEIGHT_DIFF"]`` (default both).
+
+    Deviation from NVFlare's ``DXOFilter`` contract: a DXO of another kind, or a result that is no DXO,
+    is refused (error reply) instead of passed through unfiltered, since an unfiltered train result is an
+    undefended update.
+    """
+
+    def __init__(self, defense: Any, clip_norm: float | None = None,
+                 skip: Sequence[str] | None = None, data_kinds: Sequence[str] | None = None) -> None:
+        kinds = list(data_kinds) if data_kinds else list(UPDATE_DATA_KINDS)
+        bad = [k for k in kinds if k not in UPDATE_DATA_KINDS]
+        if bad:
+            raise ConfigError(f"data_kinds: {bad} cannot carry a model update; allowed: {list(UPDATE_DATA_KINDS)}")
+        super().__init__(supported_data_kinds=list(UPDATE_DATA_KINDS), data_kinds_to_filter=kinds)
+        # the attributes keep the constructor's names and JSON values, so that NVFlare's Job API can
+        # write this filter into a job config (it reads them back by name)
+        self.defense = defense_config(defense)
+        self.clip_norm = clip_norm
+        self.skip = list(BN_BUFFERS if skip is None else skip)
+        self.update_defense = UpdateDefense(self.defense, clip_norm=clip_norm, skip=tuple(self.skip))
+        self._received: dict[str, tuple[list[str], list[np.ndarray]]] = {}
+        self._rounds = 0
+        self._lock = threading.Lock()
+
+    # -- the received global model, for WEIGHTS results ------------------------------------------------
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        if event_type == EventType.BEFORE_TASK_EXECUTION:
+            task_id = fl_ctx.get_prop(FLContextKey.TASK_ID)
+            data = fl_ctx.get_prop(FLContextKey.TASK_DATA)
+            if task_id is None or not isinstance(data, Shareable):
+                return
+            try:
+                dxo = from_shareable(data)
+            except Exception:  # noqa: BLE001 - not a DXO task (the result will be refused if it is filtered)
+                return
+            if dxo.data_kind != DataKind.WEIGHTS or not dxo.data:
+                return
+            try:
+                names = list(dxo.data)
+                arrays = [np.array(_to_numpy(n, dxo.data[n]), copy=True) for n in names]
+            except GuardflError:
+                return  # refused when the result comes back (no received model on record)
+            with self._lock:
+                self._received[str(task_id)] = (names, arrays)
+        elif event_type in (EventType.END_RUN, EventType.ABORT_TASK):
+            with self._lock:
+                self._received.clear()
+
+    # -- the result ---------------------------------------------------------------------------------------
+    def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        if shareable.get_return_code() != ReturnCode.OK:
+            return shareable  # an error reply carries no update
+        task_id = str(fl_ctx.get_prop(FLContextKey.TASK_ID))
+        task = fl_ctx.get_prop(FLContextKey.TASK_NAME, "?")
+        with self._lock:
+            received = self._received.pop(task_id, None)
+        try:
+            try:
+                dxo = from_shareable(shareable)
+            except Exception as err:  # noqa: BLE001
+                raise UndefendedUpdateError(f"the {task!r} result is not a DXO ({type(err).__name__}), so no defense can act on it") from None
+            if dxo.data_kind not in self.data_kinds:
+                raise UndefendedUpdateError(f"the {task!r} result is a {_kind(dxo.data_kind)} DXO; this filter defends "
+                                            f"{'/'.join(_kind(k) for k in self.data_kinds)} (attach it to training tasks "
+                                            "only, and list the kind the sites send in data_kinds)")
+            if not dxo.data:
+                raise UndefendedUpdateError(f"the {task!r} result holds no weights")
+            self._defend(dxo, received)
+        except Exception as err:  # noqa: BLE001 - fail closed: whatever went wrong, nothing undefended leaves the site
+            reason = str(err) if isinstance(err, (ValueError, GuardflError)) else f"{type(err).__name__}: {err}"
+            self.log_error(fl_ctx, f"{type(self).__name__}: {reason}; the result was not sent (return code "
+                                   f"{ReturnCode.TASK_RESULT_FILTER_ERROR})", fire_event=False)
+            return make_reply(ReturnCode.TASK_RESULT_FILTER_ERROR)
+        dxo.add_filter_history(type(self).__name__)
+        return dxo.update_shareable(shareable)
+
+    def job_config(self) -> dict[str, Any]:
+        """This filter as a job-config entry (``{"path": ..., "args": ...}``)."""
+        args: dict[str, Any] = {"defense": self.defense}
+        if self.clip_norm is not None:
+            args["clip_norm"] = self.clip_norm
+        if tuple(self.skip) != BN_BUFFERS:
+            args["skip"] = list(self.skip)
+        if tuple(self.data_kinds) != UPDATE_DATA_KINDS:
+            args["data_kinds"] = [_kind(k) for k in self.data_kinds]
+        return {"path": f"{GuardUpdateFilter.__module__}.{GuardUpdateFilter.__qualname__}", "args": args}
+
+    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:  # pragma: no cover
+        raise NotImplementedError("GuardUpdateFilter defends in process()")  # DXOFilter's hook, unused
+
+    def _defend(self, dxo: DXO, received: tuple[list[str], list[np.ndarray]] | None) -> None:
+        names = list(dxo.data)
+        new = [_to_numpy(n, dxo.data[n]) for n in names]
+        if dxo.data_kind == DataKind.WEIGHTS:
+            if received is None:
+                raise UndefendedUpdateError("a WEIGHTS result came back for a task whose global model this filter did not "
+                                            "see (no WEIGHTS task data), so the update (trained - received) is unknown")
+            sent_names, base = received
+            mismatch = key_mismatch(sent_names, names)
+            if mismatch is not None:
+                raise ValueError(f"update: the result's weights are not those received ({mismatch})")
+        else:  # WEIGHT_DIFF: the delta itself
+            base = [np.zeros_like(a) for a in new]
+        with self._lock:
+            round_index = self._rounds
+            self._rounds += 1
+        arrays, stats = self.update_defense(base, new, names, round_index=round_index)
+        dxo.data = {n: _like(dxo.data[n], a) for n, a in zip(names, arrays)}
+        dxo.set_meta_prop(META_KEY, {
+            "defense": json.dumps(self.defense) if not isinstance(self.defense, str) else self.defense,
+            "round": round_index,
+            "defended": stats.defended,
+            "entries": stats.entries,
+            "zero_fraction": float(stats.zero_fraction),
+            "clip_factor": float(stats.clip_factor),
+            "norm_before": float(stats.norm_before),
+            "sent_as_trained": list(stats.sent_as_trained),
+        })
+
+
+def _add_filter_section(recipe: Any, section: str, entry: dict[str, Any], tasks: Sequence[str],
+                        clients: Sequence[str] | None) -> None:
+    if isinstance(tasks, str) or not tasks or not all(isinstance(t, str) and t for t in tasks):
+        raise ConfigError(f"tasks: expected a non-empty list of task names (got {tasks!r})")
+    if not hasattr(recipe, "add_client_config"):
+        raise ConfigError(f"recipe: expected an nvflare.recipe Recipe, got {type(recipe).__name__}")
+    recipe.add_client_config({section: [{"tasks": list(tasks), "filters": [entry]}]},
+                             clients=list(clients) if clients is not None else None)
+
+
+def add_update_filter(recipe: Any, update_filter: GuardUpdateFilter, tasks: Sequence[str] = ("train",),
+                      clients: Sequence[str] | None = None) -> None:
+    """Put ``update_filter`` in the sites' ``task_result_filters`` of an NVFlare ``Recipe``.
+
+    Use this instead of ``recipe.add_client_output_filter(update_filter)``: NVFlare's Job API finds a
+    filter's class by its source file and copies non-NVFlare modules into the job's custom code, which
+    fails for guardfl installed in editable mode (its ``guardfl.integrations`` package lives in
+    ``integrations/``) and would ship guardfl's source with the job. This writes the filter by its import
+    path instead (guardfl must be installed at every site). Deviation: it sets the whole
+    ``task_result_filters`` section of the sites' config; add other result filters to it by hand."""
+    if not isinstance(update_filter, GuardUpdateFilter):
+        raise ConfigError(f"update_filter: expected a GuardUpdateFilter, got {type(update_filter).__name__}")
+    _add_filter_section(recipe, "task_result_filters", update_filter.job_config(), tasks, clients)
+
+
+def add_inspect_filter(recipe: Any, inspect_filter: "InspectModelFilter", tasks: Sequence[str] = ("train",),
+                       clients: Sequence[str] | None = None) -> None:
+    """Put ``inspect_filter`` in the sites' ``task_data_filters`` (as ``add_update_filter`` does for the
+    result filters; it sets the whole section)."""
+    if not isinstance(inspect_filter, InspectModelFilter):
+        raise ConfigError(f"inspect_filter: expected an InspectModelFilter, got {type(inspect_filter).__name__}")
+    entry = {"path": f"{InspectModelFilter.__module__}.{InspectModelFilter.__qualname__}",
+             "args": {"reference": inspect_filter.reference} if inspect_filter.reference is not None else {}}
+    _add_filter_section(recipe, "task_data_filters", entry, tasks, clients)
+
+
+class InspectModelFilter(Filter):
+    """NVFlare task-data filter: refuse a task whose global model carries a malicious-server signature
+    (``guardfl.inspect_model`` on the weights, as ``InspectModelMod`` does for Flower).
+
+    ``reference``: ``"module:callable"`` building the site's own model (``"task:Net"``), to refuse other
+    architectures (an inserted imprint block); null checks the weights alone. A ``WEIGHTS`` DXO is inspected;
+    other task data passes. A model that is not ok is logged in one error line naming the reasons and the
+    filter raises ``MaliciousModelError``: NVFlare then answers the task with ``TASK_DATA_FILTER_ERROR``
+    and the executor never sees the model (nothing trained, nothing sent). For the checks that need the
+    site's data (logits and gradients on its first batch) use ``GuardedTrainer(inspect=True)``.
+    """
+
+    def __init__(self, reference: str | None = None) -> None:
+        super().__init__()
+        if reference is not None and (not isinstance(reference, str) or reference.count(":") != 1):
+            raise ConfigError(f"reference: expected null or 'module:callable' building the site's model (got {reference!r})")
+        self.reference = reference
+        self._model: nn.Module | None = None
+
+    def _reference_model(self) -> nn.Module | None:
+        if self.reference is None:
+            return None
+        if self._model is None:
+            import importlib
+
+            module, attr = self.reference.split(":")
+            try:
+                factory = getattr(importlib.import_module(module), attr)
+                model = factory()
+            except Exception as err:  # noqa: BLE001 - the user's code
+                raise ConfigError(f"reference: cannot build {self.reference} ({type(err).__name__}: {err})") from None
+            if not isinstance(model, nn.Module):
+                raise ConfigError(f"reference: {self.reference} returned {type(model).__name__}, not a torch.nn.Module")
+            self._model = model
+        return self._model
+
+    def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        from guardfl.errors import MaliciousModelError
+        from guardfl.inspect import inspect_model
+
+        if shareable.get_return_code() != ReturnCode.OK:
+            return shareable
+        try:
+            dxo = from_shareable(shareable)
+        except Exception:  # noqa: BLE001 - not a model: nothing to inspect
+            return shareable
+        if dxo.data_kind != DataKind.WEIGHTS or not dxo.data:
+            return shareable
+        try:
+            inspection = inspect_model(params_to_state(dxo.data), self._reference_model())
+            reasons = inspection.reasons if not inspection.ok else []
+        except (ValueError, TypeError, GuardflError) as err:
+            reasons = [str(err)]
+        if reasons:
+            message = "the received model was refused: " + "; ".join(reasons)
+            self.log_error(fl_ctx, f"{type(self).__name__}: {message}; the task was not run", fire_event=False)
+            raise MaliciousModelError(reasons)
+        self.log_info(fl_ctx, f"{type(self).__name__}: the received model passed guardfl.inspect_model", fire_event=False)
+        return shareable
+
+
+# -- running a site's result filters outside NVFlare (the red team) ----------------------------------------
+def job_result_filters(job: str | Path, task: str = "train") -> list[dict[str, Any]]:
+    """The ``{"path", "args"}`` entries of the result filters a site applies to ``task``, read from an
+    exported NVFlare job (a folder holding one ``config_fed_client.json``) or that file itself."""
+    path = Path(job)
+    files = [path] if path.is_file() else sorted(path.rglob("config_fed_client.json"))
+    if len(files) != 1:
+        raise ConfigError(f"target.job: expected an exported NVFlare job with exactly one config_fed_client.json, "
+                          f"found {len(files)} under {str(path)!r}")
+    try:
+        config = json.loads(files[0].read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"target.job: cannot read {files[0]} ({err})") from None
+    entries = []
+    for chain in config.get("task_result_filters", []):
+        if task in chain.get("tasks", []) or "*" in chain.get("tasks", []):
+            entries.extend(chain.get("filters", []))
+    return entries
+
+
+def build_filters(entries: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """NVFlare filters from job-config entries ``{"path": "module.Class", "args": {...}}``."""
+    from nvflare.apis.filter import Filter
+    from nvflare.fuel.utils.class_utils import instantiate_class
+
+    filters = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
+            raise ConfigError(f"result_filters[{i}]: expected {{path: module.Class, args: {{...}}}}, got {entry!r}")
+        try:
+            f = instantiate_class(entry["path"], dict(entry.get("args") or {}))
+        except GuardflError:
+            raise
+        except Exception as err:  # noqa: BLE001 - NVFlare's builder raises what the class raises
+            raise ConfigError(f"result_filters[{i}]: cannot build {entry['path']} ({type(err).__name__}: {err})") from None
+        if not isinstance(f, Filter):
+            raise ConfigError(f"result_filters[{i}]: {entry['path']} is not an NVFlare Filter")
+        filters.append(f)
+    return filters
+
+
+def apply_result_filters(filters: Sequence[Any], received: Mapping[str, Any], result: FLModel, *,
+                         task: str = "train") -> FLModel:
+    """Run task-result ``filters`` on a train ``result`` as a site's client runner does: the filters see
+    ``BEFORE_TASK_EXECUTION`` with ``received`` (the global model) as the task data, then ``process`` the
+    result's shareable in order. Raises ``UndefendedUpdateError`` when a filter refuses the result (a
+    return code other than OK): the site would not have sent it."""
+    from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+    task_id = f"guardfl-{id(result)}"
+    ctx = FLContext()
+    ctx.set_prop(FLContextKey.TASK_ID, task_id, private=True, sticky=False)
+    ctx.set_prop(FLContextKey.TASK_NAME, task, private=True, sticky=False)
+    ctx.set_prop(FLContextKey.TASK_DATA, DXO(DataKind.WEIGHTS, dict(received)).to_shareable(), private=True, sticky=False)
+    for f in filters:
+        f.handle_event(EventType.BEFORE_TASK_EXECUTION, ctx)
+    ctx.set_prop(FLContextKey.TASK_DATA, None, private=True, sticky=False)
+    shareable = FLModelUtils.to_shareable(copy.copy(result))
+    for f in filters:
+        shareable = f.process(shareable, ctx)
+        if not isinstance(shareable, Shareable) or shareable.get_return_code() != ReturnCode.OK:
+            code = shareable.get_return_code() if isinstance(shareable, Shareable) else type(shareable).__name__
+            raise UndefendedUpdateError(f"{type(f).__name__} refused the {task!r} result (return code {code}): the site "
+                                        "would not send it")
+    return FLModelUtils.from_shareable(shareable)
+
+
+# -- Client API --------------------------------------------------------------------------------------------
+def params_to_state(params: Mapping[str, Any]) -> dict[str, Tensor]:
+    """An ``FLModel``'s params (numpy arrays or torch tensors) as a CPU state dict (copies)."""
+    if not isinstance(params, Mapping) or not params:
+        raise ValueError("input_model.params: expected a non-empty dict of arrays (the global model)")
+    out = {}
+    for k, v in params.items():
+        out[k] = v.detach().cpu().clone() if isinstance(v, Tensor) else torch.from_numpy(np.array(v, copy=True))
+    return out
+
+
+class GuardedTrainer:
+    """One site's guarded local training for an NVFlare Client API script (see the module docstring).
+
+    ``model``: the site's model (trained in place every round); ``make_optimizer(params)``: its optimizer
+    (rebuilt every round); ``defense``: any guardfl defense or stack (optimizer-level, DP-SGD, input
+    encodings; a dict, kind, YAML text, path or ``Defense``); ``epochs`` / ``loss_fn`` / ``num_classes`` /
+    ``max_steps`` as in ``local_update``; ``inspect``: check the received model first; ``state_path``: a
+    JSON file keeping the ``ClientState`` between rounds and launches (read when it exists).
+    """
+
+    def __init__(self, model: nn.Module, make_optimizer: MakeOptimizer, defense: Defense | Mapping[str, Any] | str | None = None,
+                 *, epochs: int = 1, loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
+                 num_classes: int | None = None, max_steps: int | None = None, inspect: bool | str = False,
+                 state_path: str | Path | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        self.model, self.make_optimizer = model, make_optimizer
+        self.defense = defense if isinstance(defense, Defense) else defense_config(defense)
+        if self.defense is not None and not isinstance(self.defense, Defense):
+            from_config(self.defense)  # a bad config fails here, before the first round
+        self.epochs, self.loss_fn, self.num_classes, self.max_steps = epochs, loss_fn, num_classes, max_steps
+        self.inspect = _inspect_mode(inspect)
+        self.state_path = Path(state_path) if state_path is not None else None
+        self.state = ClientState()
+        if self.state_path is not None and self.state_path.is_file():
+            self.state = ClientState.from_json(self.state_path.read_text())
+        self.last = None  # the last round's LocalUpdate
+
+    def train(self, input_model: FLModel, loader: Iterable) -> FLModel:
+        """Load ``input_model``, train one guarded round over ``loader`` and return the ``FLModel`` to send."""
+        if not isinstance(input_model, FLModel):
+            raise ValueError(f"input_model: expected the FLModel of flare.receive(), got {type(input_model).__name__}")
+        if input_model.params_type not in (None, ParamsType.FULL):
+            raise ValueError(f"input_model.params_type: {input_model.params_type}; the global model must be FULL weights")
+        received = params_to_state(input_model.params)
+        if self.inspect:  # MaliciousModelError before anything is trained
+            inspect_received(getattr(self.model, "_module", self.model), loader, received=received)
+        load_plain_state_dict(self.model, received)
+        result = local_update(self.model, loader, self.make_optimizer, self.defense, self.epochs, state=self.state,
+                              loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps)
+        trained = self.model.state_dict() if not hasattr(self.model, "_module") else self.model._module.state_dict()
+        params = {}
+        for k, template in input_model.params.items():
+            value = trained[k].detach().cpu()
+            params[k] = value.clone() if isinstance(template, Tensor) else _to_numpy(k, value).copy()
+        self.state, self.last = result.state, result
+        if self.state_path is not None:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            self.state_path.write_text(self.state.to_json())
+        metrics: dict[str, float] = {"train_loss": float(result.mean_loss)}
+        if math.isfinite(result.epsilon):
+            metrics["guardfl_epsilon"] = float(result.epsilon)
+            metrics["guardfl_delta"] = float(result.dp_delta)
+        meta = {MetaKey.NUM_STEPS_CURRENT_ROUND: int(result.steps), "guardfl_round": int(result.state.rounds)}
+        return FLModel(params_type=ParamsType.FULL, params=params, metrics=metrics, meta=meta,
+                       current_round=input_model.current_round, total_rounds=input_model.total_rounds)
+
+
+def train(input_model: FLModel, model: nn.Module, loader: Iterable, make_optimizer: MakeOptimizer,
+          defense: Defense | Mapping[str, Any] | str | None = None, *, state: ClientState | None = None,
+          **kwargs: Any) -> tuple[FLModel, ClientState]:
+    """Functional form of ``GuardedTrainer.train``: returns the ``FLModel`` to send and the state to keep."""
+    trainer = GuardedTrainer(model, make_optimizer, defense, **kwargs)
+    trainer.state = copy.deepcopy(state) if state is not None else ClientState()
+    out = trainer.train(input_model, loader)
+    return out, trainer.state
+
+
+__all__ = ["GuardUpdateFilter", "InspectModelFilter", "add_inspect_filter", "add_update_filter", "apply_result_filters", "build_filters", "job_result_filters", "GuardedTrainer", "META_KEY", "UPDATE_DATA_KINDS", "defense_config", "params_to_state", "train"]
