@@ -60,15 +60,38 @@ def _positive(flag: str):
     return parse
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's timeout, ``kill``): handled as Ctrl-C is (workers and Ray stopped, the run
+    marked interrupted), reported as terminated, exit 143."""
+
+
+_SIGTERM: list[int] = []  # set when SIGTERM arrived: Ray's calls turn any KeyboardInterrupt into a plain one
+
+
+def _terminate(signum, frame) -> None:
+    _SIGTERM.append(signum)
+    raise Terminated
+
+
 def guarded(call, debug: bool, what: str):
-    """``(call(), None)``, or ``(None, exit status)`` with one line on stderr: 130 interrupted (``what``
-    can be continued with --resume), 2 for a bad config, a failed run, or user code that called
-    ``sys.exit``; ``debug`` adds the traceback. The ``redteam`` and ``sweep`` commands share it."""
+    """``(call(), None)``, or ``(None, exit status)`` with one line on stderr: 130 interrupted, 143
+    terminated (SIGTERM; both times ``what`` can be continued with --resume), 2 for a bad config, a
+    failed run (a worker process that died included), or user code that called ``sys.exit``; ``debug``
+    adds the traceback. The ``redteam`` and ``sweep`` commands share it."""
+    import signal
+    import threading
+
     from guardfl.redteam.data import DataError
 
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminate) if main else None
+    _SIGTERM.clear()
     try:
         return call(), None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        if isinstance(err, Terminated) or _SIGTERM:
+            print(f"terminated: no {what} (continue with --resume)", file=sys.stderr)
+            return None, 143
         print(f"interrupted: no {what} (continue with --resume)", file=sys.stderr)
         return None, 130
     except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
@@ -84,6 +107,9 @@ def guarded(call, debug: bool, what: str):
             traceback.print_exc()
         print(f"error: {type(err).__name__}: {err} (run with --debug for the traceback)", file=sys.stderr)
         return None, 2
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
 
 
 def run(args: argparse.Namespace) -> int:
