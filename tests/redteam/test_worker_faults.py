@@ -3,7 +3,8 @@
 time (a worker killed while the run was handed to it once hung the main process forever), leaves no
 process behind, and ``--resume`` then gives the clean run's verdict. Ctrl-C (SIGINT to the whole
 process group, as a terminal sends it) is one line and exit 130, with no traceback from a worker that
-was still starting."""
+was still starting; SIGTERM to the main process (a CI timeout) is one line and exit 143, and the workers
+end with it."""
 
 import json
 import os
@@ -155,17 +156,21 @@ def test_resume_after_a_killed_worker_gives_the_clean_verdict(tmp_path, clean_ve
     assert kept >= 1
 
 
-@pytest.mark.parametrize("when", ["spawned", "first-job"])
-def test_ctrl_c_is_one_line(tmp_path, when):
+@pytest.mark.parametrize("when, how", [("spawned", "ctrl-c"), ("first-job", "ctrl-c"), ("first-job", "sigterm")])
+def test_ctrl_c_and_sigterm_are_one_line(tmp_path, when, how):
     out = tmp_path / "out"
     run = _start(tmp_path, out)
     workers = []
     _until(run, lambda: workers.extend(_children(run.pid)) or len(workers) >= 2 or _records(out) > 0, "the workers")
     if when == "first-job":
         _until(run, lambda: _records(out) >= 1, "a finished job")
-    os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches every process of the group
+    if how == "ctrl-c":
+        os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches every process of the group
+    else:
+        os.kill(run.pid, signal.SIGTERM)  # a CI job's timeout: the main process only
     code, lines = _finish(run)
-    assert code == 130, lines
-    assert lines == ["interrupted: no verdict (continue with --resume)"], lines
+    word = "interrupted" if how == "ctrl-c" else "terminated"
+    assert code == (130 if how == "ctrl-c" else 143), lines
+    assert lines == [f"{word}: no verdict (continue with --resume)"], lines
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     assert not [p for p in workers if _alive(p)]
