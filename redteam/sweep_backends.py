@@ -65,7 +65,10 @@ class Processes:
         self._futures: dict[Future, Any] = {}
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:
-        self._futures[self._pool.submit(fn, arg)] = key
+        from guardfl.redteam.workers import _sigint_ignored
+
+        with _sigint_ignored():  # a worker it spawns ignores Ctrl-C (no traceback from one still starting)
+            self._futures[self._pool.submit(fn, arg)] = key
 
     def next_done(self) -> tuple[Any, Any]:
         done, _ = wait(self._futures, return_when=FIRST_COMPLETED)
@@ -77,8 +80,14 @@ class Processes:
             raise BackendError("a sweep worker process died (killed or out of memory); rerun with --resume") from None
 
     def close(self) -> None:
+        """After the last result, the workers leave; with jobs still pending (Ctrl-C, SIGTERM, a failed
+        point) they are terminated, not waited for: a point runs for minutes."""
         for future in self._futures:
             future.cancel()
+        if self._futures:
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(Exception):
+                    process.terminate()
         self._pool.shutdown(wait=not self._futures, cancel_futures=True)
 
     def describe(self) -> dict[str, Any]:
