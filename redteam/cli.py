@@ -1,8 +1,9 @@
 """``guardfl redteam --config PATH``: exit 0 certified, 1 not certified, 2 invalid config or failure.
 
 Exit 0 means exactly: a certificate was written under ``--out`` and it says CERTIFIED. Everything else
-(a bad config, an attack that failed, user code that raised or called ``sys.exit``, Ctrl-C: 130) exits
-non-zero with one line on stderr, and a failed run leaves no verdict in ``--out``.
+(a bad config, an attack that failed, a worker process that died, user code that raised or called
+``sys.exit``: 2; Ctrl-C: 130; SIGTERM: 143) exits non-zero with one line on stderr, and a failed run leaves
+no verdict in ``--out``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def add_parser(sub) -> None:
         description="Attack a defended client and certify its settings: the private samples attacked are "
                     "drawn at random from the configured data, and the verdict is a population claim (the leak rate's "
                     "one-sided confidence bound below certify.max_leak_rate). Exit status: 0 a certificate was "
-                    "written and says CERTIFIED; 1 NOT CERTIFIED or INSUFFICIENT EVIDENCE; 2 the run failed (no verdict); 130 interrupted. "
+                    "written and says CERTIFIED; 1 NOT CERTIFIED or INSUFFICIENT EVIDENCE; 2 the run failed (no verdict; "
+                    "after a worker process died, continue with --resume); 130 interrupted; 143 terminated (SIGTERM). "
                     "A config that names code (model.name or target.* as 'module:callable') imports and runs "
                     "that code: treat such configs as scripts.")
     p.add_argument("--config", required=True,

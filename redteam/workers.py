@@ -10,11 +10,18 @@ next to one busy process. So a job gets **one intra-op thread** unless its model
 **Workers.** Independent jobs (a chunk of private batches x attack, and the once-per-setting preparations such as
 training the learned-inversion model) run in ``workers`` spawned processes. The main process builds the
 run (data, client observations, auxiliary data, the attack plan) once and hands it to each worker as one
-pickle; a worker returns plain records and tensors, and only the main process writes the state folder
-and the certificate. A preparation is a job of its own; the jobs of a prepared attack are queued when it
+pickle, through a pipe that only the worker reads; a worker returns plain records and tensors, and only
+the main process writes the state folder and the certificate. A preparation is a job of its own; the jobs of a prepared attack are queued when it
 finishes, carrying its state. Each job's seed depends only on (config seed, batch, plan), so for the same
 ``threads`` a run with N workers gives the same certificate as a sequential run (timings aside); with a
 different thread count, results may differ in the last bits of floating point (reduction order).
+
+**Faults.** The main process never waits on a dead worker: every wait includes each worker's exit
+sentinel, and a write to a dead worker's pipe fails. A worker that dies at any point (starting, loading
+the run, in a job, idle) fails the run with one :class:`WorkerError` line (which worker, its job, its
+signal; finished jobs are in the state folder, so ``--resume`` continues), and the others are ended.
+Workers ignore SIGINT (they are spawned with it ignored, so one still importing prints nothing): a Ctrl-C
+is the main process's, which ends them; a worker whose main process is gone (even SIGKILLed) exits.
 """
 
 from __future__ import annotations
