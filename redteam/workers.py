@@ -31,6 +31,7 @@ import os
 import pickle
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +132,7 @@ def _worker_main(conn, app_dir: str | None, threads: int) -> None:
     except BaseException as err:  # a user class that does not import here: every task reports it
         broken = err
     try:
-        conn.send(("ready", None))
+        conn.send(("ready", None, None))
     except (EOFError, OSError):
         return
     while True:
@@ -144,9 +145,9 @@ def _worker_main(conn, app_dir: str | None, threads: int) -> None:
         try:
             if broken is not None:
                 raise broken
-            reply = ("ok", _run_task(context, task))
+            reply = ("ok", _run_task(context, task), None)
         except BaseException as err:  # the job's own error (AttackFailed, ConfigError, sys.exit in user code)
-            reply = ("error", err)
+            reply = ("error", err, "".join(traceback.format_exception(err)))
         try:
             conn.send(reply)
         except (EOFError, OSError):
@@ -154,7 +155,15 @@ def _worker_main(conn, app_dir: str | None, threads: int) -> None:
         except Exception as err:  # an exception that does not pickle: its type and first line
             line = (str(reply[1]).strip().splitlines() or [""])[0]
             conn.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {line}" if reply[0] == "error"
-                                             else f"a job's result could not be sent back: {err}")))
+                                             else f"a job's result could not be sent back: {err}"), reply[2]))
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a job's error in its worker (the ``__cause__`` of the error raised in the main
+    process, shown by ``--debug``)."""
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.args[0]}\"\"\"" if self.args and self.args[0] else ""
 
 
 def _run_task(ctx: RunContext, task: tuple) -> Any:
@@ -316,7 +325,7 @@ def run_parallel(
                 if isinstance(handle, int):  # its exit sentinel
                     raise worker.died()
                 try:
-                    status, result = worker.conn.recv()
+                    status, result, remote = worker.conn.recv()
                 except (EOFError, OSError):
                     raise worker.died() from None
                 if status == "ready":
@@ -325,7 +334,7 @@ def run_parallel(
                 kind, what = worker.task
                 worker.task = None
                 if status == "error":
-                    raise result
+                    raise result from RemoteTraceback(remote)
                 if kind == "prepare":
                     saved, info = result
                     states[what] = saved
