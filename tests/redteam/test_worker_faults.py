@@ -4,7 +4,7 @@ time (a worker killed while the run was handed to it once hung the main process 
 process behind, and ``--resume`` then gives the clean run's verdict. Ctrl-C (SIGINT to the whole
 process group, as a terminal sends it) is one line and exit 130, with no traceback from a worker that
 was still starting; SIGTERM to the main process (a CI timeout) is one line and exit 143, and the workers
-end with it."""
+end with it, as they do when the main process is SIGKILLed."""
 
 import json
 import os
@@ -174,3 +174,20 @@ def test_ctrl_c_and_sigterm_are_one_line(tmp_path, when, how):
     assert lines == [f"{word}: no verdict (continue with --resume)"], lines
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     assert not [p for p in workers if _alive(p)]
+
+
+def test_workers_end_with_a_killed_main_process(tmp_path):
+    """SIGKILL of the main process (nothing can clean up): its workers see their pipe close and exit
+    within seconds, not after their job; run.json stays 'in progress' and no verdict is left."""
+    out = tmp_path / "out"
+    run = _start(tmp_path, out)
+    _until(run, lambda: _records(out) >= 1, "a finished job")
+    workers = _children(run.pid)
+    run.kill()
+    assert _finish(run)[0] == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while [p for p in workers if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in workers if _alive(p)]
+    assert json.loads((out / "run.json").read_text())["status"] == "in progress"
+    assert not (out / "certificate.json").exists()
