@@ -219,6 +219,7 @@ class _Worker:
         child.close()
         self.ready = False  # it has loaded the run
         self.task: tuple[str, Any] | None = None  # what it runs now
+        self.doing = ""  # the same in words
 
     def died(self) -> WorkerError:
         """The one-line error for this worker's death (its exit signal or status when known)."""
@@ -232,14 +233,10 @@ class _Worker:
             how = f"killed by {code}" if isinstance(code, str) else f"killed by signal {-code}"
         else:
             how = f"exit status {code}"
-        if self.task is not None:
-            kind, what = self.task
-            stage = f"running job {what.name}" if kind == "job" else f"preparing attack {what}"
-        else:
-            stage = "while idle" if self.ready else "while starting"
-        return WorkerError(f"red-team worker {self.number} (pid {self.process.pid}) died {stage} ({how}: killed, out of "
-                           "memory, or code that ended the process); finished jobs are kept: continue with --resume "
-                           "(--workers 1 shows where code ends the process)")
+        stage = self.doing if self.task is not None else "while idle" if self.ready else "while starting"
+        return WorkerError(f"red-team worker {self.number} (pid {self.process.pid}) died {stage} ({how}: a kill, the "
+                           "out-of-memory killer, or code that ended the process); finished jobs are kept: continue "
+                           "with --resume (--workers 1 shows where code ends the process)")
 
     def stop(self, grace: float) -> None:
         """Ask it to leave, then end it: SIGTERM after ``grace`` seconds, SIGKILL if that does not do."""
@@ -309,6 +306,8 @@ def run_parallel(
                 if worker.ready and worker.task is None and queue:
                     kind, what = worker.task = queue.pop(0)
                     task = ("prepare", what) if kind == "prepare" else ("job", what.bs, what.i, states.get(what.i))
+                    worker.doing = (f"running job {what.name}" if kind == "job" else
+                                    f"preparing attack {getattr(context.plans[what], 'name', what)} (plan {what})")
                     try:
                         worker.conn.send(task)
                     except OSError:
