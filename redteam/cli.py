@@ -111,7 +111,7 @@ def guarded(call, debug: bool, what: str):
         return None, 2
     finally:
         if main:
-            signal.signal(signal.SIGTERM, before)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)  # None: set outside Python
 
 
 def run(args: argparse.Namespace) -> int:

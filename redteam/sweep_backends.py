@@ -179,16 +179,20 @@ class Ray:
         return {"backend": self.name, "workers": self.workers, "address": self.address or "local"}
 
 
-def _sigterm_handler(handler: Any = None) -> Any:
-    """SIGTERM's handler; with ``handler``, set it back (main thread only)."""
+_UNSET = object()
+
+
+def _sigterm_handler(handler: Any = _UNSET) -> Any:
+    """SIGTERM's handler; with ``handler``, set it back (main thread only; None, a handler set outside
+    Python, restores the default)."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return None
-    if handler is None:
+    if handler is _UNSET:
         return signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
     return handler
 
 
@@ -299,7 +303,7 @@ def _sigint_deferred():
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
     if caught and callable(before):
         raise KeyboardInterrupt
 

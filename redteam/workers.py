@@ -199,7 +199,7 @@ def _sigint_ignored() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # None: set outside Python
 
 
 class _Worker:
