@@ -1,8 +1,9 @@
 """``guardfl redteam --config PATH``: exit 0 certified, 1 not certified, 2 invalid config or failure.
 
 Exit 0 means exactly: a certificate was written under ``--out`` and it says CERTIFIED. Everything else
-(a bad config, an attack that failed, user code that raised or called ``sys.exit``, Ctrl-C: 130) exits
-non-zero with one line on stderr, and a failed run leaves no verdict in ``--out``.
+(a bad config, an attack that failed, a worker process that died, user code that raised or called
+``sys.exit``: 2; Ctrl-C: 130; SIGTERM: 143) exits non-zero with one line on stderr, and a failed run leaves
+no verdict in ``--out``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def add_parser(sub) -> None:
         description="Attack a defended client and certify its settings: the private samples attacked are "
                     "drawn at random from the configured data, and the verdict is a population claim (the leak rate's "
                     "one-sided confidence bound below certify.max_leak_rate). Exit status: 0 a certificate was "
-                    "written and says CERTIFIED; 1 NOT CERTIFIED or INSUFFICIENT EVIDENCE; 2 the run failed (no verdict); 130 interrupted. "
+                    "written and says CERTIFIED; 1 NOT CERTIFIED or INSUFFICIENT EVIDENCE; 2 the run failed (no verdict; "
+                    "after a worker process died, continue with --resume); 130 interrupted; 143 terminated (SIGTERM). "
                     "A config that names code (model.name or target.* as 'module:callable') imports and runs "
                     "that code: treat such configs as scripts.")
     p.add_argument("--config", required=True,
@@ -69,15 +71,38 @@ def _positive(flag: str, bounded: bool = False):
     return parse
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's timeout, ``kill``): handled as Ctrl-C is (workers and Ray stopped, the run
+    marked interrupted), reported as terminated, exit 143."""
+
+
+_SIGTERM: list[int] = []  # set when SIGTERM arrived: Ray's calls turn any KeyboardInterrupt into a plain one
+
+
+def _terminate(signum, frame) -> None:
+    _SIGTERM.append(signum)
+    raise Terminated
+
+
 def guarded(call, debug: bool, what: str):
-    """``(call(), None)``, or ``(None, exit status)`` with one line on stderr: 130 interrupted (``what``
-    can be continued with --resume), 2 for a bad config, a failed run, or user code that called
-    ``sys.exit``; ``debug`` adds the traceback. The ``redteam`` and ``sweep`` commands share it."""
+    """``(call(), None)``, or ``(None, exit status)`` with one line on stderr: 130 interrupted, 143
+    terminated (SIGTERM; both times ``what`` can be continued with --resume), 2 for a bad config, a
+    failed run (a worker process that died included), or user code that called ``sys.exit``; ``debug``
+    adds the traceback. The ``redteam`` and ``sweep`` commands share it."""
+    import signal
+    import threading
+
     from guardfl.redteam.data import DataError
 
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminate) if main else None
+    _SIGTERM.clear()
     try:
         return call(), None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        if isinstance(err, Terminated) or _SIGTERM:
+            print(f"terminated: no {what} (continue with --resume)", file=sys.stderr)
+            return None, 143
         print(f"interrupted: no {what} (continue with --resume)", file=sys.stderr)
         return None, 130
     except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
@@ -93,6 +118,9 @@ def guarded(call, debug: bool, what: str):
             traceback.print_exc()
         print(f"error: {type(err).__name__}: {err} (run with --debug for the traceback)", file=sys.stderr)
         return None, 2
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)  # None: set outside Python
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,7 +65,10 @@ class Processes:
         self._futures: dict[Future, Any] = {}
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:
-        self._futures[self._pool.submit(fn, arg)] = key
+        from guardfl.redteam.workers import _sigint_ignored
+
+        with _sigint_ignored():  # a worker it spawns ignores Ctrl-C (no traceback from one still starting)
+            self._futures[self._pool.submit(fn, arg)] = key
 
     def next_done(self) -> tuple[Any, Any]:
         done, _ = wait(self._futures, return_when=FIRST_COMPLETED)
@@ -77,8 +80,14 @@ class Processes:
             raise BackendError("a sweep worker process died (killed or out of memory); rerun with --resume") from None
 
     def close(self) -> None:
+        """After the last result, the workers leave; with jobs still pending (Ctrl-C, SIGTERM, a failed
+        point) they are terminated, not waited for: a point runs for minutes."""
         for future in self._futures:
             future.cancel()
+        if self._futures:
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(Exception):
+                    process.terminate()
         self._pool.shutdown(wait=not self._futures, cancel_futures=True)
 
     def describe(self) -> dict[str, Any]:
@@ -106,11 +115,22 @@ class Ray:
             kwargs["num_cpus"] = workers
         else:
             kwargs["address"] = address
+        self._owned = not ray.is_initialized()
+        self._reaper = _Reaper() if self._owned and address is None else None
+        term = _sigterm_handler()
         try:
-            self._owned = not ray.is_initialized()
             if self._owned:
-                ray.init(**kwargs)
-        except Exception as err:  # ConnectionError, a version mismatch, a timeout
+                try:
+                    ray.init(**kwargs)
+                finally:  # ray.init's own handler turns SIGTERM into sys.exit(15): the caller's decides
+                    _sigterm_handler(term)
+        except BaseException as err:  # ConnectionError, a version mismatch, a timeout; Ctrl-C while starting
+            if self._owned:  # the processes a half-done ray.init started: left running, they crashed the exit
+                _shutdown(ray, self._reaper)
+            if isinstance(err, SystemExit) and err.code == 15 and callable(term):  # SIGTERM under ray.init's handler
+                term(15, None)
+            if not isinstance(err, Exception):
+                raise
             line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             where = f"the Ray cluster at {address}" if address else "a local Ray instance"
             raise BackendError(f"ray: could not start or reach {where}: {line[:200]}") from None
@@ -141,15 +161,151 @@ class Ray:
             raise BackendError(f"ray: a sweep job was lost ({line[:200]}); rerun with --resume") from None
 
     def close(self) -> None:
-        for ref in self._refs:
-            with contextlib.suppress(Exception):
-                self._ray.cancel(ref, force=True)
-        if self._owned:
-            with contextlib.suppress(Exception):
-                self._ray.shutdown()
+        """Cancel the pending tasks and, for the instance this backend started, stop every Ray process
+        (also after a Ctrl-C or a failure: nothing is left running, and the interpreter's exit does not
+        meet a half-stopped Ray)."""
+        with _sigint_deferred():
+            if not self._owned:  # a cluster's tasks outlive this process unless cancelled
+                for ref in self._refs:
+                    with contextlib.suppress(Exception):
+                        self._ray.cancel(ref, force=True)
+            # an instance of our own is stopped whole: force-cancelling its tasks as well raced with their
+            # replies and aborted Ray's core worker (a C++ check failure and backtrace, exit 1)
+            self._refs.clear()
+            if self._owned:
+                _shutdown(self._ray, self._reaper)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "workers": self.workers, "address": self.address or "local"}
+
+
+_UNSET = object()
+
+
+def _sigterm_handler(handler: Any = _UNSET) -> Any:
+    """SIGTERM's handler; with ``handler``, set it back (main thread only; None, a handler set outside
+    Python, restores the default)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if handler is _UNSET:
+        return signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
+    return handler
+
+
+def _shutdown(ray, reaper: _Reaper | None) -> None:
+    """``ray.shutdown()``, whatever state Ray is in, a second Ctrl-C included; then the local instance's
+    processes that outlived it are ended (``reaper``)."""
+    with _sigint_deferred():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if reaper is not None:
+            reaper.end_leftovers()
+
+
+class _Reaper:
+    """The processes a local Ray instance leaves behind, ended. Ray's raylet starts agents (dashboard,
+    runtime env) and workers that it does not stop when it is itself killed: a Ctrl-C to the process group
+    while Ray was starting left two agents running, SIGINT blocked and SIGTERM ignored. On Linux this
+    process becomes a child subreaper while Ray runs, so every orphaned descendant becomes its child, and
+    after ``ray.shutdown()`` the children that were not there before are given a few seconds, then
+    SIGKILLed and reaped. Elsewhere it does nothing."""
+
+    GRACE = 5.0  # seconds for Ray's own processes to exit after ray.shutdown()
+
+    def __init__(self) -> None:
+        self.active = _set_subreaper(True)
+        self.before = _child_pids() if self.active else set()
+
+    def end_leftovers(self) -> None:
+        import os
+        import signal
+        import time
+
+        if not self.active:
+            return
+        deadline = time.monotonic() + self.GRACE
+        while True:  # Ray's own processes: a few seconds to exit (exited ones reaped)
+            for pid in _child_pids() - self.before:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+            if not {pid for pid in _child_pids() - self.before if _alive(pid)} or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for _ in range(50):  # ending one reparents its children here (a raylet's agents): until none is left
+            left = _child_pids() - self.before
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in left:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, 0)
+        _set_subreaper(False)
+        self.active = False
+
+
+def _set_subreaper(on: bool) -> bool:
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        return False
+
+
+def _stat(pid: str | int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _child_pids() -> set[int]:
+    import os
+
+    me = os.getpid()
+    found = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                fields = _stat(name)
+                if fields is not None and int(fields[1]) == me:
+                    found.add(int(name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """A Ctrl-C during the block is raised after it (once), so that a cleanup runs to its end."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    before = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
+    if caught and callable(before):
+        raise KeyboardInterrupt
 
 
 def ray_available() -> bool:

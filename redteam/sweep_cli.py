@@ -1,5 +1,6 @@
 """``guardfl sweep --config PATH``: exit 0 a setting certified (the chosen one written), 1 none did,
-2 invalid config or failure (one line on stderr), 130 interrupted."""
+2 invalid config or failure (one line on stderr), 130 interrupted, 143 terminated (SIGTERM); the
+sweep's processes (a local Ray instance's included) are stopped in every case."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def add_parser(sub) -> None:
                     "axis with autotune), choose the certified setting with the least accuracy drop, and write "
                     "sweep.json, tradeoff.png, report.html and chosen-defense.yaml under --out. Points run on Ray (a "
                     "local instance, or --ray-address), else local processes. Exit status: 0 a setting certified; 1 "
-                    "none did; 2 the sweep failed; 130 interrupted.")
+                    "none did; 2 the sweep failed; 130 interrupted; 143 terminated (SIGTERM).")
     p.add_argument("--config", required=True, help="sweep YAML (see configs/sweep-default.yaml)")
     p.add_argument("--out", default="sweep-out", help="output folder (points/<id>/ hold each red-team run)")
     p.add_argument("--backend", choices=["auto", "ray", "processes", "sequential"], default="auto",

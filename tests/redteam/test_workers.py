@@ -81,10 +81,14 @@ def test_a_failing_job_or_a_dead_worker_fails_the_run(failing, error, says):
     context = RunContext(_FailingRunner(), ["ok", failing], {0: (None, None, None)})
     jobs = [Job("ok", (0,), 0, False), Job(failing, (0,), 1, False), Job("ok2", (0,), 0, False)]
     done = []
-    with pytest.raises(error, match=says):
+    with pytest.raises(error, match=says) as err:
         run_parallel(context, jobs, workers=2, threads=1, app_dir=None, prepared=lambda i: None,
                      on_prepared=lambda *a: None, on_done=lambda job, result: done.append(job.name))
     assert failing not in done
+    if failing == "bad":  # the worker's traceback travels with the error (--debug shows it)
+        assert "broken on purpose" in str(err.value.__cause__) and "in run" in str(err.value.__cause__)
+    else:  # which worker, which job, how it ended
+        assert "running job die" in str(err.value) and "exit status 3" in str(err.value) and "--resume" in str(err.value)
 
 
 def test_workers_and_threads_must_be_positive():
