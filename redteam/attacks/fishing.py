@@ -59,18 +59,31 @@ def classifier(model: nn.Module, num_classes: int) -> tuple[str, nn.Linear] | No
     return found
 
 
-def fishing_model(model: nn.Module, num_classes: int, target: int, beta: float) -> nn.Module:
+#: disguised class fishing (``disguise: true``): the other rows are scaled by this (3x the share under
+#: which ``inspect_model`` calls a row zeroed) and the biases lie ``DISGUISE_GAP`` logits apart (its
+#: bias-gap threshold): an adaptive server that has read ``guardfl/inspect.py``
+DISGUISE_SCALE = 3e-3
+DISGUISE_GAP = 20.0
+
+
+def fishing_model(model: nn.Module, num_classes: int, target: int, beta: float, disguise: bool = False) -> nn.Module:
     """The class-fishing model: ``model`` with its classifier's rows other than ``target`` zeroed and the
-    target's bias at ``-beta`` (see the module docstring)."""
+    target's bias at ``-beta`` (see the module docstring). ``disguise``: the other rows scaled by
+    ``DISGUISE_SCALE`` instead of zeroed and the biases ``DISGUISE_GAP`` apart (target ``-gap/2``, the
+    others ``+gap/2``), so that no zeroed row and no bias gap shows; the other classes' samples then send a
+    small share of the gradient too."""
     sent = copy.deepcopy(model)
     _, layer = classifier(sent, num_classes)
     with torch.no_grad():
         keep = layer.weight[target].clone()
-        layer.weight.zero_()
+        if disguise:
+            layer.weight.mul_(DISGUISE_SCALE)
+        else:
+            layer.weight.zero_()
         layer.weight[target] = keep
         if layer.bias is not None:
-            layer.bias.zero_()
-            layer.bias[target] = -beta
+            layer.bias.fill_(DISGUISE_GAP / 2 if disguise else 0.0)
+            layer.bias[target] = -DISGUISE_GAP / 2 if disguise else -beta
     return sent
 
 
@@ -147,12 +160,21 @@ class FishingConfig(OptimisationConfig):
     alpha: float = Field(default=1e6, gt=0, json_schema_extra={"allowed": "> 0"})
     feature: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (drawn from the seed) or >= 0"})
     max_queries: int = Field(default=48, ge=4, le=1000, json_schema_extra={"allowed": "an integer in [4, 1000]"})
+    #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
+    #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
+    disguise: bool = False
 
     @model_validator(mode="after")
     def _used_by_strategy(self) -> "FishingConfig":
         """Class fishing never reads the feature-fishing options: set with ``strategy: class`` they are
         refused, not ignored."""
+        if self.disguise and self.strategy != "class":
+            raise ValueError("disguise: true disguises class fishing only (feature fishing's classifier keeps one weight); "
+                             "set strategy: class")
         if self.strategy == "class":
+            if self.disguise and "beta" in self.model_fields_set:
+                raise ValueError(f"beta: {self.beta!r}, but disguise: true sets the biases {DISGUISE_GAP:g} logits apart "
+                                 "(a larger beta is the bias gap the disguise hides): remove beta, or disguise: false")
             unused = [f for f in ("feature", "alpha", "max_queries") if f in self.model_fields_set]
             if unused:
                 raise ValueError(f"{unused[0]}: {getattr(self, unused[0])!r} is a feature-fishing option, but strategy is "
@@ -218,10 +240,11 @@ class Fishing(ServerAttack):
         if fished is not None and not isinstance(fished, str):
             view, sent, info = fished
         else:  # class fishing (also the fallback when feature fishing could not isolate one sample)
-            sent = fishing_model(setting.model, setting.num_classes, target, c.beta)
+            sent = fishing_model(setting.model, setting.num_classes, target, c.beta, c.disguise)
             observation = client(sent)  # query 1
             view = isolated_view(observation, layer_name, target, m)
-            info = {"strategy": "class fishing" if m == 1 else f"class fishing on the class's {m} samples jointly"}
+            info = {"strategy": ("disguised " if c.disguise else "") + ("class fishing" if m == 1 else
+                                                                       f"class fishing on the class's {m} samples jointly")}
             if isinstance(fished, str):
                 info["feature_fishing"] = fished
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))

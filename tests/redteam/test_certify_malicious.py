@@ -85,12 +85,30 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies()
     against the isolation check and against pruning pass it and leak without a defense; DP-SGD holds."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"))
     assert inspecting.status == "NOT CERTIFIED"
-    by = {(r["attack"], r["budget"].get("rows")): r for r in inspecting.results}
-    for key, reason in ((("robbing_the_fed", None), "architecture:"), (("trap_weights", None), "isolation:"),
-                        (("fishing", None), "class fishing:")):
+    by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
+    for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "isolation:"),
+                        (("fishing", None, False), "class fishing:")):
         assert by[key]["info"]["refused"].startswith(reason) and by[key]["recovered"]["above_max_ssim"] == 0
-    assert by[("trap_weights", 8)]["info"].get("refused") is None
-    assert max(by[("trap_weights", 8)]["recovered"]["above_max_ssim"], by[("trap_weights", 2)]["recovered"]["above_max_ssim"]) > 0
+    for key in (("trap_weights", 8, False), ("trap_weights", 2, False), ("fishing", None, True)):
+        assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
+    assert max(by[key]["recovered"]["above_max_ssim"] for key in (("trap_weights", 8, False), ("fishing", None, True))) > 0
     defended = certify(str(CONFIGS / "malicious-adaptive.yaml"))
     assert defended.status == "CERTIFIED"
     assert all(r["recovered"]["above_max_ssim"] == 0 for r in defended.results)
+
+
+def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishing_only():
+    import torch
+
+    from guardfl.inspect import inspect_model
+    from guardfl.redteam.attacks.fishing import FishingConfig, fishing_model
+    from guardfl.redteam.models import LeNetZhu
+
+    torch.manual_seed(0)
+    model = LeNetZhu((1, 25, 25), 10)
+    assert not inspect_model(fishing_model(model, 10, 3, 50.0), model).ok
+    assert inspect_model(fishing_model(model, 10, 3, 50.0, disguise=True), model).ok
+    with pytest.raises(ValueError, match="set strategy: class"):
+        FishingConfig(disguise=True)
+    with pytest.raises(ValueError, match="beta"):
+        FishingConfig(disguise=True, strategy="class", beta=1000.0)
