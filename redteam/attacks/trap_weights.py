@@ -70,7 +70,7 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[str, nn
     try:
         model.eval()
         with torch.no_grad():
-            model(torch.zeros(1, *input_shape))
+            model(torch.zeros(1, *input_shape, device=next((p.device for p in model.parameters()), torch.device("cpu"))))
     except Exception as err:  # noqa: BLE001 - a model the probe cannot run: say so
         return f"the model does not run on one input of shape {list(input_shape)} ({type(err).__name__})"
     finally:
