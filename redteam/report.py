@@ -188,6 +188,9 @@ def write_report(cert: Certificate, out: Path) -> None:
             threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
             if r.get("info", {}).get("decode"):
                 threat += f"; decoded: {r['info']['decode']}"
+            if r.get("info", {}).get("refused"):
+                reason = r["info"]["refused"]
+                threat += f"; REFUSED by the client's inspection (nothing sent): {reason[:160]}{'...' if len(reason) > 160 else ''}"
             rec_ = r.get("recovered") or {}
             recovered = f"{rec_['above_max_ssim']} of {rec_['of']}" if rec_ else ""
             s = r["metrics"]["summary"]
@@ -254,9 +257,18 @@ def write_report(cert: Certificate, out: Path) -> None:
     if server:
         queries = sorted({str(r.get("info", {}).get("queries")) for r in cert.results if r["attack"] in server})
         encoding_html += (f"<p><b>A malicious server</b> ({html.escape(', '.join(server))}): the server sent the client "
-                          f"models of its own making ({html.escape(', '.join(sorted({str(r.get('info', {}).get('malicious_model')) for r in cert.results if r['attack'] in server})))}; "
+                          f"models of its own making ({html.escape(', '.join(sorted({str(r['info']['malicious_model']) for r in cert.results if r['attack'] in server and r.get('info', {}).get('malicious_model')})) or 'refused before training')}; "
                           f"{html.escape('/'.join(queries))} quer{'y' if queries == ['1'] else 'ies'} per client update) and "
                           "attacked what the client sent back; an honest-server certificate does not cover this.</p>")
+        tried = [r for r in cert.results if r["attack"] in server]
+        refused = [r for r in tried if r.get("info", {}).get("refused")]
+        if (cert.config.get("client") or {}).get("inspect"):
+            names = sorted({r["attack"] + (f" (rows {r['budget']['rows']})" if r["budget"].get("rows") else "")
+                            + (" (disguised)" if r["budget"].get("disguise") else "") for r in refused})
+            encoding_html += (f"<p><b>The client inspects</b> every model it receives (<code>guardfl.inspect_model</code>, "
+                              f"strict, with its own batch and model): {len(refused)} of {len(tried)} malicious-server attack runs "
+                              f"refused (nothing sent{': ' + html.escape(', '.join(names)) if names else ''}); the others "
+                              "passed the inspection and were attacked (their rows in the tables below).</p>")
     prep_html = ""
     if cert.preparations:
         prep_html = ("<h2>Prepared attacks</h2><p>Once-per-setting preparations (e.g. the inverter trained on auxiliary "

@@ -79,12 +79,14 @@ def test_bad_threat_server_is_one_line(tmp_path, capsys, threat, expect):
     assert len(err.splitlines()) == 1 and expect in err and "'honest' or 'malicious'" in err
 
 
-def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies():
+def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(tmp_path):
     """configs/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
     fishing and the whole-layer trap (nothing sent: no leak, the reasons on record); the small traps built
     against the isolation check and against pruning pass it and leak without a defense; DP-SGD holds."""
-    inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"))
+    inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
     assert inspecting.status == "NOT CERTIFIED"
+    page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
+    assert "3 of 6 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
     for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "isolation:"),
                         (("fishing", None, False), "class fishing:")):
