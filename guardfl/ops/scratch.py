@@ -36,10 +36,6 @@ class Scratch:
             self._buffers[key] = buf
         return buf[:n].view(x.shape)
 
-    def clear(self) -> None:
-        """Release the buffers (the next request allocates again)."""
-        self._buffers.clear()
-
     def __getstate__(self) -> dict:
         return {"_buffers": {}}
 
