@@ -1,7 +1,7 @@
 """Client simulation: what a guardfl-protected client actually transmits.
 
-``simulate_client`` runs the real guardfl code path (``guardfl.wrap`` around the client's SGD, the model in
-train mode) on a private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended
+``simulate_client`` runs the real guardfl client round (``guardfl.integrations.round.client_round``, the loop
+``local_update`` runs: ``guardfl.protect`` around the client's SGD, the model in train mode) on a private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended
 gradient; FedAvg: the model delta after E local epochs) plus the public context the server has (the
 global model). Knowledge that does not leave the client (the true labels, the exact BatchNorm statistics
 of the private batch) is recorded separately in ``Observation.side`` and reaches an attack only when its
