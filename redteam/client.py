@@ -1,11 +1,12 @@
 """Client simulation: what a guardfl-protected client actually transmits.
 
-``simulate_client`` runs the real guardfl client round (``guardfl.integrations.round.client_round``, the loop
-``local_update`` runs: ``guardfl.protect`` around the client's SGD, the model in train mode) on a private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended
-gradient; FedAvg: the model delta after E local epochs) plus the public context the server has (the
-global model). Knowledge that does not leave the client (the true labels, the exact BatchNorm statistics
-of the private batch) is recorded separately in ``Observation.side`` and reaches an attack only when its
-``ThreatModel`` grants it.
+``simulate_client`` runs the real guardfl client round (``guardfl.integrations.round.client_round``, the
+loop ``local_update`` runs: ``guardfl.protect`` around the client's SGD, the model in train mode) on a
+private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended gradient;
+FedAvg: the model delta after E local epochs) plus the public context the server has (the global model).
+Knowledge that does not leave the client (the true labels, the exact BatchNorm statistics of the private
+batch) is recorded separately in ``Observation.side`` and reaches an attack only when its ``ThreatModel``
+grants it.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def simulate_client(
     ``local_update(...).gradient`` with one batch of all samples; FedAvg: its ``delta`` with the protocol's
     in-order loader and SGD). The defense is the client's first round's (``round_defense(defense, 0)``: a
     given instance is rebuilt, a seeded one starts from its seed). ``model`` is the global model the
-    server sent (left untouched). ``defense``: any guardfl defense or
-    stack (a config works too); None means no defense (``Identity``, bit-identical to plain SGD). The client
+    server sent (left untouched). ``defense``: any guardfl defense or stack (a config works too); None
+    means no defense (``Identity``, bit-identical to plain SGD). The client
     goes through ``guardfl.protect`` as a deployed client does: gradient defenses wrap its SGD; DP-SGD is
     Opacus (per-sample clipping, Gaussian noise from the defense's generator, gradient defenses of the stack
     applied after the noise); an input encoding (MixUp / InstaHide) encodes every batch it trains on, with
