@@ -131,3 +131,22 @@ def test_a_poisson_batch_left_empty_still_takes_its_noise_only_step():
                               DPSGD(noise_multiplier=1.0, max_grad_norm=0.5, seed=0), record=True)
     sizes = [len(bx) for bx, _ in result.batches]
     assert result.steps == 8 and 0 in sizes and result.examples == sum(sizes)
+
+
+class HalfPrune(GradPrune):
+    """A user's subclass (its own ``_apply_``): each round's fresh defense must be one of these, not the
+    registry's GradPrune."""
+
+    def _apply_(self, grads, ctx):
+        for g in grads:
+            g.mul_(0.5)
+        return super()._apply_(grads, ctx)
+
+
+def test_round_defense_keeps_a_users_subclass_alone_and_in_a_stack():
+    assert type(round_defense(HalfPrune(0.5), 3)) is HalfPrune
+    (member, _) = round_defense(Stack(HalfPrune(0.5), GaussianNoise(0.01), seed=2), 1).members
+    assert type(member) is HalfPrune
+    model, x, y = net(False), torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+    plain, halved = simulate_client(model, x, y, GradPrune(0.5)).update, simulate_client(model, x, y, HalfPrune(0.5)).update
+    assert all(torch.equal(halved[k], plain[k] * 0.5) for k in plain)
