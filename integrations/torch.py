@@ -22,32 +22,26 @@ epsilon is cumulative over rounds) and nothing else. Each round builds a fresh d
 unseeded defenses draw new OS entropy; a defense with an explicit ``seed`` gets a per-round seed derived
 from (seed, round), so no two rounds reuse one noise stream (which would let a server cancel the noise
 by differencing updates).
+
+The round itself (protect, the local steps, the update and its fail-closed checks) is
+``guardfl.integrations.round.client_round``, the loop the red team's ``simulate_client`` runs too.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-import torch
 from torch import Tensor, nn
-from torch.optim import Optimizer
 
-from guardfl.defenses import Defense, Identity, from_config
-from guardfl.errors import ConfigError, UndefendedUpdateError
+from guardfl.defenses import Defense
+from guardfl.errors import ConfigError
 from guardfl.inspect import Inspection, inspect_model
-from guardfl.protect import dp_compatible, protect, soft_cross_entropy, split_stages
-
-MakeOptimizer = Callable[[Iterable[nn.Parameter]], Optimizer]
+from guardfl.integrations.round import BN_BUFFERS, MakeOptimizer, check_round_args, client_round, round_defense
+from guardfl.protect import soft_cross_entropy
 
 _STATE_VERSION = 1
-
-#: state-dict name endings sent as trained by default (BatchNorm buffers): no gradient defense reaches a
-#: buffer, and noise would make a running variance negative
-BN_BUFFERS: tuple[str, ...] = ("running_mean", "running_var", "num_batches_tracked")
-
 
 @dataclass
 class ClientState:
@@ -105,37 +99,10 @@ class LocalUpdate:
     #: the verdict on the received model with ``inspect=True`` (always ok here: a model that is not
     #: ok raises ``MaliciousModelError`` before training); None without inspection
     inspection: Inspection | None = None
-
-
-def _mix(seed: int, round_index: int) -> int:
-    """A per-round seed: the seed itself in round 0, an unrelated 63-bit value in later rounds."""
-    if round_index == 0:
-        return seed
-    x = (seed * 0x9E3779B97F4A7C15 + round_index * 0xBF58476D1CE4E5B9) % (1 << 64)
-    x ^= x >> 31
-    x = (x * 0x94D049BB133111EB) % (1 << 64)
-    return (x ^ (x >> 29)) >> 1
-
-
-def _reseed_for_round(defense: Defense, round_index: int) -> None:
-    if defense.config.seed is not None:
-        defense.reseed(_mix(defense.config.seed, round_index))
-    for member in getattr(defense, "members", []):
-        _reseed_for_round(member, round_index)
-
-
-def round_defense(defense: Defense | Mapping[str, Any] | str | None, round_index: int) -> Defense:
-    """A fresh defense for FL round ``round_index`` (0-based): OS entropy, or a per-round seed derived from
-    an explicit ``seed`` (so rounds never share a noise stream)."""
-    if defense is None:
-        return Identity()
-    fresh = from_config(defense.config if isinstance(defense, Defense) else defense)
-    _reseed_for_round(fresh, round_index)
-    return fresh
-
-
-def _batch_size(x: Any) -> int:
-    return int(x.shape[0]) if isinstance(x, Tensor) else len(x)
+    #: the defended gradient of the round's one step when it took exactly one (a FedSGD client: one
+    #: batch holding all its samples, ``epochs=1``): parameter name -> tensor, what a FedSGD client sends
+    #: (``delta`` is ``-lr`` times it, rounded); None after several steps
+    gradient: dict[str, Tensor] | None = None
 
 
 def _inspect_mode(inspect: bool | str) -> bool:
@@ -179,27 +146,6 @@ def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, 
     return result
 
 
-def _is_identity(defense: Defense) -> bool:
-    members = getattr(defense, "members", None)
-    return all(_is_identity(m) for m in members) if members is not None else defense.kind == "identity"
-
-
-def _refuse_undefended_changes(model: nn.Module, optimizer: Optimizer, start: Mapping[str, Tensor],
-                               after: Mapping[str, Tensor]) -> None:
-    """``UndefendedUpdateError`` when training changed a state entry that no gradient defense reached: a
-    buffer other than BatchNorm's (``BN_BUFFERS``) or a parameter outside the optimizer. Such an entry
-    would be sent as trained, whatever the defense; the update fails closed instead."""
-    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    defended = {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in optimized}
-    changed = [f"{k} ({after[k].dtype})" for k in start
-               if k not in defended and not k.endswith(BN_BUFFERS) and not torch.equal(after[k], start[k])]
-    if changed:
-        raise UndefendedUpdateError(
-            f"update: training changed {len(changed)} state entr{'y' if len(changed) == 1 else 'ies'} that no "
-            f"gradient defense reaches: {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}; the update "
-            "was not returned. Only the optimizer's parameters are defended (and BatchNorm's buffers sent as trained)")
-
-
 def local_update(
     model: nn.Module,
     loader: Iterable,
@@ -233,70 +179,17 @@ def local_update(
     (``BN_BUFFERS``, sent as trained as documented); any other changed entry (a custom buffer a forward
     pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
     """
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"epochs: must be an integer >= 1 (got {epochs!r})")
-    if max_steps is not None and max_steps < 1:
-        raise ConfigError(f"max_steps: must be null or an integer >= 1 (got {max_steps!r})")
-    if not callable(make_optimizer):
-        raise ConfigError("make_optimizer: expected a callable params -> torch.optim.Optimizer "
-                          "(e.g. lambda p: torch.optim.SGD(p, lr=0.01))")
+    check_round_args(epochs, max_steps, make_optimizer)
     inspection = inspect_received(model, loader) if _inspect_mode(inspect) else None
     state = state or ClientState()
-    current = round_defense(defense, state.rounds)
-    dp, _, _ = split_stages(current)
-    if dp and dp_compatible(model) is not model:
-        raise ConfigError("defense: DP-SGD cannot train this model (it has layers Opacus replaces: BatchNorm -> GroupNorm, "
-                          "nn.MultiheadAttention -> DPMultiheadAttention, with other parameter names); build the global "
-                          "model with guardfl.dp_compatible(model) on the server and on every client")
-    try:
-        device = next(model.parameters()).device
-    except StopIteration:
-        raise ConfigError("model: it has no parameters, so there is no update to send") from None
-
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.train()
-    optimizer = make_optimizer(model.parameters())
-    if not isinstance(optimizer, Optimizer):
-        raise ConfigError(f"make_optimizer: returned {type(optimizer).__name__}, expected a torch.optim.Optimizer")
-    trained, optimizer, loader = protect(model, optimizer, loader, current, num_classes=num_classes,
-                                         privacy_state=state.privacy)
-    optimizer.new_round()
-    steps, examples, loss_sum, stats = 0, 0, 0.0, []
-    try:
-        for _ in range(epochs):
-            for x, y in loader:
-                if max_steps is not None and steps >= max_steps:
-                    break
-                x, y = x.to(device), y.to(device)
-                optimizer.zero_grad(set_to_none=True)
-                out = trained(x)
-                loss = loss_fn(out, y) if _batch_size(x) else out.sum() * 0.0  # Opacus's Poisson batches can be empty
-                loss.backward()
-                optimizer.step()
-                steps += 1
-                examples += _batch_size(x)
-                loss_sum += float(loss.detach()) * _batch_size(x)
-                if optimizer.last_stats is not None:
-                    stats.append(optimizer.last_stats.to_dict())
-    finally:
-        if dp and hasattr(trained, "to_standard_module"):
-            trained.to_standard_module()  # remove Opacus's hooks from the caller's model
-    if steps == 0:
-        raise ConfigError("loader: it yielded no batches, so the client did not train")
-
-    epsilon, dp_delta, privacy = math.inf, None, None
-    if dp:
-        dp_delta = dp[0].config.delta
-        epsilon = optimizer.epsilon(dp_delta)
-        privacy = optimizer.privacy_state()
-    after = model.state_dict()
-    if not _is_identity(current):
-        _refuse_undefended_changes(model, optimizer, start, after)
-    delta = {k: after[k].detach() - start[k] for k in start}
-    new_state = ClientState(rounds=state.rounds + 1, steps=state.steps + steps, privacy=privacy)
-    return LocalUpdate(delta=delta, state=new_state, num_examples=examples, steps=steps,
-                       mean_loss=loss_sum / max(examples, 1), epsilon=epsilon, dp_delta=dp_delta, defense_stats=stats,
-                       inspection=inspection)
+    result = client_round(model, loader, make_optimizer, defense, epochs=epochs, round_index=state.rounds,
+                          privacy_state=state.privacy, loss_fn=loss_fn, num_classes=num_classes, max_steps=max_steps)
+    new_state = ClientState(rounds=state.rounds + 1, steps=state.steps + result.steps, privacy=result.privacy)
+    return LocalUpdate(delta=result.delta, state=new_state, num_examples=result.examples, steps=result.steps,
+                       mean_loss=result.loss_sum / max(result.examples, 1), epsilon=result.epsilon,
+                       dp_delta=result.dp_delta, defense_stats=result.defense_stats, inspection=inspection,
+                       gradient=result.gradient)
 
 
 __all__ = ["BN_BUFFERS", "ClientState", "LocalUpdate", "MakeOptimizer", "first_batch", "inspect_received", "local_update", "round_defense"]
+

@@ -1,11 +1,12 @@
 """Client simulation: what a guardfl-protected client actually transmits.
 
-``simulate_client`` runs the real guardfl code path (``guardfl.wrap`` around the client's SGD, the model in
-train mode) on a private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended
-gradient; FedAvg: the model delta after E local epochs) plus the public context the server has (the
-global model). Knowledge that does not leave the client (the true labels, the exact BatchNorm statistics
-of the private batch) is recorded separately in ``Observation.side`` and reaches an attack only when its
-``ThreatModel`` grants it.
+``simulate_client`` runs the real guardfl client round (``guardfl.integrations.round.client_round``, the
+loop ``local_update`` runs: ``guardfl.protect`` around the client's SGD, the model in train mode) on a
+private batch and returns an ``Observation``: the transmitted update (FedSGD: the defended gradient;
+FedAvg: the model delta after E local epochs) plus the public context the server has (the global model).
+Knowledge that does not leave the client (the true labels, the exact BatchNorm statistics of the private
+batch) is recorded separately in ``Observation.side`` and reaches an attack only when its ``ThreatModel``
+grants it.
 """
 
 from __future__ import annotations
@@ -17,49 +18,13 @@ from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
 
-import guardfl
 from guardfl.defenses import Defense, Identity, from_config
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.inspect import inspect_model
-from guardfl.protect import dp_compatible, soft_cross_entropy, split_stages
+from guardfl.integrations.round import FedAvg, FedSGD, Protocol, bn_layers, client_round
+from guardfl.protect import split_stages
 from guardfl.redteam.auxdata import content_hashes
-
-
-@dataclass(frozen=True)
-class FedSGD:
-    """One local step on the whole batch; the client sends the (defended) gradient."""
-
-    name: str = "fedsgd"
-
-
-@dataclass(frozen=True)
-class FedAvg:
-    """E local epochs over the client's n samples in mini-batches of B, plain SGD with momentum and weight
-    decay; the client sends the model delta ``w_end - w_start``. Batches are taken in order (an attacker
-    with known hyperparameters replays that order)."""
-
-    epochs: int = 1
-    batch_size: int = 1
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    name: str = "fedavg"
-
-    def __post_init__(self) -> None:
-        for key, low in (("epochs", 1), ("batch_size", 1)):
-            if int(getattr(self, key)) < low:
-                raise ValueError(f"FedAvg.{key} must be >= {low} (got {getattr(self, key)})")
-        if not self.lr > 0:
-            raise ValueError(f"FedAvg.lr must be > 0 (got {self.lr})")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"FedAvg.momentum must be in [0, 1) (got {self.momentum})")
-        if self.weight_decay < 0:
-            raise ValueError(f"FedAvg.weight_decay must be >= 0 (got {self.weight_decay})")
-
-
-Protocol = FedSGD | FedAvg
 
 
 def sgd_step(params: dict[str, Tensor], grads: dict[str, Tensor], momentum: dict[str, Tensor] | None,
@@ -158,24 +123,6 @@ class Observation:
         )
 
 
-def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-def _record_first_bn_inputs(model: nn.Module) -> tuple[list[tuple[Tensor, Tensor]], list]:
-    """Hooks recording (mean, biased var) of each BatchNorm input during the first forward pass."""
-    layers = bn_layers(model)
-    records: list[tuple[Tensor, Tensor]] = []
-
-    def hook(_module, inputs, _output):
-        if len(records) < len(layers):
-            x = inputs[0].detach()
-            dims = [0, *range(2, x.dim())]
-            records.append((x.mean(dims), x.var(dims, unbiased=False)))
-
-    return records, [bn.register_forward_hook(hook) for bn in layers]
-
-
 def _num_classes(model: nn.Module, x: Tensor) -> int:
     """The model's output width (one forward in eval mode, so no BatchNorm buffer moves)."""
     was = model.training
@@ -198,15 +145,21 @@ def simulate_client(
 ) -> Observation:
     """Run the client exactly as deployed and return what it transmits.
 
-    ``model`` is the global model the server sent (left untouched). ``defense``: any guardfl defense or
-    stack (a config works too); None means no defense (``Identity``, bit-identical to plain SGD). The client
+    The round is ``guardfl.integrations.round.client_round``, the loop ``local_update`` (and so the Flower
+    and NVFlare adapters) runs: the same model, data, defense and seed give a bit-identical update (FedSGD:
+    ``local_update(...).gradient`` with one batch of all samples; FedAvg: its ``delta`` with the protocol's
+    in-order loader and SGD). The defense is the client's first round's (``round_defense(defense, 0)``: a
+    given instance is rebuilt, a seeded one starts from its seed). ``model`` is the global model the
+    server sent (left untouched). ``defense``: any guardfl defense or stack (a config works too); None
+    means no defense (``Identity``, bit-identical to plain SGD). The client
     goes through ``guardfl.protect`` as a deployed client does: gradient defenses wrap its SGD; DP-SGD is
     Opacus (per-sample clipping, Gaussian noise from the defense's generator, gradient defenses of the stack
     applied after the noise); an input encoding (MixUp / InstaHide) encodes every batch it trains on, with
     soft labels. FedSGD sends the gradient of exactly the given batch (encoded, then clipped and noised as
-    configured); FedAvg trains E epochs over the n samples in batches of B, in order, or Poisson-sampled
-    when DP-SGD says so. The client trains in train mode (BatchNorm on batch statistics) unless
-    ``train_mode=False``.
+    configured; under Poisson sampling its sample rate is 1); FedAvg trains E epochs over the n samples in
+    batches of B, in order, or Poisson-sampled when DP-SGD says so (an empty batch takes a noise-only step).
+    The client trains in train mode (BatchNorm on batch statistics) unless ``train_mode=False`` (refused
+    with DP-SGD).
     """
     protocol = protocol or FedSGD()
     modality, input_range = _modality(model, inputs, input_range)
@@ -215,80 +168,38 @@ def simulate_client(
     if inputs.shape[0] != labels.shape[0] or inputs.shape[0] < 1:
         raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
     defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
-    stages = defense_obj.stages
     _, encodings, _ = split_stages(defense_obj)
-    encoding = encodings[0] if encodings else None
-    if encoding is not None and modality == "text":  # before guardfl.protect, whose checks speak of images
-        raise ConfigError(f"defense: {encoding.config.kind} mixes images (convex combinations of inputs); it cannot encode "
-                          "token ids: use a gradient defense or DP-SGD for a text model")
+    if encodings and modality == "text":  # before guardfl.protect, whose checks speak of images
+        raise ConfigError(f"defense: {encodings[0].config.kind} mixes images (convex combinations of inputs); it cannot "
+                          "encode token ids: use a gradient defense or DP-SGD for a text model")
 
     global_model = copy.deepcopy(model)
     client = copy.deepcopy(model)
-    client.train(train_mode)
-    if "dp" in stages and dp_compatible(client) is not client:
-        raise ConfigError("defense: DP-SGD cannot train this model (it has BatchNorm, which Opacus refuses); build the "
-                          "global model with guardfl.dp_compatible(model), or use a model without BatchNorm")
     num_classes = _num_classes(client, inputs)
     names = [n for n, p in client.named_parameters() if p.requires_grad]
-    params = [p for p in client.parameters() if p.requires_grad]
-    start = [p.detach().clone() for p in params]
-    n = inputs.shape[0]
-    if isinstance(protocol, FedSGD):
-        opt = torch.optim.SGD(params, lr=1.0)
-        batch = n
-    else:
-        opt = torch.optim.SGD(params, lr=protocol.lr, momentum=protocol.momentum, weight_decay=protocol.weight_decay)
-        batch = min(protocol.batch_size, n)
-    loader = DataLoader(TensorDataset(inputs, labels), batch_size=batch, shuffle=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-        warnings.filterwarnings("ignore", message=".*Full backward hook.*")
-        net, guarded, train_loader = guardfl.protect(client, opt, loader, defense_obj, num_classes=num_classes)
-    guarded.new_round()
-
-    records, handles = _record_first_bn_inputs(client)
-    stats: list[dict] = []
-    trained: list[tuple[Tensor, Tensor]] = []
-    try:
-        if isinstance(protocol, FedSGD):
-            # exactly this batch (no Poisson resampling of a FedSGD batch), encoded when the client encodes
-            batches = [encoding.encode(inputs, labels, num_classes) if encoding is not None else (inputs, labels)]
-        else:
-            batches = (xy for _ in range(protocol.epochs) for xy in train_loader)
-        for x, y in batches:
-            if x.shape[0] == 0:  # an empty Poisson-sampled batch: the client skips the step
-                continue
-            guarded.zero_grad(set_to_none=True)
-            with warnings.catch_warnings():  # Opacus's hooks on a first layer whose input needs no grad
-                warnings.filterwarnings("ignore", message=".*Full backward hook.*")
-                soft_cross_entropy(net(x), y).backward()
-            guarded.step()
-            trained.append((x.detach().clone(), y.detach().clone()))
-            if guarded.last_stats is not None:
-                stats.append(guarded.last_stats.to_dict())
-    finally:
-        for h in handles:
-            h.remove()
-
-    if isinstance(protocol, FedSGD):
-        update = {name: p.grad.detach().clone() for name, p in zip(names, params)}
-    else:
-        update = {name: (p.detach() - s) for name, p, s in zip(names, params, start)}
+        warnings.filterwarnings("ignore", message=".*Full backward hook.*")  # a first layer whose input needs no grad
+        warnings.filterwarnings("ignore", message=".*Optimal order is the smallest alpha.*")  # epsilon, unused here
+        result = client_round(client, protocol.loader(inputs, labels), protocol.make_optimizer, defense_obj,
+                              epochs=protocol.local_epochs, num_classes=num_classes, train_mode=train_mode, record=True)
+    sent = protocol.sent(result)
+    update = {name: sent[name] for name in names}
     released = [(bn.running_mean.detach().clone(), bn.running_var.detach().clone())
                 for bn in bn_layers(client) if bn.running_mean is not None]
     return Observation(
         protocol=protocol,
         model=global_model,
         update=update,
-        num_samples=n,
+        num_samples=int(inputs.shape[0]),
         input_shape=tuple(inputs.shape[1:]),
         num_classes=num_classes,
         input_range=input_range,
         defense_config=None if defense is None else defense_obj.config.model_dump(mode="json"),
         released_bn_stats=released,
-        side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(records), defense_stats=stats,
-                           input_hashes=tuple(content_hashes(inputs, input_range)),
-                           trained=trained if encoding is not None else []),
+        side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(result.bn_inputs),
+                           defense_stats=result.defense_stats, input_hashes=tuple(content_hashes(inputs, input_range)),
+                           trained=result.batches if encodings else []),
         train_mode=train_mode,
         modality=modality,
     )

@@ -311,6 +311,16 @@ class RedTeamConfig(StrictModel):
             object.__setattr__(self, "certify", resolved)  # frozen model: resolved once, while validating
         return self
 
+    @model_validator(mode="after")
+    def _dp_trains_in_train_mode(self) -> "RedTeamConfig":
+        """A simulated client with DP-SGD trains in train mode (Opacus computes per-sample gradients only
+        there; ``client_round`` refuses the pair): refused here, before any work."""
+        if self.target is None and not self.client.train_mode and self.defense is not None:
+            if any(leaf.kind == "dpsgd" for leaf in parse_config(self.defense).leaves()):
+                raise ValueError("client.train_mode: false (an eval-mode client) cannot run dpsgd, which trains in train "
+                                 "mode only (Opacus); allowed with dpsgd: true")
+        return self
+
     @property
     def modality(self) -> str:
         """``text`` when the private data is text (token ids), else ``image``."""

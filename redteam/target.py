@@ -41,10 +41,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from guardfl.integrations.round import record_first_bn_inputs
 from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.capture import Step, TrainingCapture
 from guardfl.redteam.auxdata import content_hashes
-from guardfl.redteam.client import FedAvg, Observation, SideKnowledge, _record_first_bn_inputs
+from guardfl.redteam.client import FedAvg, Observation, SideKnowledge
 from guardfl.redteam.threat import defense_kinds
 from guardfl.redteam.userref import UserCodeError, calling, resolve, train_function
 
@@ -280,7 +281,7 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
     lo, hi = float(inputs.min()), float(inputs.max())
     input_range = (0.0, 1.0) if lo >= 0.0 and hi <= 1.0 else (lo, hi)
     probe = copy.deepcopy(global_model).train()
-    records, handles = _record_first_bn_inputs(probe)
+    records, handles = record_first_bn_inputs(probe)
     try:
         with torch.no_grad():
             num_classes = int(probe(steps[0].inputs).shape[-1])

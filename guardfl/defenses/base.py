@@ -217,6 +217,13 @@ class Defense:
         self._init_from_config(config.model_copy(deep=True))
         return self
 
+    def fresh(self) -> "Defense":
+        """A new instance of this defense, as ``from_config(self.config)`` builds it (random streams from the
+        configured seed, or fresh OS entropy), carrying what a configuration cannot hold (Inter-InstaHide's
+        public tensor; a stack's members, each made fresh). ``round_defense`` builds every FL round's
+        defense with it."""
+        return type(self).from_config(self.config)
+
     # -- randomness -------------------------------------------------------------------------------
     def generator(self, device: torch.device | str) -> torch.Generator:
         """This defense's private generator for ``device`` (created on first use)."""

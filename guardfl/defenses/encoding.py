@@ -169,6 +169,12 @@ class InstaHide(_InputEncoding):
         super().__init__(k=k, max_coeff=max_coeff, mode=mode, public=None if isinstance(public, Tensor) else public,
                          seed=seed, nonfinite=nonfinite)
 
+    def fresh(self) -> "InstaHide":
+        new = type(self).__new__(type(self))
+        new._public_tensor = self._public_tensor  # read only: shared, not copied
+        new._init_from_config(self.config.model_copy(deep=True))
+        return new
+
     def _check_config(self) -> None:
         if not hasattr(self, "_public_tensor"):
             self._public_tensor = None

@@ -87,6 +87,12 @@ class Stack(Defense):
             if member.config.seed is None:  # a seeded stack derives its members' seeds; else OS entropy each
                 member.reseed(None if self._entropy else (self._seed * 1_000_003 + 7919 * (i + 1)) % (1 << 63))
 
+    def fresh(self) -> "Stack":
+        new = type(self).__new__(type(self))
+        new._given = [m.fresh() for m in self.members]  # then reseeded from the stack's seed, as from_config does
+        new._init_from_config(self.config.model_copy(deep=True))
+        return new
+
     def reseed(self, seed: int | None) -> None:
         super().reseed(seed)
         self._seed_members()

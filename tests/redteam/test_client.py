@@ -155,3 +155,20 @@ def test_encoded_fedavg_draws_fresh_encodings_every_step():
     obs = simulate_client(model, x, y, MixUp(k=2), FedAvg(epochs=2, batch_size=2, lr=0.1))
     assert len(obs.side.trained) == 4
     assert not torch.allclose(obs.side.trained[0][0], obs.side.trained[2][0])  # same samples, new mix
+
+
+def test_an_eval_mode_client_cannot_run_dpsgd():
+    """Opacus computes per-sample gradients in train mode only: the pair is refused in the config (before any
+    work) and by the client round itself, instead of silently training in train mode."""
+    from guardfl.config import validate
+    from guardfl.defenses import DPSGD
+    from guardfl.errors import ConfigError
+    from guardfl.redteam.config import RedTeamConfig
+
+    stack = {"kind": "stack", "defenses": [{"kind": "dpsgd", "noise_multiplier": 1.0}, {"kind": "gradprune", "ratio": 0.5}]}
+    with pytest.raises(ConfigError, match="client.train_mode"):
+        validate(RedTeamConfig, {"client": {"train_mode": False}, "defense": stack}, prefix="redteam")
+    assert not validate(RedTeamConfig, {"client": {"train_mode": False}, "defense": {"kind": "gradprune", "ratio": 0.5}},
+                        prefix="redteam").client.train_mode
+    with pytest.raises(ConfigError, match="train_mode"):
+        simulate_client(_tiny(), torch.rand(2, 3, 2, 2), torch.tensor([0, 1]), DPSGD(noise_multiplier=1.0), train_mode=False)
