@@ -36,6 +36,24 @@ Deviations and choices, stated:
   certificate says about those classes. OOD and pseudo-images carry random labels and do not fill it.
 - The inverter cannot be trained for FedAvg with unknown local hyperparameters (threat fedavg=unknown):
   the attack declares itself not applicable there.
+- Every defense kind is simulated as augmentation (``TransmitSimulator``, the same code as the client):
+  gradient defenses and stacks; DP-SGD (Opacus's per-sample clipping, noise and expected batch size, the
+  noise multiplier a ``target_epsilon`` resolves to, Poisson-sampled FedAvg steps); Soteria and GradDefense
+  on each auxiliary batch with the replica's current weights (Soteria is deterministic: one draw); MixUp and
+  InstaHide, where the pair learned is (update of the ENCODED auxiliary batch, the PRIVATE batch behind it),
+  so the inverter answers with private images directly: the certificate hands it the observation itself and
+  does not demix its answer (``Capabilities.inverts_encodings``), unlike the gradient attacks that
+  reconstruct encodings first. Inter-InstaHide mixes with a public set the attacker does not hold: the
+  attacker's own in-distribution auxiliary images stand in as partners (the client's file is never read;
+  an attacker who holds the client's set is ``TransmitSimulator(public=...)``). Labels granted under an
+  encoding are the client's soft labels; the answer labels each image with the class of most weight.
+  Refused (not simulated): MixUp / Intra-InstaHide inside Poisson-sampled DP-SGD batches under FedAvg
+  (random batch sizes; the client itself refuses each one below k).
+- Cost of the simulation per auxiliary batch (LeNet of Zhu et al., CIFAR-10, B = 1, one thread on a busy
+  2-core machine, ``bench/bench_simulator.py``): 1-2 ms for none, pruning, Outpost, DP-SGD and Inter-InstaHide
+  (3.5 ms per batch of 4 for MixUp / Intra-InstaHide); GradDefense ~24 ms (its sensitivity, a double
+  backward, per client: a loop over the batches); Soteria ~160 ms (one vector-Jacobian product per feature
+  of the FC input, 768, for the whole chunk of batches at once: ``Soteria.column_masks``), drawn once.
 
 Text clients (``Setting.modality == "text"``: token ids of a ``textmodels`` model): the same lifecycle
 (one name, prepare once per setting with the cache, one forward pass per ``reconstruct_many``) with the
