@@ -37,8 +37,11 @@ is simulated, split into its stages in the order ``guardfl.protect`` applies the
   batch (``Defense.apply_``), each batch its own client: a different model object per batch, so
   GradDefense's root set starts anew per client. Soteria on FedSGD clients of a model that couples no
   samples (no BatchNorm in train mode) uses ``Soteria.column_masks``: one representation and one
-  vector-Jacobian product per feature for a whole chunk of batches, the same masks as batch by batch.
-  FedAvg with such a defense runs each client's local steps on its own (no vmap across clients).
+  vector-Jacobian product per feature for a whole chunk of batches, the same masks as batch by batch;
+  GradDefense likewise measures every client's sensitivity in one double-backward pass
+  (``GradDefense.root_sensitivities``) and then slices, draws, clips and noises each client's gradient
+  with its own code (``apply_with_sensitivity_``). FedAvg with such a defense runs each client's local
+  steps on its own (no vmap across clients).
 
 The defense is built from the configuration the attacker knows with its seeds removed (the attacker knows
 the configuration, never the randomness). Its private generators run on from ``seed`` (the attacker's own,
@@ -263,6 +266,15 @@ class TransmitSimulator:
                 name, masks = leaf.column_masks(self.model, inputs[idx])
                 weight = grads[f"{name}.weight"]
                 weight[idx] = weight[idx].masked_fill(masks[:, None, :].to(weight.device), 0)
+            elif (hasattr(leaf, "root_sensitivities") and not batched_params and bool((its[act] == 1).all())
+                  and not any(bn.training for bn in bn_layers(self.model))):
+                # GradDefense on FedSGD clients sharing the weights: every client's sensitivity in one pass
+                rows = act.nonzero().flatten().tolist()
+                sens = leaf.root_sensitivities(self.model, [self.params[name] for name in self.names], self.names,
+                                               inputs[torch.tensor(rows, device=inputs.device)])
+                for i, s in zip(rows, sens):
+                    leaf.apply_with_sensitivity_([grads[name][i] for name in self.names], s,
+                                                 StepContext(iteration=1, names=self.names))
             else:
                 for i in act.nonzero().flatten().tolist():
                     model = self._replica_for(params, i if batched_params else None)
@@ -364,7 +376,8 @@ class TransmitSimulator:
     def _defend_rows_fedsgd(self, g: dict[str, Tensor], inputs: Tensor) -> None:
         """FedSGD with a ``needs_model`` defense: each batch is its own client (its own replica object)."""
         n = inputs.shape[0]
-        if all(not leaf.needs_model or hasattr(leaf, "column_masks") for leaf in self.gradient.leaves()) \
+        if all(not leaf.needs_model or hasattr(leaf, "column_masks") or hasattr(leaf, "root_sensitivities")
+               for leaf in self.gradient.leaves()) \
                 and not any(bn.training for bn in bn_layers(self.model)):
             self._defend(g, 1, self.params, False, inputs)  # Soteria: one pass for the chunk
             return

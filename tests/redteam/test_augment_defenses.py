@@ -96,9 +96,13 @@ def test_inter_instahide_never_reads_the_clients_file_and_needs_partners(lenet, 
     assert rows.shape == (2, sum(p.numel() for p in lenet.parameters())) and torch.isfinite(rows).all()
 
 
+CLIP_ONLY_GRADDEFENSE = {"kind": "graddefense", "slices": 4, "perturb_slices": 4, "noise": 0.0, "clip_norm": 0.01}
+
+
 @pytest.mark.parametrize("config", [SEEDED["dpsgd-clip-only"], SEEDED["soteria"],
-                                    {"kind": "stack", "defenses": [{"kind": "soteria"}, {"kind": "sign"}]}],
-                         ids=["dpsgd-clip-only", "soteria", "soteria+sign"])
+                                    {"kind": "stack", "defenses": [{"kind": "soteria"}, {"kind": "sign"}]},
+                                    CLIP_ONLY_GRADDEFENSE],
+                         ids=["dpsgd-clip-only", "soteria", "soteria+sign", "graddefense-clip-every-slice"])
 def test_deterministic_defenses_row_by_row_over_a_chunk(lenet, data, config):
     """Several batches per chunk (Soteria: one ``column_masks`` pass for all): each row is that batch's
     client update."""
@@ -116,16 +120,17 @@ def test_soteria_on_batchnorm_in_train_mode_is_applied_batch_by_batch(data):
         torch.testing.assert_close(rows[i], _flat(simulate_client(model, x[i], y[i], {"kind": "soteria"})), atol=1e-6, rtol=1e-5)
 
 
-def test_graddefense_starts_a_root_set_per_client(lenet, data):
-    """Each simulated batch is its own client: its root set is its own inputs (a shared model object would
-    have grown one root set over every batch)."""
-    config = {"kind": "graddefense", "clip": False, "noise": 0.0 + 1e-3, "root_size": 50}
-    sim = TransmitSimulator(lenet, config, FedSGD(), seed=0)
+def test_graddefense_starts_a_root_set_per_fedavg_client(lenet, data):
+    """FedAvg clients run one by one, each on its own model object: a client's root set is its own inputs
+    (grown over its steps), never the previous client's. (FedSGD clients share one sensitivity pass:
+    ``GradDefense.root_sensitivities``; the clip-only case above checks it slice by slice.)"""
+    sim = TransmitSimulator(lenet, CLIP_ONLY_GRADDEFENSE, FedAvg(batch_size=1, lr=0.05), seed=0)
     x, y = data[0].view(6, 2, 1, 8, 8), data[1].view(6, 2)
-    sim.updates(x, y)
-    leaf = sim.gradient
-    assert leaf.root_set is not None and leaf.root_set.shape[0] == 2  # the last client's two inputs only
-    torch.testing.assert_close(leaf.root_set, x[-1])
+    rows = sim.updates(x, y)
+    torch.testing.assert_close(sim.gradient.root_set, x[-1])
+    for i in (0, 5):
+        want = _flat(simulate_client(lenet, x[i], y[i], CLIP_ONLY_GRADDEFENSE, FedAvg(batch_size=1, lr=0.05)))
+        torch.testing.assert_close(rows[i], want, atol=1e-6, rtol=1e-5)
 
 
 def test_dp_noise_scale_and_clipping_norm(lenet, data):
