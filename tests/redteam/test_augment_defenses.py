@@ -203,3 +203,17 @@ def test_refusals_name_the_field(lenet):
     bn = set_model_state(ConvNetSmall((1, 8, 8), 10, width=2), "default", seed=1)
     with pytest.raises(ConfigError, match="BatchNorm"):
         TransmitSimulator(bn, {"kind": "dpsgd", "noise_multiplier": 1.0}, FedSGD())
+
+
+@pytest.mark.parametrize("protocol", [FedSGD(), FedAvg(batch_size=1, lr=0.1)], ids=["fedsgd", "fedavg"])
+def test_dpsgd_on_a_causal_lm_equals_the_client(protocol):
+    """Token ids and next-token labels: per-sample gradients of each sequence's own mean token loss."""
+    from guardfl.redteam.textmodels import Transformer3, next_token_labels
+
+    torch.manual_seed(0)
+    lm = Transformer3(vocab_size=100, width=16, heads=2, ffn=32, layers=1, context=16)
+    ids = torch.randint(0, 100, (2, 8))
+    y = next_token_labels(ids)
+    config = {"kind": "dpsgd", "noise_multiplier": 0.5, "max_grad_norm": 1.0, "seed": 3, **NO_POISSON}
+    row = TransmitSimulator(lm, config, protocol, seed=3).updates(ids[None], y[None])[0]
+    torch.testing.assert_close(row, _flat(simulate_client(lm, ids, y, config, protocol)), atol=1e-6, rtol=1e-5)
