@@ -715,6 +715,9 @@ class _AttackRunner:
                 views = [None] * len(items)
                 recs = [attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seed)
                         for (obs, x, y), seed in zip(items, seeds)]
+            elif attack.capabilities.inverts_encodings:  # answers with the private images of an encoding client
+                views = [None] * len(items)
+                recs = attack.reconstruct_many([obs for obs, _, _ in items], threat, seeds)
             else:
                 views = [attack_view(obs, known) for obs, _, _ in items]  # an input encoding: attack the encodings
                 recs = attack.reconstruct_many(views, threat, seeds)

@@ -57,11 +57,11 @@ Interpretation and deviations (cited against the public code at its latest versi
 from __future__ import annotations
 
 import weakref
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 from pydantic import Field, model_validator
-from torch import Tensor
+from torch import Tensor, nn
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.noise import NOISE_MAX
@@ -178,7 +178,12 @@ class GradDefense(Defense):
         if c.refresh == "step" or ctx.iteration == 1 or self.last_sensitivity is None or key != self._sens_key:
             self.last_sensitivity = self._sensitivity(ctx)
             self._sens_key = key
-        bounds = slice_bounds([g.numel() for g in grads], self.last_sensitivity, c.slices)
+        return self._perturb_(grads, self.last_sensitivity, ctx)
+
+    def _perturb_(self, grads: list[Tensor], sensitivity: list[float], ctx: StepContext) -> StageStats:
+        """Steps 2 and 3: slice by ``sensitivity``, draw the slices, clip and noise them (in place)."""
+        c = self.config
+        bounds = slice_bounds([g.numel() for g in grads], sensitivity, c.slices)
         drawn = torch.randperm(c.slices, generator=self.generator("cpu"))[: c.perturb_slices]
         self.last_slices = sorted(drawn.tolist())
         flats = [g.view(-1) if g.is_contiguous() else g.reshape(-1).clone() for g in grads]
@@ -199,3 +204,45 @@ class GradDefense(Defense):
             LayerStats.counted(ctx.name(i), g.numel(), changed=changed[i], noised=noised[i], noise_std=c.noise)
             for i, g in enumerate(grads)
         ))
+
+    # -- many clients that share the weights (the red team's simulation of the defense) ----------------
+    def root_sensitivities(self, model: nn.Module, params: Sequence[Tensor], names: Sequence[str] | None,
+                           inputs: Tensor) -> list[list[float]]:
+        """Per client, the sensitivity ``_apply_`` measures at its first step, for N FedSGD clients
+        ``inputs`` ``(N, B, ...)`` that share ``model``'s current weights (each client's root set: its first
+        ``root_size`` inputs), from one double-backward pass over all the roots
+        (``ops.sensitivity.sample_sensitivity``: each sample's norm, times N for the N-fold batch mean,
+        averaged per client). Exact up to float rounding when the model couples no samples; a model with
+        BatchNorm in train mode does (ValueError: apply per client)."""
+        from guardfl.ops.model import unwrap
+        from guardfl.ops.sensitivity import sample_sensitivity
+
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in unwrap(model).modules()):
+            raise ValueError("graddefense.root_sensitivities: BatchNorm in train mode couples the samples; apply per client")
+        n = inputs.shape[0]
+        roots = inputs[:, : self.config.root_size]
+        r = roots.shape[1]
+        require_float_inputs(self.kind, roots)
+        device = model_device(model)
+        with side_pass(model, device) as module:
+            matched = match_params(module, params, names)
+            missing = [names[i] if names else f"param{i}" for i, m in enumerate(matched) if m is None]
+            if missing:
+                raise ConfigError(f"graddefense: the gradients of {', '.join(missing)} belong to no parameter of the model")
+            try:
+                norms = sample_sensitivity(module, [p for _, p in matched], roots.reshape(n * r, *roots.shape[2:]).to(device))
+            except ValueError as err:
+                raise ConfigError(f"graddefense: {err}; the sensitivity needs a classifier's logits") from None
+        per = torch.stack([torch.zeros(n * r, device=device) if t is None else t.detach() * n for t in norms])  # (L, N*r)
+        return per.view(len(norms), n, r).mean(2).T.tolist()
+
+    def apply_with_sensitivity_(self, grads: Sequence[Tensor], sensitivity: list[float], ctx: StepContext) -> StageStats:
+        """``apply_`` with the sensitivity given (``root_sensitivities``) instead of measured: the same slicing,
+        draws, clipping and noise, in place, from this defense's generator."""
+        if not ctx.known_finite(grads):
+            self._handle_nonfinite(grads, ctx)
+        with torch.no_grad():
+            stats = self._perturb_(list(grads), list(sensitivity), ctx)
+        self._check_output(grads, ctx)
+        self.last_sensitivity = list(sensitivity)
+        return stats

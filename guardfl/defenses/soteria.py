@@ -147,3 +147,37 @@ class Soteria(Defense):
             LayerStats.counted(ctx.name(i), g.numel(), changed=zeroed if i == idx else 0, zeroed=zeroed if i == idx else 0)
             for i, g in enumerate(grads)
         ))
+
+    # -- many batches that share the weights (the red team's simulation of the defense) -----------------
+    def column_masks(self, model: nn.Module, inputs: Tensor) -> tuple[str, Tensor]:
+        """(the scored layer's name, ``(N, F)`` masks of the features ``_apply_`` prunes) for N batches
+        ``inputs`` ``(N, B, ...)`` that all train with ``model``'s current weights (FedSGD clients of one
+        round), from one representation and one vector-Jacobian product per feature for all N*B samples.
+
+        Row i is what ``_apply_`` prunes for batch i alone whenever the model does not couple the samples
+        of a batch: the gradient of feature f summed over all N*B samples, restricted to sample b, is then
+        sample b's own (``feature_input_grad_norms``), and the scores and the mask are computed per batch
+        with the same functions (``soteria_scores``, ``prune_count``, ``smallest_k_mask``). A model with
+        BatchNorm in train mode couples them (batch statistics): refused (ValueError); apply the defense
+        batch by batch there."""
+        name, layer = self.find_layer(model)
+        module = unwrap(model)
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in module.modules()):
+            raise ValueError("soteria.column_masks: BatchNorm in train mode couples the samples of a batch; apply per batch")
+        n, b = inputs.shape[:2]
+        x = inputs.reshape(n * b, *inputs.shape[2:])
+        require_float_inputs(self.kind, x)
+        with side_pass(model, model_device(model)) as mod:
+            xg = x.detach().requires_grad_(True)
+            r = linear_input(mod, layer, xg)
+            if r.dim() != 2 or r.shape[0] != x.shape[0]:
+                raise ConfigError(
+                    f"soteria.layer: the input of {name!r} has shape {tuple(r.shape)} for a batch of {x.shape[0]}; "
+                    "Soteria needs (batch, features)"
+                )
+            norms = feature_input_grad_norms(r, xg)
+        r = r.detach()
+        k = prune_count(self.config.prune, r.shape[1])
+        masks = torch.stack([smallest_k_mask(soteria_scores(norms[:, i * b : (i + 1) * b], r[i * b : (i + 1) * b]), k)
+                             for i in range(n)])
+        return name, masks

@@ -26,6 +26,14 @@ def layer_sensitivity(module: nn.Module, params: Sequence[nn.Parameter], x: Tens
     (argmax of its logits): the defense sees the client's inputs, not its labels. A parameter whose
     gradient does not depend on ``x`` (or that the forward pass does not use) has sensitivity 0.
     """
+    return [float(norms.mean()) if norms is not None else 0.0 for norms in sample_sensitivity(module, params, x)]
+
+
+def sample_sensitivity(module: nn.Module, params: Sequence[nn.Parameter], x: Tensor) -> list[Tensor | None]:
+    """Per parameter, the per-sample norms ``||d/dx_b sum_j dL/dtheta_{l,j}||_F`` (``(n,)``; None where the
+    gradient does not depend on ``x``) whose mean is ``layer_sensitivity``. Without coupling between samples
+    (no BatchNorm in train mode), sample b's norm is its own term divided by ``n`` (the loss is a batch mean),
+    so the roots of several clients can share one pass (``GradDefense.root_sensitivities``)."""
     x = x.detach().requires_grad_(True)
     logits = run(module, x)
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != x.shape[0]:
@@ -34,13 +42,13 @@ def layer_sensitivity(module: nn.Module, params: Sequence[nn.Parameter], x: Tens
     labels = logits.detach().argmax(1)
     loss = F.cross_entropy(logits, labels)
     grads = torch.autograd.grad(loss, list(params), create_graph=True, allow_unused=True)
-    out = []
+    out: list[Tensor | None] = []
     for g in grads:
         if g is None or not g.requires_grad:
-            out.append(0.0)
+            out.append(None)
             continue
         (gx,) = torch.autograd.grad(g, x, torch.ones_like(g), retain_graph=True, allow_unused=True)
-        out.append(0.0 if gx is None else float(gx.reshape(x.shape[0], -1).norm(dim=1).mean()))
+        out.append(None if gx is None else gx.reshape(x.shape[0], -1).norm(dim=1))
     return out
 
 

@@ -75,7 +75,10 @@ class Capabilities:
     threat: the threat fields (``ThreatModel``: labels, bn, defense, fedavg) whose value changes what the
     attack does; a field it does not read, set in a config to other than its default, is refused
     (``ignored_threat``): the certificate records the threat of each attack, and a recorded threat no
-    attack acted on is a claim nothing tested. ``server`` is ``server`` above.
+    attack acted on is a claim nothing tested. ``server`` is ``server`` above. inverts_encodings: against
+    a client that encodes its inputs (MixUp / InstaHide) the attack answers with the PRIVATE images itself
+    (learned inversion learns the encoding as augmentation), so it gets the observation as it is, not the
+    encodings' view, and its answer is not demixed (``certify``; ``attacks.encoded``).
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -88,6 +91,7 @@ class Capabilities:
     server: str = "honest"
     modalities: frozenset[str] = frozenset({"image"})
     threat: frozenset[str] = frozenset(THREAT_FIELDS)
+    inverts_encodings: bool = False
 
 
 @dataclass(frozen=True)

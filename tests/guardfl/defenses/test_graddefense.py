@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import guardfl
 from guardfl.defenses import DPSGD, GradDefense, Stack, from_config
+from guardfl.defenses.base import StepContext
 from guardfl.errors import ConfigError, UnsupportedOptimizerError
 from guardfl.ops.sensitivity import layer_sensitivity, slice_bounds, slice_segments
 from tests.errors import assert_config_error
@@ -299,3 +300,25 @@ def test_model_errors_are_one_line():
     seq = nn.Sequential(nn.Linear(4, 3), nn.Flatten(0))
     with pytest.raises(ConfigError, match=r"graddefense: expected \(batch, classes\) logits"):
         GradDefense()(grads, [p.detach() for p in seq.parameters()], model=seq, inputs=torch.randn(2, 4))
+
+
+def test_root_sensitivities_of_many_clients_equal_each_clients_own():
+    """One double-backward pass for N FedSGD clients sharing the weights: each row is the sensitivity
+    ``apply_`` measures on that client's own root set; with it, ``apply_with_sensitivity_`` draws and noises
+    as ``apply_`` does (the same stream gives the same gradient)."""
+    model = _cnn(2)
+    xs = torch.stack([_batch(s)[0] for s in range(3)])
+    params, names = [p.detach() for p in model.parameters()], [n for n, _ in model.named_parameters()]
+    sens = GradDefense(seed=0).root_sensitivities(model, params, names, xs)
+    for i in range(3):
+        x, y = _batch(i)
+        grads, _, _ = _grads(model, x, y)
+        a, b = GradDefense(seed=4), GradDefense(seed=4)
+        out, _ = a(grads, params, names=names, model=model, inputs=x)
+        assert sens[i] == pytest.approx(a.last_sensitivity, rel=1e-4, abs=1e-6 * max(a.last_sensitivity))
+        mine = [g.clone() for g in grads]
+        b.apply_with_sensitivity_(mine, a.last_sensitivity, StepContext(iteration=1, names=names))
+        for g, h in zip(out, mine):
+            torch.testing.assert_close(g, h)
+    with pytest.raises(ValueError, match="BatchNorm"):
+        GradDefense().root_sensitivities(_cnn(bn=True).train(), params, names, xs)

@@ -291,3 +291,20 @@ def test_through_protect_and_with_dp():
             opt.step()
     assert opt.last_stats.stages[0].kind == "soteria" and opt.last_stats.stages[0].fired
     assert opt.epsilon(1e-5) < math.inf
+
+
+def test_column_masks_of_many_batches_equal_each_batchs_own():
+    """One pass for N batches sharing the weights (the red team's simulation): each row is the mask
+    ``apply_`` prunes for that batch alone; BatchNorm in train mode couples samples and is refused."""
+    model = _cnn(3)
+    x = torch.randn(5, 2, 1, 6, 6, generator=torch.Generator().manual_seed(1))
+    defense = Soteria(prune=0.5)
+    name, masks = defense.column_masks(model, x)
+    assert name == "3" and masks.shape == (5, 48)
+    for i in range(5):
+        defense(*_grads(model, x[i], torch.zeros(2, dtype=torch.long))[:2], model=model, inputs=x[i])
+        want = torch.zeros(48, dtype=torch.bool)
+        want[defense.last_pruned] = True
+        assert torch.equal(masks[i], want)
+    with pytest.raises(ValueError, match="BatchNorm"):
+        defense.column_masks(_mlp(bn=True).train(), torch.randn(2, 3, 6))

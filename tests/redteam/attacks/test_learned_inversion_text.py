@@ -179,7 +179,7 @@ def test_applicable_refuses_what_it_cannot_attack(lm, data):
     assert "fedavg='unknown'" in LearnedInversion.applicable(fedavg, ThreatModel(fedavg="unknown", aux=aux))
     assert LearnedInversion.applicable(fedavg, threat) is None
     dp = replace(setting, defense_config={"kind": "dpsgd", "noise_multiplier": 0.5, "max_grad_norm": 1.0})
-    assert "DP-SGD" in LearnedInversion.applicable(dp, threat)
+    assert LearnedInversion.applicable(dp, threat) is None  # DP-SGD is simulated as augmentation
     floats = ThreatModel(aux=(aux.images.float(), aux.labels))
     assert "token ids" in LearnedInversion.applicable(setting, floats)
     short = ThreatModel(aux=AuxData(aux.images[:, :6], next_token_labels(aux.images[:, :6])))
