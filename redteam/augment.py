@@ -23,9 +23,10 @@ is simulated, split into its stages in the order ``guardfl.protect`` applies the
   resolved as ``make_private_with_epsilon`` resolves it (``get_noise_multiplier`` at sample rate
   ``1 / len(loader)``). FedSGD sends the gradient of exactly the given batch (no resampling, as
   ``simulate_client``); FedAvg with ``poisson_sampling`` draws each step's batch by Poisson sampling at that
-  rate (a per-sample mask: every sample's gradient is computed and the unselected ones weigh 0), skips an
-  empty step as the client does (no optimiser step, no iteration counted), otherwise takes the batches in
-  order. Opacus trains in train mode whatever ``train_mode`` says, and refuses BatchNorm (so does this).
+  rate (a per-sample mask: every sample's gradient is computed and the unselected ones weigh 0) and takes
+  every step, an empty one too (a noise-only step, counted as an iteration, as the client's round in
+  ``guardfl.integrations.round`` takes it), otherwise takes the batches in order. Opacus trains in train
+  mode whatever ``train_mode`` says, and refuses BatchNorm (so does this).
   The noise comes from a generator built as ``guardfl.protect`` builds the client's (``make_generator``
   with the DP-SGD leaf's seed, the attacker's own here); Poisson sampling from the simulator's own stream
   (the client's is the global RNG).
@@ -119,11 +120,6 @@ def attacker_defense(config: dict, public: Tensor | None) -> Defense:
                           "public= (the attacker's stand-in partners, e.g. its auxiliary images, or the client's set "
                           "when the attacker holds it)")
     return InstaHide(public=public, **{k: v for k, v in config.items() if k not in ("kind", "public")})
-
-
-def _where(mask: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    """``a`` in the rows ``mask`` (``(N,)``) selects, ``b`` elsewhere."""
-    return torch.where(mask.view(-1, *([1] * (a.dim() - 1))), a, b)
 
 
 class TransmitSimulator:
@@ -246,7 +242,7 @@ class TransmitSimulator:
     def _defend(self, grads: dict[str, Tensor], iteration: Tensor | int, params: dict[str, Tensor],
                 batched_params: bool, inputs: Tensor, active: Tensor | None = None) -> None:
         """The real gradient defense on each batch's gradient (in place, one draw each), at each batch's
-        iteration number (a tensor ``(N,)`` when Poisson sampling skipped steps), on the ``active``
+        iteration number (an int, or a tensor ``(N,)`` of per-batch numbers), on the ``active``
         batches only (None: all)."""
         if self.gradient is None:
             return
@@ -343,7 +339,6 @@ class TransmitSimulator:
         b = min(p.batch_size, samples)
         poisson = self.dp is not None and self.dp.config.poisson_sampling
         its = torch.zeros(n, dtype=torch.long)
-        has_buf = torch.zeros(n, dtype=torch.bool, device=self.device)
         step_grad = vmap(grad(self._loss), in_dims=(0, 0, 0), randomness="different")
         for _ in range(p.epochs):
             for lo in range(0, samples, b):
@@ -358,17 +353,11 @@ class TransmitSimulator:
                     g = self._private_grads(params, xe, ye, True, mask, samples)
                 else:
                     g = step_grad(params, xe, ye)
-                active = None if mask is None else mask.any(1)
-                its += 1 if active is None else active.cpu().long()
+                # every batch steps, an empty Poisson batch too (its noise-only step), as the client's round does
+                its += 1
                 inputs = xe if mask is None or not self._needs_model else xe[:, mask[0]]  # one client when needs_model
-                self._defend(g, its.clone(), params, True, inputs, active)
-                if active is None or bool(active.all()):
-                    params, momentum = sgd_step(params, g, momentum, p) if not poisson else self._masked_step(
-                        params, g, momentum, has_buf, torch.ones(n, dtype=torch.bool, device=self.device), p)
-                else:
-                    params, momentum = self._masked_step(params, g, momentum, has_buf, active, p)
-                if poisson and p.momentum:
-                    has_buf = has_buf | (active if active is not None else True)
+                self._defend(g, its.clone(), params, True, inputs, None)
+                params, momentum = sgd_step(params, g, momentum, p)
         if self._needs_model:
             self._next_client()
         return [(params.pop(name) - self.params[name]).reshape(n, -1) for name in self.names]
@@ -385,20 +374,6 @@ class TransmitSimulator:
             sub = {name: g[name][i : i + 1] for name in self.names}
             self._defend(sub, 1, self.params, False, inputs[i : i + 1])
             self._next_client()
-
-    @staticmethod
-    def _masked_step(params, grads, momentum, has_buf, active, protocol: FedAvg):
-        """``sgd_step`` on the ``active`` batches only (an empty Poisson batch: the client takes no step);
-        a momentum buffer starts at a batch's first step, as torch's SGD starts it."""
-        g = grads
-        if protocol.weight_decay:
-            g = {k: g[k] + protocol.weight_decay * params[k] for k in g}
-        if protocol.momentum:
-            old = momentum if momentum is not None else {k: torch.zeros_like(v) for k, v in g.items()}
-            buf = {k: _where(has_buf, protocol.momentum * old[k] + g[k], g[k]) for k in g}
-            momentum = {k: _where(active, buf[k], old[k]) for k in g}
-            g = buf
-        return {k: _where(active, params[k] - protocol.lr * g[k], params[k]) for k in params}, momentum
 
     # -- the public interface --------------------------------------------------------------------------
     def chunks(self, x: Tensor, y: Tensor, parts: bool = False) -> Iterator[Any]:

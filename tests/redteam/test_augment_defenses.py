@@ -163,9 +163,9 @@ def test_target_epsilon_resolves_the_clients_noise_multiplier(lenet, data):
         assert TransmitSimulator(lenet, config, protocol).noise_multiplier(4) == pytest.approx(want, rel=1e-9)
 
 
-def test_poisson_fedavg_skips_empty_steps_at_the_clients_rate(lenet, data):
-    """FedAvg with Poisson sampling: two steps of rate 1/2 over two samples, so a client sends a zero
-    update exactly when all four draws miss: probability 1/16."""
+def test_poisson_fedavg_samples_at_the_clients_rate(lenet, data):
+    """FedAvg with Poisson sampling: two steps of rate 1/2 over two samples, so a client without noise
+    sends a zero update exactly when all four draws miss: probability 1/16."""
     config = {"kind": "dpsgd", "noise_multiplier": 0.0, "max_grad_norm": 1.0}
     n = 800
     x, y = data[0][:2][None].expand(n, 2, 1, 8, 8).clone(), data[1][:2][None].expand(n, 2).clone()
@@ -174,6 +174,19 @@ def test_poisson_fedavg_skips_empty_steps_at_the_clients_rate(lenet, data):
     assert abs(zero - 1 / 16) < 4 * math.sqrt(1 / 16 * 15 / 16 / n)
     # a step with both samples: their clipped sum / the expected batch size 1 (twice a one-sample step)
     assert len({round(float(r.norm()), 4) for r in rows}) > 3
+
+
+def test_poisson_fedavg_takes_the_noise_only_step_of_an_empty_batch(lenet, data):
+    """An empty Poisson batch still steps (the client's round takes Opacus's noise-only step), so with noise
+    no client sends a zero update, and a client whose every draw missed sends pure noise: lr * sigma * C /
+    expected batch size per coordinate and step, two steps."""
+    config = {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0}
+    n = 400
+    x, y = data[0][:2][None].expand(n, 2, 1, 8, 8).clone(), data[1][:2][None].expand(n, 2).clone()
+    rows = TransmitSimulator(lenet, config, FedAvg(batch_size=1, lr=0.1), seed=0).updates(x, y)
+    assert bool((rows.abs().sum(1) > 0).all())
+    # every row carries two noise draws of std 0.1 per coordinate: the rows' std is at least that of one
+    assert float(rows.std(1).min()) > 0.1 * 0.9
 
 
 @pytest.mark.parametrize("kind", ["mixup", "instahide"])
