@@ -6,8 +6,9 @@ The setting of issue 35's measurement: the LeNet of Zhu et al. (wide U(-0.5, 0.5
 CIFAR-10 image per update (batch 8 for the input encodings, whose k = 4 mixes need 4 distinct images; a
 no-defense row at batch 8 beside them), quick strength (the certificates' CPU budget), labels known, the
 defense configuration known (the certificate's strongest threat). Each defense kind runs at its default
-setting (DP-SGD: noise multiplier 1.0, clip 1.0, as in ``bench_attacks.py redteam``; Inter-InstaHide: a
-public set of 500 other CIFAR-10 images).
+setting, or where it has none the one the papers use (Gaussian sigma 0.1 and Laplace scale 0.1 as in Wu et
+al.'s Table 1, GradPrune 0.9 as in Huang et al.'s Table 2; DP-SGD: noise multiplier 1.0, clip 1.0, as in
+``bench_attacks.py redteam``; Inter-InstaHide: a public set of 500 other CIFAR-10 images).
 
 Data: ``../shared/data/cifar10-train-5k.npz`` split per class into two npz files written under
 ``bench/results/every-defense/``: the attacker's auxiliary data (the first 450 images of every class) and
@@ -45,9 +46,9 @@ PUBLIC = SPLIT / "public.npz"
 ROWS: dict[str, tuple[int, dict | None]] = {
     # name: (batch, defense config at its default setting)
     "none": (1, None),
-    "gaussian": (1, {"kind": "gaussian"}),
-    "laplace": (1, {"kind": "laplace"}),
-    "gradprune": (1, {"kind": "gradprune"}),
+    "gaussian": (1, {"kind": "gaussian", "sigma": 0.1}),
+    "laplace": (1, {"kind": "laplace", "scale": 0.1}),
+    "gradprune": (1, {"kind": "gradprune", "ratio": 0.9}),
     "sign": (1, {"kind": "sign"}),
     "outpost": (1, {"kind": "outpost"}),
     "soteria": (1, {"kind": "soteria"}),
