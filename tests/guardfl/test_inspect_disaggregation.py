@@ -69,7 +69,7 @@ def test_the_received_module_is_left_as_it_came(batch):
     model.eval()
     before = copy.deepcopy(model.state_dict())
     state = torch.random.get_rng_state()
-    result = guardfl.inspect_model(model, batch=batch)
+    result = guardfl.inspect_model(model, batch=batch, disaggregation=True)
     assert result.checks["disaggregation"]["mode"] == "train"
     assert not model.training and torch.equal(torch.random.get_rng_state(), state)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -79,8 +79,8 @@ def test_the_received_module_is_left_as_it_came(batch):
 def test_benign_models_stay_far_below_the_threshold(batch):
     for model in (M.small_cnn(0), M.lenet(0), M.lenet(0, wide=True), M.linear_model(0),
                   M.train(M.small_cnn(1), *M.cifar(256), epochs=2)):
-        found = guardfl.inspect_model(model, batch=batch).checks["disaggregation"]
-        assert found["judged"] and found["max"] < I.DSNR_THRESHOLD / 10, found
+        found = guardfl.inspect_model(model, batch=batch, disaggregation=True).checks["disaggregation"]
+        assert found["judged"] and found["max"] < I.DSNR_THRESHOLD / 4, found
 
 
 def test_one_sample_that_alone_sends_a_gradient_is_flagged(batch):
@@ -91,20 +91,20 @@ def test_one_sample_that_alone_sends_a_gradient_is_flagged(batch):
     if target is None:  # make one label unique
         target, y = int(y[0]), y.clone()
         y[(y == target) & (torch.arange(len(y)) > 0)] = (target + 1) % 10
-    result = guardfl.inspect_model(M.class_fishing(M.small_cnn(0), target=target), batch=(x, y))
+    result = guardfl.inspect_model(M.class_fishing(M.small_cnn(0), target=target), batch=(x, y), disaggregation=True)
     found = result.checks["disaggregation"]
     assert found["max"] > I.DSNR_THRESHOLD and int(y[found["sample"]]) == target
     reason = next(r for r in result.reasons if r.startswith("disaggregation:"))
     assert f"sample {found['sample']} of 32" in reason and "D-SNR" in reason and "\n" not in reason
 
 
-def test_it_can_be_switched_off_and_small_batches_are_not_judged(batch):
+def test_it_is_off_by_default_and_small_batches_are_not_judged(batch):
     x, y = batch
-    assert "disaggregation" not in guardfl.inspect_model(M.lenet(0), batch=batch, disaggregation=False).checks
-    assert not guardfl.inspect_model(M.lenet(0), batch=(x[:4], y[:4])).checks["disaggregation"]["judged"]
+    assert "disaggregation" not in guardfl.inspect_model(M.lenet(0), batch=batch).checks
+    assert not guardfl.inspect_model(M.lenet(0), batch=(x[:4], y[:4]), disaggregation=True).checks["disaggregation"]["judged"]
 
 
 def test_a_model_that_cannot_run_in_train_mode_is_named_not_passed():
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
-    result = guardfl.inspect_model(model, batch=(torch.randn(1, 12), torch.tensor([0])))
+    result = guardfl.inspect_model(model, batch=(torch.randn(1, 12), torch.tensor([0])), disaggregation=True)
     assert "skipped" in result.checks["disaggregation"] and "train mode" in result.checks["disaggregation"]["skipped"]
