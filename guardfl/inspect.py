@@ -105,10 +105,10 @@ CONCENTRATION_MIN_BATCH = 8
 #: ``nn.Linear`` and ``nn.Conv2d`` weight; per layer ``max_n |g_n| / (sum of the other |g_n|)``, the largest
 #: over layers. The SEER authors report D-SNR 8.7 to 79 for breaching's fishing (0.77 at the smallest
 #: multiplier); SEER is built to stay at benign values. No threshold is published; this one is set from
-#: ``bench/bench_inspect.py`` and docs/malicious-server.md: benign models measured <= 0.18 on batches of 32
-#: (default, wide and trained inits, FedAvg rounds, a non-IID batch) and <= 0.79 on batches of 8 (trained
-#: for 5 epochs: a batch of 8 spreads its gradient over fewer samples), so 2 keeps a margin of 2.5 at the
-#: smallest judged batch. It is an option, off by default (see ``inspect_model``): what it adds over the
+#: ``bench/bench_inspect.py`` and docs/malicious-server.md: benign models measured <= 0.54 on batches of 32
+#: (100 models: default, wide and trained inits, FedAvg rounds IID and non-IID; an IID and a non-IID batch)
+#: and <= 0.79 on batches of 8 (trained for 5 epochs: a batch of 8 spreads its gradient over fewer
+#: samples), so 2 keeps a margin of 2.5 at the smallest judged batch. It is an option, off by default (see ``inspect_model``): what it adds over the
 #: gradient-concentration check is class fishing whose target label has one or two samples in the batch, a
 #: matter of the batch's composition (at a batch of 64 it catches none of the disguised fishing models), at
 #: the price of one backward pass per sample on models with batch norm
