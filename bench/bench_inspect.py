@@ -13,8 +13,10 @@ initialisation of the same architecture as the client's own model (the isolation
 Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
 (two chains, one chain, and 8 rows adapted to the isolation check) and class fishing without the
 zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained.
+The opt-in disaggregation check (SEER's D-SNR, ``inspect_model(..., disaggregation=True)``) is run too and
+counted apart: flagged by it, and flagged by it alone.
 
-    .venv/bin/python bench/bench_inspect.py [--seeds 20] [--images 1024]
+    .venv/bin/python bench/bench_inspect.py [--seeds 20] [--images 1024] [--targets 10] [--no-resnet] [--no-disaggregation]
 
 Prints a table and the largest benign value of each measured statistic next to its threshold.
 """
@@ -113,6 +115,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20, help="seeds per default / wide initialisation")
     ap.add_argument("--images", type=int, default=1024, help="training images for the checkpoints")
+    ap.add_argument("--targets", type=int, default=10, help="fishing target classes per base model (1-10)")
+    ap.add_argument("--disaggregation", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the opt-in disaggregation check (SEER's D-SNR) too, and count what it adds")
+    ap.add_argument("--resnet", action=argparse.BooleanOptionalAction, default=True,
+                    help="include the ResNet-18 models (--no-resnet: minutes instead of an hour on 2 cores: the "
+                         "disaggregation check differentiates each sample's loss alone under batch norm)")
     args = ap.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.time()
@@ -129,7 +137,7 @@ def main() -> None:
         benign.setdefault("default init: linear", []).append(M.linear_model(s))
         torch.manual_seed(s)
         benign.setdefault("default init: FC-2 (3072-256-10)", []).append(FC2())
-    for s in range(max(2, args.seeds // 5)):
+    for s in range(max(2, args.seeds // 5) if args.resnet else 0):
         benign.setdefault("default init: ResNet-18", []).append(M.resnet18(s))
         torch.manual_seed(s)
         benign.setdefault("default init: torchvision ResNet-18", []).append(torchvision.models.resnet18(num_classes=10))
@@ -141,7 +149,8 @@ def main() -> None:
             benign.setdefault("trained: linear", []).append(M.train(M.linear_model(s), x, y, epochs=epochs, lr=0.01, seed=s))
             torch.manual_seed(s)
             benign.setdefault("trained: FC-2", []).append(M.train(FC2(), x, y, epochs=epochs, lr=0.01, seed=s))
-    benign["trained: ResNet-18 (1 epoch)"] = [M.train(M.resnet18(0), x[:512], y[:512], epochs=1, lr=0.05)]
+    if args.resnet:
+        benign["trained: ResNet-18 (1 epoch)"] = [M.train(M.resnet18(0), x[:512], y[:512], epochs=1, lr=0.05)]
     for s in range(2):
         benign.setdefault("FedAvg IID rounds: small CNN", []).extend(M.fedavg(M.small_cnn(s), x, y, clients=4, rounds=5))
         benign.setdefault("FedAvg IID rounds: LeNet", []).extend(M.fedavg(M.lenet(s), x, y, clients=4, rounds=5, lr=0.1))
@@ -152,12 +161,14 @@ def main() -> None:
     tv = torchvision.models.resnet18(num_classes=10)
     bases = {"small CNN": M.small_cnn(0), "small CNN trained": trained_cnn, "LeNet": M.lenet(0),
              "LeNet trained": trained_lenet, "ResNet-18": M.resnet18(0), "torchvision ResNet-18": tv}
+    if not args.resnet:
+        del bases["ResNet-18"], bases["torchvision ResNet-18"]
     malicious: dict[str, list] = {}
     for bins in (64, 128, 512):
-        for name in ("small CNN", "small CNN trained", "LeNet", "ResNet-18"):
+        for name in [b for b in ("small CNN", "small CNN trained", "LeNet", "ResNet-18") if b in bases]:
             malicious.setdefault("Robbing the Fed imprint", []).append((M.with_imprint(bases[name], bins=bins, seed=bins), bases[name]))
     for name, base in bases.items():
-        for t in range(10):
+        for t in range(args.targets):
             malicious.setdefault("class fishing (cls_attack)", []).append((M.class_fishing(base, t), base))
             malicious.setdefault("class fishing, target row kept", []).append((M.class_fishing(base, t, keep_target_row=True), base))
             malicious.setdefault("feature fishing", []).append((M.feature_fishing(base, t, feature=3 * t), base))
@@ -170,22 +181,27 @@ def main() -> None:
             malicious.setdefault("trap weights, whole layer (2 chains)", []).append((trap(base, aux, seed=seed), base))
             malicious.setdefault("trap weights, whole layer (1 chain)", []).append((trap(base, aux, chains=1, seed=seed), base))
             malicious.setdefault("trap weights, 8 rows (adapted to isolation)", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
-        for t in range(10):
+        for t in range(args.targets):
             malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
             malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
 
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],
              "layer sample share (max)": [], "layer label share (max)": [], "isolated samples, no reference (max)": [],
-             "isolation excess over own init (max)": []}
+             "isolation excess over own init (max)": [], "D-SNR, train mode (max)": []}
     rows = []
     for group, models in benign.items():
-        flagged = 0
+        flagged = flagged_dsnr = 0
         for model in models:
             own = fresh_init(model)  # the client's own model: the same architecture, its own initialisation
-            results = [inspect_model(model, batch=b) for b in (None, batch, skewed)] + [inspect_model(model.state_dict(), model)]
-            results += [inspect_model(model.state_dict(), own, batch=b) for b in (batch, skewed)]
+            results = [inspect_model(model, batch=b, disaggregation=args.disaggregation) for b in (None, batch, skewed)]
+            results += [inspect_model(model.state_dict(), model)]
+            results += [inspect_model(model.state_dict(), own, batch=b, disaggregation=args.disaggregation) for b in (batch, skewed)]
             flagged += any(not r.ok for r in results)
+            flagged_dsnr += any(reason.startswith("disaggregation") for r in results for reason in r.reasons)
+            for r in results[1:3] + results[-2:]:
+                if "max" in r.checks.get("disaggregation", {}):
+                    stats["D-SNR, train mode (max)"].append(r.checks["disaggregation"]["max"])
             for r in results[-2:]:
                 iso = r.checks["isolation"]
                 if "layers" in iso:
@@ -205,26 +221,34 @@ def main() -> None:
                 stats["label gradient share (max)"].append(c["gradient_concentration"]["class_share"])
                 if c["imprint"]["min_rank_ratio"] is not None:
                     stats["imprint rank ratio (min)"].append(c["imprint"]["min_rank_ratio"])
-        rows.append(("benign", group, len(models), flagged, flagged / len(models)))
+        rows.append(("benign", group, len(models), flagged, flagged / len(models), flagged_dsnr))
+    dsnr: dict[str, list[float]] = {}
     for group, models in malicious.items():
-        caught = caught_weights = caught_batch = 0
+        caught = caught_weights = caught_batch = caught_dsnr = only_dsnr = 0
         for model, expected in models:
             weights_only = inspect_model(model)
-            with_ref = inspect_model(model, expected, batch=batch)
+            with_ref = inspect_model(model, expected, batch=batch, disaggregation=args.disaggregation)
             caught_weights += not weights_only.ok
             caught_batch += any(r.startswith(("gradient concentration", "isolation")) for r in with_ref.reasons)
+            by_dsnr = any(r.startswith("disaggregation") for r in with_ref.reasons)
+            caught_dsnr += by_dsnr
+            only_dsnr += by_dsnr and weights_only.ok and all(r.startswith("disaggregation") for r in with_ref.reasons)
             caught += not (weights_only.ok and with_ref.ok)
-        rows.append(("malicious", group, len(models), caught, caught / len(models), caught_weights, caught_batch))
+            if "max" in with_ref.checks.get("disaggregation", {}):
+                dsnr.setdefault(group, []).append(with_ref.checks["disaggregation"]["max"])
+        rows.append(("malicious", group, len(models), caught, caught / len(models), caught_weights, caught_batch,
+                     caught_dsnr, only_dsnr))
 
     print(f"inspect_model: {sum(r[2] for r in rows if r[0] == 'benign')} benign and "
           f"{sum(r[2] for r in rows if r[0] == 'malicious')} malicious models, {time.time() - start:.0f} s\n")
-    print("| set | models | flagged | rate | by weights alone | by the batch checks |")
-    print("|---|---|---|---|---|---|")
+    print("| set | models | flagged | rate | by weights alone | by the batch checks | by D-SNR (only by D-SNR) | D-SNR median |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r[0] == "benign":
-            print(f"| {r[1]} | {r[2]} | {r[3]} | FP {r[4]:.0%} | | |")
+            print(f"| {r[1]} | {r[2]} | {r[3]} | FP {r[4]:.0%} | | | {r[5]} | |")
         else:
-            print(f"| {r[1]} | {r[2]} | {r[3]} | detection {r[4]:.0%} | {r[5]} | {r[6]} |")
+            med = float(torch.tensor(dsnr[r[1]]).median()) if dsnr.get(r[1]) else float("nan")
+            print(f"| {r[1]} | {r[2]} | {r[3]} | detection {r[4]:.0%} | {r[5]} | {r[6]} | {r[7]} ({r[8]}) | {med:.3g} |")
     fp = sum(r[3] for r in rows if r[0] == "benign")
     n = sum(r[2] for r in rows if r[0] == "benign")
     det = sum(r[3] for r in rows if r[0] == "malicious")
@@ -235,7 +259,8 @@ def main() -> None:
                   "sample gradient share (max)": f"> {I.CONCENTRATION_SHARE}", "label gradient share (max)": f"> {I.CONCENTRATION_SHARE}",
                   "layer sample share (max)": f"> {I.CONCENTRATION_SHARE}", "layer label share (max)": f"> {I.CONCENTRATION_SHARE}",
                   "isolated samples, no reference (max)": "(reported only)",
-                  "isolation excess over own init (max)": f">= max({I.ISOLATION_MIN_SAMPLES}, {I.ISOLATION_SHARE:.0%} of 32)"}
+                  "isolation excess over own init (max)": f">= max({I.ISOLATION_MIN_SAMPLES}, {I.ISOLATION_SHARE:.0%} of 32)",
+                  "D-SNR, train mode (max)": f"> {I.DSNR_THRESHOLD:g}"}
     print("| benign statistic | worst benign value | flagged when |")
     print("|---|---|---|")
     for k, v in stats.items():

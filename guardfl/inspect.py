@@ -25,6 +25,9 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   inserted block or inside the honest model's own first layer (trap weights with scaled, shuffled rows
   and two measurement chains, which pass every weight check above), are flagged; a few trapped rows are
   not (the red team's ``trap_weights`` with ``rows`` runs exactly that, and a defense has to hold there).
+- **disaggregation** (opt-in, ``disaggregation=True``, with ``batch``): SEER's D-SNR (Garov et al. 2024):
+  the model in train mode, each sample's own weight gradient, flagged when one sample's norm exceeds
+  ``DSNR_THRESHOLD`` times the others' together (see docs/malicious-server.md for what it adds).
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
 docstrings say why. The thresholds were chosen from measurements on benign models (PyTorch default
@@ -95,6 +98,23 @@ CONCENTRATION_LABEL_FRACTION = 0.5
 #: concentration is judged only on batches of at least this many samples and 2+ labels (in a batch of
 #: 2 one sample carrying most of the gradient is ordinary)
 CONCENTRATION_MIN_BATCH = 8
+#: disaggregation SNR (Garov et al. 2024, SEER, the client-side check their paper holds every prior
+#: malicious-server attack to; their public code ``detectability/detectability.py``), only with ``batch`` and
+#: ``disaggregation=True``: the model in TRAIN mode on the batch (as the client trains: batch-norm layers
+#: normalise with the batch's own statistics), each sample's loss differentiated alone with respect to every
+#: ``nn.Linear`` and ``nn.Conv2d`` weight; per layer ``max_n |g_n| / (sum of the other |g_n|)``, the largest
+#: over layers. The SEER authors report D-SNR 8.7 to 79 for breaching's fishing (0.77 at the smallest
+#: multiplier); SEER is built to stay at benign values. No threshold is published; this one is set from
+#: ``bench/bench_inspect.py`` and docs/malicious-server.md: benign models measured <= 0.54 on batches of 32
+#: (100 models: default, wide and trained inits, FedAvg rounds IID and non-IID; an IID and a non-IID batch)
+#: and <= 0.79 on batches of 8 (trained for 5 epochs: a batch of 8 spreads its gradient over fewer
+#: samples), so 2 keeps a margin of 2.5 at the smallest judged batch. It is an option, off by default (see ``inspect_model``): what it adds over the
+#: gradient-concentration check is class fishing whose target label has one or two samples in the batch, a
+#: matter of the batch's composition (at a batch of 64 it catches none of the disguised fishing models), at
+#: the price of one backward pass per sample on models with batch norm
+DSNR_THRESHOLD = 2.0
+#: D-SNR is judged only on batches of at least this many samples (in a batch of 2, D-SNR ~ 1 is ordinary)
+DSNR_MIN_BATCH = 8
 #: sample isolation (with ``batch``): the loss gradient of an ``nn.Linear`` layer's weight row ``i`` is
 #: ``sum_n delta_ni a_n`` (``a_n`` the layer's input for sample n, ``delta_ni`` the gradient into output
 #: unit i). A sample is isolated when one row's sum holds it alone, or when the difference of two rows does
@@ -364,6 +384,121 @@ def isolated_samples(delta: Tensor, tolerance: float = ISOLATION_TOLERANCE) -> t
     return read.nonzero().flatten().tolist(), info
 
 
+def disaggregation_snr(norms: Tensor) -> tuple[float, int]:
+    """SEER's D-SNR of one layer (see ``DSNR_THRESHOLD``) from its per-sample gradient norms: the largest
+    over the sum of the others, and that sample's index. (0.0, -1) when no sample sends a gradient; inf when
+    exactly one does. (SEER's code adds 1e-6 to the denominator; here the ratio is exact.)"""
+    n = norms.detach().double().flatten()
+    if n.numel() == 0 or float(n.max()) <= 0.0:
+        return 0.0, -1
+    i = int(n.argmax())
+    top = float(n[i])
+    rest = float(torch.cat([n[:i], n[i + 1:]]).sum())  # summed apart: sum - max cancels when one dominates
+    return (float("inf") if rest <= 1e-12 * top else top / rest), i
+
+
+def per_sample_weight_norms(module: nn.Module, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], list[str]]:
+    """SEER's per-sample gradient norms: for every ``nn.Linear`` and ``nn.Conv2d`` weight, each sample's
+    ``|d loss_n / d W|`` with the model in TRAIN mode on the whole batch (as the client trains), on a deep
+    copy (train mode updates batch-norm running statistics; the received module is untouched) and with the
+    caller's random state restored (dropout). Returns the norms per weight name and the layers not examined.
+
+    Two exact ways, the cheaper one the model allows:
+
+    - no batch norm (no module that mixes the samples of a batch): the layer's gradient of the summed loss
+      is ``sum_n delta_n a_n^T`` (over positions for a convolution: ``a_n`` the unfolded input patches,
+      ``delta_n`` the gradient into the layer's output), and sample n's term is its own loss's gradient:
+      one forward and one backward pass (Goodfellow's per-sample trick);
+    - batch norm in train mode: one sample's loss depends on every sample (the batch's statistics), so each
+      loss is differentiated alone (``is_grads_batched``, in chunks of samples whose gradients stay under
+      ``CHUNK_ELEMENTS`` x 8 floats): one backward pass per sample (a ResNet-18 on 32 images: minutes on 2
+      busy cores)."""
+    model = copy.deepcopy(module)
+    model.train()
+    n = x.shape[0]
+    names = {id(m): name for name, m in model.named_modules()}
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    skipped: list[str] = []
+    mixes = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if not mixes:
+        usable = []
+        for m in layers:
+            if isinstance(m, nn.Conv2d) and (m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str)):
+                skipped.append(f"{names[id(m)]}.weight (groups {m.groups}, padding {m.padding!r} {m.padding_mode})")
+            else:
+                usable.append(m)
+        layers = usable
+    for m in layers:
+        m.weight.requires_grad_(True)
+    seen: list[tuple[str, nn.Module, Tensor, Tensor]] = []
+
+    def hook(m, inp, out):
+        if isinstance(out, Tensor) and out.requires_grad and inp and isinstance(inp[0], Tensor) and inp[0].shape[:1] == (n,):
+            out.retain_grad()
+            seen.append((names[id(m)], m, inp[0].detach(), out))
+
+    hooks = [] if mixes else [m.register_forward_hook(hook) for m in layers]
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    norms: dict[str, Tensor] = {}
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
+            out = model(x.detach().to(device))
+            if not (isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == n):
+                raise ValueError(f"the model's output is not one row of logits per sample (shape [{n}, classes])")
+            losses = torch.nn.functional.cross_entropy(out, y.to(device).long(), reduction="none")
+            if mixes:
+                return _per_loss_norms(losses, [(f"{names[id(m)]}.weight", m.weight) for m in layers]), skipped
+            losses.sum().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    for name, m, a, o in seen:
+        key = f"{name}.weight"
+        if o.grad is None or key in norms:  # unused output, or a module applied twice (its terms mix): once
+            if key in norms:
+                skipped.append(f"{key} (applied more than once)")
+                norms.pop(key)
+            continue
+        d = o.grad.detach()
+        if isinstance(m, nn.Linear):
+            if a.dim() == 2:
+                norms[key] = (d.double().norm(dim=1) * a.double().norm(dim=1)).cpu()
+            else:  # sequence inputs (n, ..., features): the per-sample gradient sums over positions
+                a3, d3 = a.reshape(n, -1, a.shape[-1]), d.reshape(n, -1, d.shape[-1])
+                norms[key] = torch.stack([(d3[i].T.double() @ a3[i].double()).norm() for i in range(n)]).cpu()
+        else:
+            cols = []
+            step = max(1, CHUNK_ELEMENTS // max(1, a[0].numel() * m.kernel_size[0] * m.kernel_size[1]))
+            for i in range(0, n, step):
+                patches = torch.nn.functional.unfold(a[i:i + step], m.kernel_size, m.dilation, m.padding, m.stride)
+                g = d[i:i + step].flatten(2) @ patches.transpose(1, 2)  # (chunk, out channels, in x k x k)
+                cols.append(g.double().flatten(1).norm(dim=1).cpu())
+            norms[key] = torch.cat(cols)
+    return norms, skipped
+
+
+def _per_loss_norms(losses: Tensor, weights: list[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """``|d losses[n] / d W|`` for every sample n and weight W: one backward pass per sample, batched."""
+    n = losses.shape[0]
+    params = [w for _, w in weights]
+    total = sum(p.numel() for p in params)
+    chunk = max(1, min(n, (8 * CHUNK_ELEMENTS) // max(1, total)))
+    norms = torch.zeros(len(params), n, dtype=torch.float64)
+    eye = torch.eye(n, device=losses.device, dtype=losses.dtype)
+    for start in range(0, n, chunk):
+        rows = eye[start:start + chunk]
+        try:
+            grads = torch.autograd.grad(losses, params, grad_outputs=rows, retain_graph=True,
+                                        is_grads_batched=True, allow_unused=True)
+        except RuntimeError:  # an operation without a batching rule: one sample at a time
+            grads = [None if g[0] is None else torch.stack(g) for g in zip(*(
+                torch.autograd.grad(losses, params, grad_outputs=r, retain_graph=True, allow_unused=True) for r in rows))]
+        for k, g in enumerate(grads):
+            if g is not None:
+                norms[k, start:start + rows.shape[0]] = g.detach().double().flatten(1).norm(dim=1).cpu()
+    return {name: norms[k] for k, (name, _) in enumerate(weights)}
+
+
 def concentration(norms: Tensor, labels: Tensor, classes: int) -> tuple[float, int, float, int]:
     """From per-sample gradient norms: the largest share of their sum carried by one sample (and its
     index), and by the samples of one label among the labels that hold at most
@@ -390,6 +525,7 @@ def inspect_model(
     *,
     batch: tuple[Tensor, Tensor] | None = None,
     strict: bool = False,
+    disaggregation: bool = False,
 ) -> Inspection:
     """Inspect a received global model for malicious-server signatures (see the module docstring).
 
@@ -400,6 +536,9 @@ def inspect_model(
     with the received state loaded into a copy). The model is run in eval mode (autograd for the gradient
     checks, which never touch the parameters' ``.grad``) and its training flag restored; with ``reference``
     a module with weights, it is run on the batch too, as the baseline of the isolation check. ``strict=True`` raises ``MaliciousModelError`` when the model is not ok.
+    ``disaggregation=True`` (with ``batch``) adds SEER's D-SNR check (``DSNR_THRESHOLD``): a deep copy of the
+    model in train mode, per-sample weight-gradient norms (one backward pass per sample when the model has
+    batch norm: minutes for a ResNet-18 on 2 busy cores), reported in ``checks["disaggregation"]``.
 
     Broken or hostile models fail closed: a model is **not ok** (a reason, or ``MaliciousModelError``
     with ``strict=True``) when a tensor holds NaN or infinite values ("non-finite:"), cannot be examined
@@ -456,7 +595,8 @@ def inspect_model(
             module, load_reason = _runnable(received, reference, state, architecture_ok=architecture_ok)
             if module is not None:
                 baseline = reference if isinstance(reference, nn.Module) and reference is not module else None
-                batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None, baseline)
+                batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None, baseline,
+                                                            disaggregation)
                 reasons += batch_reasons
                 checks.update(batch_checks)
             else:
@@ -674,7 +814,7 @@ def _outputs(out) -> list[Tensor]:
 
 
 def _batch_checks(module: nn.Module, batch, examined: str | None = None,
-                  baseline: nn.Module | None = None) -> tuple[list[str], dict[str, dict[str, Any]]]:
+                  baseline: nn.Module | None = None, disaggregation: bool = False) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
     classifier (the last 2-D weight); when another layer computes the logits, its weights are checked too.
     ``baseline``: the client's own module (the reference), whose isolation on the same batch is what the
@@ -768,7 +908,37 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
     layer_reasons, checks["isolation"], per_layer = _layer_gradients(ran, raw_logits, y, labels, base)
     reasons += layer_reasons
     checks["gradient_concentration"]["layers"] = per_layer
+    if disaggregation:
+        dsnr_reasons, checks["disaggregation"] = _disaggregation(module, x, y)
+        reasons += dsnr_reasons
     return reasons, checks
+
+
+def _disaggregation(module: nn.Module, x: Tensor, y: Tensor) -> tuple[list[str], dict[str, Any]]:
+    """SEER's D-SNR check (see ``DSNR_THRESHOLD``) on the batch, in train mode."""
+    try:
+        norms, skipped = per_sample_weight_norms(module, x, y)
+    except Exception as err:  # noqa: BLE001 - train mode can fail where eval mode ran (batch norm on 1 sample)
+        return [], {"skipped": f"the model cannot run in train mode on the batch ({_first_line(err)})"}
+    if not norms:
+        return [], {"skipped": "no nn.Linear or nn.Conv2d weight received a gradient in train mode"}
+    bad = [k for k, v in norms.items() if not bool(torch.isfinite(v).all())]
+    if bad:
+        return ([f"non-finite: the train-mode per-sample gradients of {_some(bad)} hold NaN or infinite values: "
+                 f"the model cannot be trained on"], {"non_finite_in": bad})
+    per_layer = {k: disaggregation_snr(v) for k, v in norms.items()}
+    layer = max(per_layer, key=lambda k: per_layer[k][0])
+    value, sample = per_layer[layer]
+    judged = x.shape[0] >= DSNR_MIN_BATCH
+    info: dict[str, Any] = {"max": value, "layer": layer, "sample": sample, "judged": judged, "mode": "train",
+                            "layers": {k: v for k, (v, _) in per_layer.items()}}
+    if skipped:
+        info["not_examined"] = skipped
+    if judged and value > DSNR_THRESHOLD:
+        return ([f"disaggregation: sample {sample} of {x.shape[0]} carries {value:.3g} times the gradient of all the others "
+                 f"together in '{layer}' (D-SNR > {DSNR_THRESHOLD:g}, Garov et al. 2024; model in train mode): the update "
+                 f"would be that one sample's"], info)
+    return [], info
 
 
 def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) -> str | None:
@@ -881,6 +1051,8 @@ __all__ = [
     "CONCENTRATION_LABEL_FRACTION",
     "CONCENTRATION_MIN_BATCH",
     "CONCENTRATION_SHARE",
+    "DSNR_MIN_BATCH",
+    "DSNR_THRESHOLD",
     "DUPLICATE_ROW_SHARE",
     "EXACT_SVD_COST",
     "IMPRINT_MIN_ROWS",
@@ -898,12 +1070,14 @@ __all__ = [
     "ZERO_ROW_SHARE",
     "architecture_mismatch",
     "bias_gap",
+    "disaggregation_snr",
     "duplicate_row_share",
     "concentration",
     "gradient_shares",
     "inspect_model",
     "isolated_samples",
     "output_collapse",
+    "per_sample_weight_norms",
     "rank_ratio",
     "threshold_monotone_share",
     "zero_row_share",
