@@ -269,6 +269,16 @@ def decode_public(y: Tensor, public: Tensor, n: int, k: int, cap: float, value_r
         raise ValueError(f"public images have shape {tuple(public.shape[1:])}, encodings {tuple(y.shape[1:])}")
     if n < 1 or y.shape[0] < n:
         raise ValueError(f"{y.shape[0]} encodings cannot hold {n} private images")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny solves: a second intra-op thread only waits (and collapses on a busy host)
+    try:
+        return _decode_public(y, public, n, k, cap, value_range, rounds, screen)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _decode_public(y: Tensor, public: Tensor, n: int, k: int, cap: float, value_range: tuple[float, float], rounds: int,
+                   screen: int) -> tuple[Tensor, Tensor, dict]:
     y, public = y.double(), public.double()
     m, shape = y.shape[0], y.shape[1:]
     x = torch.zeros(n, *shape, dtype=y.dtype)

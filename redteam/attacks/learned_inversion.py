@@ -60,7 +60,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
+    DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
 )
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.inverter_training import holdout_split, standardiser, train_inverter
@@ -151,7 +151,7 @@ class LearnedInversion(Attack):
     name = "learned_inversion"
     Config = LearnedInversionConfig
     capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}),
-                                threat=frozenset({"labels", "defense", "fedavg"}))  # the simulator runs the client's own BN mode
+                                threat=frozenset({"labels", "defense", "fedavg"}) | DECODING_THREAT)  # the simulator runs the client's own BN mode
     #: the ``text_*`` / ``token_hidden`` entries budget a text client (token ids), the others an image client
     budgets = {
         "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4,
