@@ -139,20 +139,42 @@ def _bounded(c: Tensor, cap: float, min_weight: float) -> tuple[Tensor, Tensor]:
     return 1 - c.sum(1), c
 
 
+def feasible_scale(y: Tensor, mixed: Tensor, total: Tensor, value_range: tuple[float, float], *,
+                   slack: float = 0.02) -> Tensor:
+    """``(m,)`` the largest s in [0, 1] such that subtracting s times the partners' mix ``mixed`` (their
+    weights summing to ``total``) leaves a private part lam * x with x in the box, lam = 1 - s * total:
+    y - s mixed >= lam * lo and y - s mixed <= lam * hi, pixel by pixel, allowing the ``slack`` share of
+    pixels to violate it (noise in reconstructed encodings). Over-subtraction breaks the box, while
+    under-subtraction (s -> 0) never does, so this bounds the weights from above only."""
+    lo, hi = value_range
+    y, mixed = y.flatten(1).double(), mixed.flatten(1).double()
+    t = total.double()[:, None]
+    # y - s m >= (1 - s t) lo  <=>  s (m - t lo) <= y - lo ;  y - s m <= (1 - s t) hi  <=>  s (t hi - m) <= hi - y
+    bounds = []
+    for coef, room in ((mixed - t * lo, y - lo), (t * hi - mixed, hi - y)):
+        ratio = torch.where(coef > 1e-12, room.clamp_min(0) / coef.clamp_min(1e-12), torch.full_like(coef, float("inf")))
+        bounds.append(torch.quantile(ratio, slack, dim=1) if slack > 0 else ratio.min(1).values)
+    return torch.minimum(torch.minimum(bounds[0], bounds[1]), torch.ones_like(bounds[0])).clamp_min(0)
+
+
 def fit_coefficients(y: Tensor, partners: Tensor, cap: float, *, x: Tensor | None = None, min_weight: float = 0.02,
-                     ) -> tuple[Tensor, Tensor]:
+                     value_range: tuple[float, float] | None = None) -> tuple[Tensor, Tensor]:
     """(lam ``(m,)``, c ``(m, k-1)``) of each encoding of ``y`` given its partners (``(m, k-1, C, H, W)``).
     Without ``x``: the weights that minimise the L1 norm of the remaining differences, i.e. the total
     variation of the private-image estimate (the prior: a natural image has sparse edges; exact when the
     private image shares no edge with its partners). With ``x`` (``(m, C, H, W)``, the private-image estimate of each
     encoding): least squares of y - x on (p_j - x), i.e. y = lam x + sum c_j p_j with lam = 1 - sum c_j
-    exactly. Then c in [0, cap] and lam = 1 - sum c in [``min_weight``, cap] (c rescaled to meet it: a
+    exactly. With ``value_range`` (no ``x``): the weights scaled down to what the input box allows
+    (``feasible_scale``). Then c in [0, cap] and lam = 1 - sum c in [``min_weight``, cap] (c rescaled to meet it: a
     private weight near 0 leaves nothing to recover)."""
     m, j = partners.shape[:2]
     if x is None:
         a = differences(partners.double().flatten(0, 1)).reshape(m, j, -1)
         b = differences(y.double())
-        c = torch.stack([_l1_fit(b[i], a[i], _median_fit(b[i], a[i]).clamp(0, cap)) for i in range(m)])
+        c = torch.stack([_l1_fit(b[i], a[i], _median_fit(b[i], a[i]).clamp(0, cap)) for i in range(m)]).clamp(0, cap)
+        if value_range is not None:  # never subtract more than the input box allows
+            mixed = (partners.double() * c.reshape(m, j, *([1] * (partners.dim() - 2)))).sum(1)
+            c = c * feasible_scale(y, mixed, c.sum(1), value_range)[:, None]
     else:
         a = (partners.double() - x.double()[:, None]).flatten(2)
         b = (y.double() - x.double()).flatten(1)
@@ -286,7 +308,7 @@ def _decode_public(y: Tensor, public: Tensor, n: int, k: int, cap: float, value_
     for r in range(max(1, rounds) if m > n else 1):
         if r:  # partners re-identified with each encoding's current private-image estimate in the dictionary
             support = identify_partners(y, public, k, cap, screen=screen, extra=x[groups])
-        lam, c = fit_coefficients(y, public[support], cap)
+        lam, c = fit_coefficients(y, public[support], cap, value_range=value_range)
         single = subtract(y, public[support], lam, c, value_range)
         groups = group_encodings(single, n)
         for i in range(n):

@@ -104,13 +104,16 @@ def test_public_set_needs_a_path():
 
 @pytest.mark.heavy
 def test_a_certification_with_the_public_set_known_recovers_more(files):
-    """One small certification (FC-2, one sample per update, two updates): the same gradient attack, its
-    reconstructed encodings decoded with the public set and without."""
+    """One small certification (FC-2, one sample per update, two updates; ~45 s on a busy 2-core machine):
+    the same gradient attack (Inverting Gradients, whose FC-2 encodings of one sample come back at SSIM
+    ~0.98 here), its reconstructed encodings decoded with the public set and without (measured: 0.79 and
+    0.86 against 0.36 and 0.40)."""
     from guardfl.redteam.certify import certify
 
     attacks = [{"name": "inverting_gradients", "budget": {"iterations": 200}, "threat": {"labels": "known", "public_data": "known"}},
                {"name": "inverting_gradients", "budget": {"iterations": 200}, "threat": {"labels": "known"}}]
     cfg = {**_cfg(files, attacks), "certify": {"batches": 2, "max_ssim": 0.6, "max_leak_rate": 0.6, "confidence": 0.5}}
+    cfg["defense"]["seed"] = 0  # the client's encodings reproducible (the attacker never reads the seed)
     cert = certify(cfg, workers=1)
     by = {"known": [], "unknown": []}
     for r in cert.results:
