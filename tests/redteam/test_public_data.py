@@ -102,9 +102,8 @@ def test_public_set_needs_a_path():
         public_set({"kind": "instahide", "mode": "inter", "public": None})
 
 
-@pytest.mark.heavy
 def test_a_certification_with_the_public_set_known_recovers_more(files):
-    """One small certification (FC-2, one sample per update, two updates; ~45 s on a busy 2-core machine):
+    """One small certification (FC-2, one sample per update, two updates; 25-45 s on a busy 2-core machine):
     the same gradient attack (Inverting Gradients, whose FC-2 encodings of one sample come back at SSIM
     ~0.98 here), its reconstructed encodings decoded with the public set and without (measured: 0.79 and
     0.86 against 0.36 and 0.40)."""
