@@ -39,8 +39,8 @@ from guardfl.errors import ConfigError, GuardflError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
 from guardfl.redteam import allocator, evidence, metrics, privacy
-from guardfl.redteam.attacks.encoded import attack_view, decode
-from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting, resolve_device
+from guardfl.redteam.attacks.encoded import attack_view, decode, public_set
+from guardfl.redteam.attacks.base import THREAT_FIELDS, AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.attacks.server import ServerAttack
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client import ClientQuery, FedAvg, FedSGD, Observation, SideKnowledge, bn_layers, simulate_client
@@ -51,7 +51,7 @@ from guardfl.redteam.models import build_model, set_model_state
 from guardfl.redteam.sampling import Population
 from guardfl.redteam.target import (flower_run_config, load_object, nvflare_result_filters, observe, on_path, run_clientapp,
                                    run_nvflare, run_train_fn)
-from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.threat import ThreatModel, inter_instahide
 from guardfl.redteam.workers import Job, RunContext, available_cores, default_workers, job_threads, run_parallel, torch_threads
 
 @dataclass
@@ -130,8 +130,8 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
 
     ``attacks: all``: every registered attack, at the strongest threat (labels known, except a causal
     LM's, which are the private text itself: inferred; the defense's configuration known, BN statistics
-    exact when the model has BatchNorm, FedAvg hyperparameters known, the auxiliary data when there is
-    some) adjusted by the attack's own ``default_threat`` (iDLG restores
+    exact when the model has BatchNorm, FedAvg hyperparameters known, Inter-InstaHide's public set known,
+    the auxiliary data when there is some) adjusted by the attack's own ``default_threat`` (iDLG restores
     labels), with its budget for ``strength``; those that do not apply are listed with the reason.
     Configured attacks: their threat and budget (over the strength's budget); one that does not apply to
     this setting is a config error."""
@@ -141,10 +141,11 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
         # a causal LM's labels are its next tokens, i.e. the private text: granting them grants the answer
         text_is_label = setting.modality == "text" and getattr(setting.model, "task", None) == "causal-lm"
         strongest = ThreatSection(labels="inferred" if text_is_label else "known",
-                                  bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known")
+                                  bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known",
+                                  public_data="known" if inter_instahide(setting.defense_config) else "unknown")
         # a field the attack never reads stays at its default: the certificate records what it tested
         candidates = [(name, {}, strongest.model_copy(update={**{k: ThreatSection.model_fields[k].default for k in
-                                                                 ("labels", "bn", "defense", "fedavg") if k not in cls.capabilities.threat},
+                                                                 THREAT_FIELDS if k not in cls.capabilities.threat},
                                                               **cls.default_threat}))
                       for name, cls in sorted(attack_registry.ATTACKS.items())]
     else:
@@ -723,7 +724,8 @@ class _AttackRunner:
                 recs = attack.reconstruct_many(views, threat, seeds)
             seconds = (time.time() - t0) / len(bs)
             for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
-                rec, encodings = decode(raw, obs, known) if view is not None else (raw, None)
+                public = self.public_set() if view is not None and threat.public_data == "known" else None
+                rec, encodings = decode(raw, obs, known, public=public) if view is not None else (raw, None)
                 m = measure(self.cfg, rec, x, y, obs.input_range)
                 record: dict[str, Any] = {
                     "job": _record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
@@ -744,6 +746,13 @@ class _AttackRunner:
             raise AttackFailed(f"attack {plan.name} failed on {where}: {type(err).__name__}: {err}") from err
         return out
 
+
+    def public_set(self) -> torch.Tensor:
+        """Inter-InstaHide's public set, as the defense's configuration names it (read once per runner): what
+        an attacker under ``threat.public_data: known`` holds."""
+        if getattr(self, "_public", None) is None:
+            self._public = public_set(inter_instahide(self.setting.defense_config))
+        return self._public
 
     def _client_query(self, obs: Observation, x: torch.Tensor, y: torch.Tensor) -> ClientQuery:
         """The simulated client of this batch as a malicious server reaches it (its private batch, the

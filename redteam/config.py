@@ -151,6 +151,23 @@ class ThreatSection(StrictModel):
     defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
+    #: the attacker holds Inter-InstaHide's public set (``ThreatModel.public_data``)
+    public_data: Literal["known", "unknown"] = Field(default="unknown", json_schema_extra={"allowed": "'known' or 'unknown'"})
+
+
+def _public_data_refused(threat: ThreatSection, defense: dict | None) -> str | None:
+    """Why ``threat.public_data: known`` tests nothing here, or None: it needs an Inter-InstaHide client (the
+    public set is the one its configuration names) and the defense's configuration known."""
+    from guardfl.redteam.threat import inter_instahide
+
+    if inter_instahide(defense) is None:
+        return ("threat.public_data: 'known', but the client's defense has no Inter-InstaHide (instahide with mode: "
+                "inter), so there is no public set to know: remove it, or use defense: {kind: instahide, mode: inter, "
+                "public: PATH.npz}")
+    if threat.defense != "known":
+        return ("threat.public_data: 'known' needs threat.defense: 'known' (the public set is the one the defense's "
+                "configuration names, and without it the encodings are not decoded): remove one of them")
+    return None
 
 
 class AttackSection(StrictModel):
@@ -378,6 +395,8 @@ class RedTeamConfig(StrictModel):
             if why is None and a.threat.fedavg != defaults.fedavg and self.client.protocol == "fedsgd":
                 why = (f"threat.fedavg: {a.threat.fedavg!r}, but client.protocol is 'fedsgd' (no local hyperparameters "
                        "to know or not): remove it, or set client.protocol: fedavg")
+            if why is None and a.threat.public_data != defaults.public_data:
+                why = _public_data_refused(a.threat, self.defense)
             if why is not None:
                 raise ValueError(f"attacks[{i}] {a.name}: {why}")
         return self

@@ -146,6 +146,11 @@ def run_inputs(cfg: Any) -> dict[str, tuple[str, tuple[str, ...] | None]]:
         found.update({k: (v, None) for k, v in _source_entries("aux.ood", cfg.aux.ood).items()})
     if cfg.certify.lpips_weights:
         found["certify.lpips_weights"] = (cfg.certify.lpips_weights, None)
+    from guardfl.redteam.threat import inter_instahide
+
+    inter = inter_instahide(cfg.defense)
+    if inter is not None and inter.get("public"):  # the client mixes with it; an attacker may hold it
+        found["defense.public"] = (str(inter["public"]), None)
     return found
 
 

@@ -253,6 +253,10 @@ def write_report(cert: Certificate, out: Path) -> None:
         encoding_html = ("<p>The client encodes its inputs (MixUp / InstaHide): every attack reconstructed the encodings the "
                          "client trained on, then demixed them blind (k and the coefficient bound known, never the partners "
                          "or coefficients); the images shown and measured are the estimates of the PRIVATE images.</p>")
+        if any("known public set" in str(r.get("info", {}).get("decode", "")) for r in cert.results):
+            encoding_html += ("<p>Inter-InstaHide, <b>public set known</b> (threat public_data: known): those attacks' "
+                              "encodings were decoded by identifying each encoding's public partners in the public set "
+                              "and subtracting them (never given the partners, coefficients or sign masks).</p>")
     server = sorted({r["attack"] for r in cert.results if r.get("threat", {}).get("server") == "malicious"})
     if server:
         queries = sorted({str(r.get("info", {}).get("queries")) for r in cert.results if r["attack"] in server})

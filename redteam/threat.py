@@ -37,6 +37,11 @@ class ThreatModel(StrictModel):
     server: ``honest`` (follows the protocol: sends the true global model, observes the update) or
         ``malicious`` (may modify the model it sends, its architecture or its parameters, and query the
         client repeatedly within a round: the attacks with ``capabilities.server == "malicious"``).
+    public_data: ``known`` (the attacker holds the public set an Inter-InstaHide client mixes its images
+        with, as the defense's configuration names it: its partners are identified and subtracted when the
+        reconstructed encodings are decoded, ``attacks.demix_public``) or ``unknown`` (encodings decoded as
+        |encoding|). Meaningful only for an Inter-InstaHide client with ``defense: known``; never the
+        partners, coefficients or sign masks (the defense's randomness).
     aux: auxiliary data the attacker holds (public images, disjoint from the client's): a torch
         ``Dataset`` of (image, label), an ``(images, labels)`` pair of tensors in the client's input range,
         or an ``AuxData`` (which can add OOD images for LTI-OOD). Learned attacks need it.
@@ -51,6 +56,7 @@ class ThreatModel(StrictModel):
     defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
+    public_data: Literal["known", "unknown"] = Field(default="unknown", json_schema_extra={"allowed": "'known' or 'unknown'"})
     aux: AuxData | None = Field(default=None, json_schema_extra={"allowed": "null, a torch Dataset or (images, labels)"})
 
     @field_validator("aux", mode="before")
@@ -124,3 +130,12 @@ def defense_kinds(config: dict | None) -> list[dict]:
     from guardfl.defenses import parse_config
 
     return [leaf.model_dump(mode="json") for leaf in parse_config(config).leaves()]
+
+
+def inter_instahide(config: dict | None) -> dict | None:
+    """The Inter-InstaHide leaf of a defense configuration (InstaHide with ``mode: inter``), or None: the
+    one defense whose decoding ``threat.public_data`` changes."""
+    for leaf in defense_kinds(config):
+        if leaf["kind"] == "instahide" and leaf.get("mode") == "inter":
+            return leaf
+    return None

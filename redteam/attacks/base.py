@@ -44,7 +44,12 @@ from guardfl.redteam.threat import Knowledge, ThreatModel
 
 STRENGTHS = ("quick", "paper")
 #: the threat fields an attack may read (``Capabilities.threat``); ``server`` is ``Capabilities.server``
-THREAT_FIELDS = ("labels", "bn", "defense", "fedavg")
+THREAT_FIELDS = ("labels", "bn", "defense", "fedavg", "public_data")
+#: the fields a gradient attack reads (the default ``Capabilities.threat``)
+GRADIENT_THREAT = frozenset(("labels", "bn", "defense", "fedavg"))
+#: read by the honest-server image attacks, whose reconstructions of an input encoding are decoded
+#: (``encoded.decode``): ``public_data`` decides whether Inter-InstaHide's public partners are subtracted
+DECODING_THREAT = frozenset(("public_data",))
 
 
 class AttackFailed(GuardflError, RuntimeError):
@@ -72,8 +77,9 @@ class Capabilities:
     server observes) or ``malicious`` (a ``ServerAttack``: sends the client models of its own making,
     needs ``threat.server == "malicious"``). modalities: the inputs it reconstructs, ``image`` (float
     tensors in an input range) and/or ``text`` (token ids of a text model, ``Observation.modality``).
-    threat: the threat fields (``ThreatModel``: labels, bn, defense, fedavg) whose value changes what the
-    attack does; a field it does not read, set in a config to other than its default, is refused
+    threat: the threat fields (``ThreatModel``: labels, bn, defense, fedavg, public_data) whose value changes
+    what the attack does (default: the gradient attack's four; ``public_data`` only for the attacks whose
+    reconstructions of an Inter-InstaHide client are decoded, ``DECODING_THREAT``); a field it does not read, set in a config to other than its default, is refused
     (``ignored_threat``): the certificate records the threat of each attack, and a recorded threat no
     attack acted on is a claim nothing tested. ``server`` is ``server`` above. inverts_encodings: against
     a client that encodes its inputs (MixUp / InstaHide) the attack answers with the PRIVATE images itself
@@ -90,7 +96,7 @@ class Capabilities:
     batches_samples: bool = False
     server: str = "honest"
     modalities: frozenset[str] = frozenset({"image"})
-    threat: frozenset[str] = frozenset(THREAT_FIELDS)
+    threat: frozenset[str] = GRADIENT_THREAT
     inverts_encodings: bool = False
 
 

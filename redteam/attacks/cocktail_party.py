@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks import ica
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, first_linear, labels_for, on_device,
+    DECODING_THREAT, Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, first_linear, labels_for, on_device,
     progress_bar, random_inputs,
 )
 from guardfl.redteam.attacks.engine import evaluate_batched, optimise_batched
@@ -121,7 +121,7 @@ class CocktailParty(Attack):
     name = "cocktail_party"
     Config = CocktailPartyConfig
     capabilities = Capabilities(needs_linear_layer=True, batches_samples=True,
-                                threat=frozenset({"labels", "defense"}))  # blind unmixing: no BN, no FedAvg hyperparameters
+                                threat=frozenset({"labels", "defense"}) | DECODING_THREAT)  # blind unmixing: no BN, no FedAvg hyperparameters
     budgets = {"quick": {"iterations": 2000, "lr": 1e-2, "restarts": 4, "fi_iterations": 500},
                "paper": {"iterations": 25000, "lr": 1e-3, "restarts": 4, "fi_iterations": 25000}}
     paper_budget = ("Kariyappa et al. 2023: 25,000 Adam steps (lr 1e-3) of ICA; feature inversion 25,000 steps "

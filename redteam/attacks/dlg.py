@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 
 from guardfl.redteam.attacks.base import (
-    Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, progress_bar, random_inputs,
+    DECODING_THREAT, GRADIENT_THREAT, Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, progress_bar, random_inputs,
 )
 from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
@@ -35,6 +35,7 @@ class DLG(Attack):
 
     name = "dlg"
     Config = DLGConfig
+    capabilities = Capabilities(threat=GRADIENT_THREAT | DECODING_THREAT)
     restore_labels = False
     budgets = {"quick": {"iterations": 300}, "paper": {"iterations": 6000}}
     paper_budget = ("Zhu et al. 2019: 300 L-BFGS steps of up to 20 iterations each, i.e. up to 6,000 L-BFGS "
@@ -88,6 +89,6 @@ class IDLG(DLG):
     name = "idlg"
     restore_labels = True
 
-    capabilities = Capabilities(max_samples_inferred_labels=1)
+    capabilities = Capabilities(max_samples_inferred_labels=1, threat=GRADIENT_THREAT | DECODING_THREAT)
     default_threat = {"labels": "inferred"}  # label restoration is the point of iDLG
     paper_budget = "Zhao et al. 2020: DLG's budget (300 L-BFGS steps of up to 20 iterations)"

@@ -12,8 +12,10 @@
 
 Only an attacker who knows the defense's configuration does this (``threat.defense == 'known'``); one
 who does not attacks the update as if the inputs were plain images. Inter-InstaHide mixes each private
-image with public images the demixing model does not include: its encodings are decoded as |encoding|
-only (stated in the result's info).
+image with k-1 public images: an attacker who holds that public set (``threat.public_data == 'known'``;
+it is the set the defense's configuration names, ``public_set``) identifies and subtracts each
+encoding's public partners and combines the encodings of one private image (``demix_public``); one who
+does not decodes them as |encoding| only. Either way the result's info says which.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from guardfl.redteam.attacks.base import Reconstruction
 from guardfl.redteam.attacks.demix import demix
+from guardfl.redteam.attacks.demix_public import decode_public
 from guardfl.redteam.attacks.known_defense import known_defense
 from guardfl.redteam.client import FedAvg, Observation
 
@@ -32,6 +35,19 @@ from guardfl.redteam.client import FedAvg, Observation
 def encoding_of(observation: Observation, defense_known: bool) -> dict | None:
     """The input encoding's configuration when the attacker knows it, else None."""
     return known_defense(observation.defense_config).encoding if defense_known else None
+
+
+def public_set(encoding: dict) -> Tensor:
+    """The public images of an Inter-InstaHide configuration (its ``public`` .npz, read as the client reads
+    it); ``ConfigError`` naming ``instahide.public`` when the configuration names none (a public set given
+    to the defense as a tensor: pass it to ``decode`` yourself)."""
+    from guardfl.defenses.encoding import _load_public
+    from guardfl.errors import ConfigError
+
+    if not encoding.get("public"):
+        raise ConfigError("instahide.public: the configuration names no public .npz (the set was given as a tensor), "
+                          "so threat.public_data: 'known' has no public set to read; pass public= to decode")
+    return _load_public(encoding["public"])
 
 
 def encoded_range(encoding: dict, input_range: tuple[float, float]) -> tuple[float, float]:
@@ -62,9 +78,10 @@ def _labels(rec_labels: Tensor, weights: Tensor, num_classes: int) -> Tensor:
 
 
 def decode(rec: Reconstruction, observation: Observation, defense_known: bool, *, iterations: int = 200,
-           ) -> tuple[Reconstruction, Tensor | None]:
+           public: Tensor | None = None) -> tuple[Reconstruction, Tensor | None]:
     """Private-image estimates from reconstructed encodings, and the encodings themselves (None, and
-    ``rec`` unchanged, without a known encoding)."""
+    ``rec`` unchanged, without a known encoding). ``public``: the public set the attacker holds
+    (``threat.public_data: known``), used for an Inter-InstaHide client only."""
     enc = encoding_of(observation, defense_known)
     if enc is None:
         return rec, None
@@ -74,10 +91,17 @@ def decode(rec: Reconstruction, observation: Observation, defense_known: bool, *
         y = y.abs()
     lo, hi = observation.input_range
     info = dict(rec.info)
-    if enc["kind"] == "instahide" and enc.get("mode") == "inter":
+    if enc["kind"] == "instahide" and enc.get("mode") == "inter" and public is not None:
+        found, weights, stats = decode_public(y.reshape(-1, *shape), public.detach().float().cpu(), n, int(enc["k"]),
+                                              float(enc["max_coeff"]), (lo, hi))
+        x = found.flatten(1)
+        info.update(decode=f"public partners identified in the known public set ({public.shape[0]} images) and "
+                           f"subtracted, {y.shape[0]} encodings combined into {n} images",
+                    demix_residual=stats["residual"], private_weight=stats["private_weight"])
+    elif enc["kind"] == "instahide" and enc.get("mode") == "inter":
         x = y[:n].clamp(lo, hi)
         weights = torch.eye(y.shape[0], n)
-        info["decode"] = "|encoding| (inter-InstaHide: public partners are not demixed)"
+        info["decode"] = "|encoding| (inter-InstaHide, public set unknown: public partners are not demixed)"
     else:
         x, weights, residual = demix(y, n, int(enc["k"]), float(enc["max_coeff"]), (lo, hi), iterations=iterations)
         info.update(decode=f"blind demixing of {y.shape[0]} encodings into {n} images", demix_residual=residual)

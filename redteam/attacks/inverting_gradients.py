@@ -20,7 +20,7 @@ import torch
 from pydantic import Field, model_validator
 
 from guardfl.redteam.attacks.base import (
-    Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, on_device, progress_bar, random_inputs,
+    DECODING_THREAT, GRADIENT_THREAT, Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, on_device, progress_bar, random_inputs,
 )
 from guardfl.redteam.attacks.engine import (
     ObjectiveWeights, Replica, evaluate_batched, observation_target, optimise_batched, restarts_vmapped, stack_targets,
@@ -65,7 +65,8 @@ class InvertingGradients(Attack):
 
     name = "inverting_gradients"
     Config = InvertingGradientsConfig
-    capabilities = Capabilities(max_samples_inferred_labels="classes", batches_samples=True)
+    capabilities = Capabilities(max_samples_inferred_labels="classes", batches_samples=True,
+                                threat=GRADIENT_THREAT | DECODING_THREAT)
     budgets = {"quick": {"iterations": 1000, "restarts": 4}, "paper": {"iterations": 24000, "restarts": 4}}
     paper_budget = ("Geiping et al. 2020: 24,000 Adam iterations (lr 0.1, x0.1 at 3/8, 5/8, 7/8); Huang et al. "
                     "2021 use 10,000. Restarts: 4 (guardfl's choice; the papers report single or best-of trials)")

@@ -43,9 +43,10 @@ Deviations and choices, stated:
   InstaHide, where the pair learned is (update of the ENCODED auxiliary batch, the PRIVATE batch behind it),
   so the inverter answers with private images directly: the certificate hands it the observation itself and
   does not demix its answer (``Capabilities.inverts_encodings``), unlike the gradient attacks that
-  reconstruct encodings first. Inter-InstaHide mixes with a public set the attacker does not hold: the
-  attacker's own in-distribution auxiliary images stand in as partners (the client's file is never read;
-  an attacker who holds the client's set is ``TransmitSimulator(public=...)``). Labels granted under an
+  reconstruct encodings first. Inter-InstaHide mixes with a public set: under ``threat.public_data:
+  unknown`` (the attacker does not hold it) the attacker's own in-distribution auxiliary images stand in as
+  partners and the client's file is never read; under ``known`` the simulated client mixes with the set the
+  configuration names (``simulated_public``). Labels granted under an
   encoding are the client's soft labels; the answer labels each image with the class of most weight.
   Refused (not simulated): MixUp / Intra-InstaHide inside Poisson-sampled DP-SGD batches under FedAvg
   (random batch sizes; the client itself refuses each one below k).
@@ -83,8 +84,9 @@ from torch import Tensor, nn
 
 from guardfl.defenses import parse_config
 from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
+    DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
 )
+from guardfl.redteam.attacks.encoded import public_set
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.attacks.learned_inversion_text import invert_text, prepare_text, text_refusal
@@ -176,6 +178,17 @@ def _group(images: Tensor, labels: Tensor, batch: int, gen: torch.Generator) -> 
     return images[idx], labels[idx]
 
 
+def simulated_public(defense: dict | None, threat: ThreatModel) -> Tensor:
+    """The public partners of a simulated Inter-InstaHide client: the client's own public set when the
+    attacker holds it (``threat.public_data: known``: the .npz the configuration names, read as the client
+    reads it), else the attacker's own in-distribution auxiliary images as stand-ins."""
+    if threat.public_data == "known" and defense is not None:
+        inter = [leaf for leaf in parse_config(defense).leaves() if leaf.kind == "instahide" and leaf.mode == "inter"]
+        if inter:
+            return public_set(inter[0].model_dump(mode="json"))
+    return threat.aux.images
+
+
 @register
 class LearnedInversion(Attack):
     """Wu et al. 2023 (LTI / LTI-OOD): an MLP trained on defended observations of auxiliary data."""
@@ -184,7 +197,7 @@ class LearnedInversion(Attack):
     Config = LearnedInversionConfig
     capabilities = Capabilities(needs_aux=True, prepares=True, batches_samples=True, modalities=frozenset({"image", "text"}),
                                 inverts_encodings=True,
-                                threat=frozenset({"labels", "defense", "fedavg"}))  # the simulator runs the client's own BN mode
+                                threat=frozenset({"labels", "defense", "fedavg"}) | DECODING_THREAT)  # the simulator runs the client's own BN mode
     #: the ``text_*`` / ``token_hidden`` entries budget a text client (token ids), the others an image client
     budgets = {
         "quick": {"hidden": 512, "epochs": 40, "batch": 64, "lr": 1e-3, "refresh_every": 4,
@@ -231,9 +244,9 @@ class LearnedInversion(Attack):
         defense = setting.defense_config if threat.defense == "known" else None
         # the simulated defense's randomness: the attacker's own stream, from the attack's generator (the
         # client's seed is dropped), so the same run seed gives the same inverter
-        # Inter-InstaHide: the attacker's own in-distribution images stand in for the client's public set
         sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
-                                seed=int(torch.randint(0, 2**62, (1,), generator=gen)), public=threat.aux.images)
+                                seed=int(torch.randint(0, 2**62, (1,), generator=gen)),
+                                public=simulated_public(defense, threat))
         random_defense = sim.defense is not None and sim.defense.randomized
         if c.hash_dim is not None:  # absolute: overrides hash_ratio
             ratio = min(1.0, c.hash_dim / sim.dim)

@@ -29,3 +29,22 @@ def test_defense_kinds_flattens_stacks():
     cfg = Stack(GradPrune(0.5), Stack(SignCompression())).config.model_dump()
     assert [c["kind"] for c in defense_kinds(cfg)] == ["gradprune", "sign"]
     assert defense_kinds(None) == []
+
+
+def test_public_data_is_a_threat_field_known_or_unknown():
+    assert ThreatModel().public_data == "unknown" and ThreatModel(public_data="known").public_data == "known"
+    with pytest.raises(ValueError):
+        ThreatModel(public_data="partly")
+    assert ThreatModel(public_data="known").fingerprint()["public_data"] == "known"
+
+
+def test_inter_instahide_is_found_in_a_stack(tmp_path):
+    import numpy as np
+
+    from guardfl.redteam.threat import inter_instahide
+
+    np.savez(tmp_path / "public.npz", x=np.zeros((4, 5, 5), dtype=np.uint8))
+    inter = {"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5},
+                                           {"kind": "instahide", "mode": "inter", "public": str(tmp_path / "public.npz")}]}
+    assert inter_instahide({"kind": "instahide", "mode": "intra"}) is None and inter_instahide(None) is None
+    assert inter_instahide(inter)["mode"] == "inter"
