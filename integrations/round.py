@@ -37,6 +37,7 @@ the deployed one, was kept unless said otherwise):
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -296,7 +297,9 @@ def client_round(
                 optimizer.zero_grad(set_to_none=True)
                 out = trained(x)
                 loss = loss_fn(out, y) if _batch_size(x) else out.sum() * 0.0  # Opacus's Poisson batches can be empty
-                loss.backward()
+                with warnings.catch_warnings():  # Opacus's hook on a first layer whose input needs no grad: harmless
+                    warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
+                    loss.backward()
                 optimizer.step()
                 steps += 1
                 examples += _batch_size(x)
