@@ -67,7 +67,7 @@ from guardfl.redteam.attacks.inverter_training import holdout_split, standardise
 from guardfl.redteam.attacks.learned_inversion_text import invert_text, prepare_text, text_refusal
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.augment import TransmitSimulator, config_stages, defense_leaves, flatten_update
-from guardfl.redteam.auxdata import training_pool
+from guardfl.redteam.auxdata import random_flips, training_pool
 from guardfl.redteam.client import FedAvg
 from guardfl.redteam.threat import ThreatModel
 
@@ -94,6 +94,9 @@ class LearnedInversionConfig(AttackConfig):
     hash_dim: int | None = Field(default=None, ge=1, json_schema_extra={
         "allowed": "null (hash_ratio) or an integer >= 1 (absolute; overrides hash_ratio)"})
     standardize: bool = True
+    #: images: mirror a random half of the auxiliary training images at every draw of the training set
+    #: (not in the paper; fresh draws, and so ``refresh_every``, then apply to every defense)
+    flip: bool = False
     holdout: float = Field(default=0.1, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
     # -- a text client (token ids) reads these instead of hidden / epochs / batch / lr / lr_drop_at /
     #    refresh_every; defaults: the paper's and its public code's text budget (learned_inversion_text)
@@ -211,8 +214,9 @@ class LearnedInversion(Attack):
             out_dim = max(1, int(sim.dim * ratio))
         sketch = CountSketch(sim.dim, out_dim, seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if ratio < 1 else None
 
-        def draw(idx: Tensor) -> tuple[Tensor, Tensor]:
-            x, y = _group(images[idx], labels[idx], b, gen)
+        def draw(idx: Tensor, augment: bool = c.flip) -> tuple[Tensor, Tensor]:
+            pool = random_flips(images[idx], gen) if augment else images[idx]
+            x, y = _group(pool, labels[idx], b, gen)
             return sim.updates(x, y, sketch), x.to(device)
 
         feats, targets = draw(train_idx)
@@ -221,7 +225,7 @@ class LearnedInversion(Attack):
         with torch.random.fork_rng(devices=[]):  # init from the attack's generator, the global RNG untouched
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
             net = Inverter(feats.shape[1], hidden, b, setting.input_shape, setting.input_range).to(device)
-        losses, _ = train_inverter(net, feats, targets, matched_mse, (lambda: draw(train_idx)) if random_defense else None,
+        losses, _ = train_inverter(net, feats, targets, matched_mse, (lambda: draw(train_idx)) if random_defense or c.flip else None,
                                    mu=mu, sd=sd, epochs=c.epochs, batch=c.batch, lr=c.lr, lr_drop_at=c.lr_drop_at,
                                    refresh_every=c.refresh_every, gen=gen, progress=c.progress, name=self.name,
                                    metric="mse")
@@ -232,11 +236,12 @@ class LearnedInversion(Attack):
  "train_batches": int(len(train_idx) // b), "hidden": hidden,
                                 "input_dim": sim.dim, "hash_dim": sketch.dim_out if sketch else None,
                                 "epochs": c.epochs, "final_train_mse": losses[-1],
-                                "defense_augmentation": defense is not None, "fresh_draws": bool(random_defense)}
+                                "defense_augmentation": defense is not None, "fresh_draws": bool(random_defense or c.flip),
+                                "flip": c.flip}
         if len(val_idx) >= b:
             net.eval()
             with torch.no_grad():
-                vf, vt = draw(val_idx)
+                vf, vt = draw(val_idx, augment=False)
                 pred = net((vf - mu) / sd)
                 info["holdout_mse"] = float(matched_mse(pred, vt))
                 mean_image = images[train_idx].mean(0).to(device)
