@@ -2,7 +2,7 @@
 
     python bench/bench_lti.py [--models lenet,resnet20] [--batch-sizes 1,4] [--targets 8]
                               [--defenses none,sign,prune,gauss,outpost] [--strength quick|paper]
-                              [--aux 4500] [--ig-iterations 1000] [--epochs N] [--hidden N]
+                              [--aux 4500] [--ig-iterations 1000] [--epochs N] [--hidden N] [--flip on|off]
 
 Setting (the paper's): the LeNet of Zhu et al. (wide U(-0.5, 0.5) init, 15,826 parameters on CIFAR-10) and
 ResNet-20 (train-mode BatchNorm; observations count-sketched to 0.5x, the paper's choice), FedSGD, batch 1
@@ -19,7 +19,9 @@ inverter then fails on that class's gradients, which is a real limit of LTI (its
 labels) but not the paper's setting. Both attacks see the same target observations in the same run.
 
 Prints MSE / PSNR / SSIM (means over targets, Hungarian-matched for B > 1) for LTI and IG, LTI's training
-time and its held-out auxiliary MSE, and the paper's LTI / IG MSE for the cell. Writes JSON to
+time and its held-out auxiliary MSE (over the mean aux image's), the mean aux image's MSE on the same targets
+(``prior``: the targets' own scale; sets of 8 CIFAR-10 images differ ~2x in it), and the paper's LTI / IG
+MSE for the cell. Writes JSON to
 ``bench/results/lti.json``. Not a test: run it on a quiet machine; report threads and device.
 """
 
@@ -93,6 +95,8 @@ def main() -> None:
     ap.add_argument("--ig-iterations", type=int, default=None, help="default: the strength's budget")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--flip", choices=["budget", "on", "off"], default="budget",
+                    help="LTI's mirrored aux draws: the strength's budget, or forced on / off")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
     device = resolve_device(args.device)
@@ -102,7 +106,7 @@ def main() -> None:
     print(f"device {device} ({torch.get_num_threads()} threads), strength {strength}, aux {len(aux[0])} images, "
           f"targets {args.targets} batches per cell")
     results = []
-    header = f"{'model':9s} {'B':>2s} {'defense':8s} | {'LTI mse':>8s} {'psnr':>6s} {'ssim':>6s} | {'IG mse':>8s} {'psnr':>6s} {'ssim':>6s} | {'train s':>8s} {'val/mean':>9s} | paper LTI / IG"
+    header = f"{'model':9s} {'B':>2s} {'defense':8s} | {'LTI mse':>8s} {'psnr':>6s} {'ssim':>6s} | {'IG mse':>8s} {'psnr':>6s} {'ssim':>6s} | {'train s':>8s} {'val/mean':>9s} {'prior':>6s} | paper LTI / IG"
     print(header)
     for model_name in args.models.split(","):
         model = build(model_name)
@@ -115,6 +119,8 @@ def main() -> None:
                     lti_budget["epochs"] = args.epochs
                 if args.hidden:
                     lti_budget["hidden"] = args.hidden
+                if args.flip != "budget":
+                    lti_budget["flip"] = args.flip == "on"
                 lti = attacks.get("learned_inversion", **lti_budget)
                 ig_budget = {**attacks.ATTACKS["inverting_gradients"].budget_for(strength), "seed": 0, "device": str(device)}
                 if args.ig_iterations:
@@ -134,12 +140,15 @@ def main() -> None:
                     m_ig.append(metrics.evaluate(ig.reconstruct(obs, ThreatModel(labels="known")), xb, yb))
                     ig_s += time.time() - t1
                 a, g = summarise(m_lti), summarise(m_ig)
+                # the attacker's no-update guess (the mean aux image) on the same targets: the scale of the
+                # targets, which varies ~2x between sets of 8 CIFAR-10 images (5-95%)
+                prior = float(((tx[: args.targets * b] - aux[0].mean(0)) ** 2).mean())
                 paper = PAPER.get((model_name, b), {}).get(dname)
                 ratio = info.get("holdout_mse", float("nan")) / info.get("holdout_mse_mean_image", float("nan"))
                 print(f"{model_name:9s} {b:2d} {dname:8s} | {a['mse']:8.4f} {a['psnr']:6.2f} {a['ssim']:6.3f} | "
-                      f"{g['mse']:8.4f} {g['psnr']:6.2f} {g['ssim']:6.3f} | {train_s:8.1f} {ratio:9.2f} | "
+                      f"{g['mse']:8.4f} {g['psnr']:6.2f} {g['ssim']:6.3f} | {train_s:8.1f} {ratio:9.2f} {prior:6.3f} | "
                       f"{'%.3f / %.3f' % (paper[1], paper[0]) if paper else 'n/a'}", flush=True)
-                results.append({"model": model_name, "batch": b, "defense": dname, "lti": a, "ig": g, "lti_train_s": train_s,
+                results.append({"model": model_name, "batch": b, "defense": dname, "lti": a, "ig": g, "lti_train_s": train_s, "prior_mse": prior,
                                 "ig_s_per_target": ig_s / args.targets, "lti_info": info, "lti_budget": lti_budget,
                                 "ig_budget": ig_budget, "paper_lti_ig_mse": paper})
     OUT.mkdir(parents=True, exist_ok=True)

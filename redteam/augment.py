@@ -375,6 +375,12 @@ class TransmitSimulator:
             self._defend(sub, 1, self.params, False, inputs[i : i + 1])
             self._next_client()
 
+    @property
+    def reads_model(self) -> bool:
+        """Whether a gradient defense reads the model and each batch's inputs (Soteria, GradDefense): a draw
+        then costs per batch, not one vmapped pass."""
+        return self._needs_model
+
     # -- the public interface --------------------------------------------------------------------------
     def chunks(self, x: Tensor, y: Tensor, parts: bool = False) -> Iterator[Any]:
         """The rows of ``updates(x, y)``, ``chunk`` batches at a time (under DP-SGD ``chunk // B``: the

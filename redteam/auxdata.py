@@ -158,3 +158,12 @@ def training_pool(aux: AuxData, num_classes: int, generator: torch.Generator,
             xs.append(ood_pseudo_images(aux.ood, aux.ood_samples, generator, input_range))
             ys.append(pseudo_labels(aux.ood_samples, num_classes, generator))
     return torch.cat(xs), torch.cat(ys)
+
+
+def random_flips(images: Tensor, generator: torch.Generator) -> Tensor:
+    """Each image ``(N, C, H, W)`` mirrored left-right with probability 1/2 (a fresh copy; the inputs are
+    untouched): augmentation of the attacker's own auxiliary images, for data whose distribution is
+    mirror-symmetric (natural images, faces; not digits or text)."""
+    flip = torch.rand(len(images), generator=generator) < 0.5
+    return torch.where(flip.view(-1, *([1] * (images.dim() - 1))), images.flip(-1), images)
+

@@ -6,7 +6,7 @@ import torch
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, metrics, simulate_client
 from guardfl.redteam.attacks import LearnedInversion, Setting
 from guardfl.redteam.augment import TransmitSimulator, flatten_update
-from guardfl.redteam.auxdata import AuxData, dct_matrix, ood_pseudo_images
+from guardfl.redteam.auxdata import AuxData, dct_matrix, ood_pseudo_images, random_flips
 from guardfl.redteam.data import lfw_faces, lfw_nonfaces
 from guardfl.redteam.models import ConvNetSmall, LeNetZhu, set_model_state
 
@@ -156,3 +156,39 @@ def test_the_simulated_defense_draws_from_the_attackers_seed(faces, lenet):
     assert not all(torch.equal(first["net"][k], other["net"][k]) for k in first["net"])
     seeded = TransmitSimulator(lenet, {"kind": "outpost", "seed": 0}, FedSGD(), seed=0).updates(x[:1, None], y[:1, None])
     assert not torch.equal(seeded[0], _flat(obs))  # the attacker's seed 0 is not the client's seed 0
+
+
+def test_random_flips_mirror_some_images_and_copy():
+    x = torch.rand(64, 3, 5, 7)
+    keep = x.clone()
+    out = random_flips(x, torch.Generator().manual_seed(0))
+    assert torch.equal(x, keep)  # the input is untouched
+    same = [bool(torch.equal(out[i], x[i])) for i in range(64)]
+    mirrored = [bool(torch.equal(out[i], x[i].flip(-1))) for i in range(64)]
+    assert all(s != m for s, m in zip(same, mirrored))  # each image is itself or its mirror
+    assert 16 < sum(mirrored) < 48
+
+
+def test_flip_redraws_mirrored_aux_images_only(faces, lenet, monkeypatch):
+    """flip: every draw trains on auxiliary images or their mirrors (never a private image), redrawn every
+    ``refresh_every`` epochs even for a deterministic defense; the holdout is scored on unflipped images."""
+    from guardfl.redteam.auxdata import content_hashes
+
+    x, y = faces
+    obs = simulate_client(lenet, x[:1], y[:1], {"kind": "sign"})
+    aux = x[10:60]
+    seen = []
+    real = TransmitSimulator.updates
+    monkeypatch.setattr(TransmitSimulator, "updates", lambda self, xb, yb, sketch=None: seen.append(xb) or real(self, xb, yb, sketch))
+    a = attacks.get("learned_inversion", hidden=16, epochs=4, batch=16, refresh_every=2, flip=True, seed=0, device="cpu")
+    infos = []
+    a.prepare(Setting.of(obs), ThreatModel(labels="known", aux=(aux, y[10:60])), on_done=infos.append)
+    assert infos[0]["flip"] and infos[0]["fresh_draws"]
+    assert len(seen) == 3  # first draw, one redraw at epoch 2, the holdout
+    allowed = set(content_hashes(aux)) | set(content_hashes(aux.flip(-1)))
+    private = set(content_hashes(x[:10]))
+    for xb in seen:
+        got = set(content_hashes(xb.flatten(0, 1)))
+        assert got <= allowed and not got & private
+    assert not torch.equal(seen[0], seen[1])
+    assert set(content_hashes(seen[2].flatten(0, 1))) <= set(content_hashes(aux))  # holdout: unflipped
