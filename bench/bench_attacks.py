@@ -168,9 +168,16 @@ REDTEAM_ROWS = {
 
 
 def redteam_config(batch: int, defense: dict | None, batches: int, device: str) -> dict:
+    """The row's certificate config. The attacker holds auxiliary CIFAR-10 images (400 per class) disjoint
+    from the private population (the last 50 per class): the per-class split of ``bench_every_defense.py``,
+    so learned inversion runs in every row (issue 35; before it, these rows had no aux and no LTI)."""
+    from bench_every_defense import split_data
+
+    aux, population = split_data()
     return {
         "model": {"name": "lenet", "num_classes": 10, "state": "wide-init"},
-        "data": {"source": "npz", "path": str(DATA)},
+        "data": {"source": "npz", "path": str(population)},
+        "aux": {"source": "npz", "path": str(aux)},
         "client": {"protocol": "fedsgd", "batch_size": batch, "dataset_size": 4000},
         "defense": defense,
         "attacks": "all",
