@@ -122,12 +122,11 @@ class Soteria(Defense):
             "(is it trainable and in the optimizer?)"
         )
 
-    def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        name, layer = self.find_layer(ctx.model)
-        idx = self._weight_index(ctx, name, layer)
-        x = ctx.inputs
+    def _representation(self, model: nn.Module, name: str, layer: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The defended layer's input ``r`` ``(samples, features)`` for inputs ``x`` and, per feature and
+        sample, the norm of its gradient with respect to the sample's input (``feature_input_grad_norms``)."""
         require_float_inputs(self.kind, x)
-        with side_pass(ctx.model, model_device(ctx.model)) as module:
+        with side_pass(model, model_device(model)) as module:
             xg = x.detach().requires_grad_(True)
             r = linear_input(module, layer, xg)
             if r.dim() != 2 or r.shape[0] != x.shape[0]:
@@ -135,7 +134,12 @@ class Soteria(Defense):
                     f"soteria.layer: the input of {name!r} has shape {tuple(r.shape)} for a batch of {x.shape[0]}; "
                     "Soteria needs (batch, features)"
                 )
-            norms = feature_input_grad_norms(r, xg)
+            return r, feature_input_grad_norms(r, xg)
+
+    def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
+        name, layer = self.find_layer(ctx.model)
+        idx = self._weight_index(ctx, name, layer)
+        r, norms = self._representation(ctx.model, name, layer, ctx.inputs)
         scores = soteria_scores(norms, r)
         features = r.shape[1]
         k = prune_count(self.config.prune, features)
@@ -166,16 +170,7 @@ class Soteria(Defense):
             raise ValueError("soteria.column_masks: BatchNorm in train mode couples the samples of a batch; apply per batch")
         n, b = inputs.shape[:2]
         x = inputs.reshape(n * b, *inputs.shape[2:])
-        require_float_inputs(self.kind, x)
-        with side_pass(model, model_device(model)) as mod:
-            xg = x.detach().requires_grad_(True)
-            r = linear_input(mod, layer, xg)
-            if r.dim() != 2 or r.shape[0] != x.shape[0]:
-                raise ConfigError(
-                    f"soteria.layer: the input of {name!r} has shape {tuple(r.shape)} for a batch of {x.shape[0]}; "
-                    "Soteria needs (batch, features)"
-                )
-            norms = feature_input_grad_norms(r, xg)
+        r, norms = self._representation(model, name, layer, x)
         r = r.detach()
         k = prune_count(self.config.prune, r.shape[1])
         masks = torch.stack([smallest_k_mask(soteria_scores(norms[:, i * b : (i + 1) * b], r[i * b : (i + 1) * b]), k)
