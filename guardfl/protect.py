@@ -12,8 +12,10 @@
 - input encodings (MixUp, InstaHide): the loader yields encoded images with soft labels; train with
   ``guardfl.soft_cross_entropy`` (or ``F.cross_entropy``, which accepts class probabilities).
 
-Randomness: Opacus's DP noise comes from a generator seeded by the DP-SGD defense (OS entropy unless
-``seed`` is given); Poisson sampling is Opacus's own, from the global RNG, like any shuffled DataLoader.
+Randomness: Opacus's DP noise and its Poisson sampling come from generators of the DP-SGD defense (OS
+entropy unless ``seed`` is given; the sampling on its own stream). Opacus's sampler would otherwise draw from
+torch's global generator, which a fresh process seeds with a constant and most training scripts seed
+themselves: the batches would be predictable, and DP-SGD's amplification by subsampling assumes they are not.
 """
 
 from __future__ import annotations
@@ -276,6 +278,10 @@ def _grad_sample_mode(model: nn.Module, data_loader) -> str:
 _GRAD_SAMPLE_MODES: dict[tuple[type, ...], str] = {}
 
 
+#: the offset of DP-SGD's Poisson-sampling stream from its noise stream (``make_generator``)
+SAMPLING_STREAM = 101
+
+
 def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privacy_state):
     from opacus import PrivacyEngine
 
@@ -303,6 +309,12 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
             model, dp_opt, data_loader = engine.make_private(noise_multiplier=c.noise_multiplier, **common)
     except (NotImplementedError, ValueError) as err:
         raise ConfigError(f"dpsgd: Opacus cannot make this model private: {err}") from None
+    if c.poisson_sampling:
+        # Outside secure_mode, Opacus's Poisson sampler draws from torch's global generator: fixed-seeded in a
+        # fresh process (67280421310721) and seeded by most training scripts, so which samples form each batch
+        # would be predictable, and amplification by subsampling assumes the sampling is secret. It draws from
+        # the defense's own stream instead (OS entropy unless seeded), like the noise.
+        data_loader.batch_sampler.generator = make_generator("cpu", None if dp._entropy else dp._seed, offset=SAMPLING_STREAM)
     guarded = None
     names = {p: n.removeprefix("_module.") for n, p in model.named_parameters()}
     if grad_defense is not None:

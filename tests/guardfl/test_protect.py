@@ -106,6 +106,20 @@ def test_per_sample_gradients_are_clipped_before_noise():
         assert float(clipped) <= 0.5 + 1e-5 and float(raw) > 0.5  # clipping was active
 
 
+def _poisson_batches(seed):
+    model, opt, loader = _setup()
+    model, opt, loader = guardfl.protect(model, opt, loader, DPSGD(noise_multiplier=1.0, seed=seed))
+    torch.manual_seed(0)  # what most training scripts do: Opacus's sampler would draw from this generator
+    return [tuple(x.flatten()[:1].tolist()) + (len(x),) for x, _ in loader]
+
+
+def test_poisson_sampling_is_the_defenses_randomness_not_torchs_global_generator():
+    """Which samples form each batch is secret (amplification by subsampling rests on it): unseeded, two
+    clients after the same ``torch.manual_seed`` sample differently; seeded, reproducibly."""
+    assert _poisson_batches(None) != _poisson_batches(None)
+    assert _poisson_batches(3) == _poisson_batches(3) != _poisson_batches(4)
+
+
 def test_gradient_defense_acts_inside_dp_after_clipping_and_noise():
     model, opt, loader = _setup()
     defense = Stack(DPSGD(noise_multiplier=1.0, seed=0), SignCompression())
