@@ -53,8 +53,12 @@ gets fresh randomness.
 The batch gradient is defended, as a real client does. (The public LTI code defends each per-sample
 gradient and then averages them: a weaker, different threat that we do not copy.)
 
-One combination is refused (ConfigError): an encoding that mixes within the batch (MixUp, Intra-InstaHide)
-with DP-SGD's Poisson sampling under FedAvg; the client itself refuses every sampled batch smaller than k.
+An encoding that mixes within the batch (MixUp, Intra-InstaHide) inside DP-SGD's Poisson-sampled FedAvg
+batches: each step's sampled images (in index order, as Opacus's loader yields them) are encoded within
+themselves by the real ``encode``. A client whose sampled batch holds 1 to k-1 images refuses it
+(ConfigError) and transmits nothing that round, so what leaves it is its update *given* that no step drew
+such a batch: the simulator redraws the rounds that did (rejection sampling, the exact conditional
+distribution), and refuses with one line where the client would almost never complete a round.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from guardfl.defenses import REGISTRY, Defense, Stack, from_config, parse_config
 from guardfl.defenses.base import StepContext, make_generator
 from guardfl.defenses.encoding import InstaHide
 from guardfl.errors import ConfigError
-from guardfl.protect import soft_cross_entropy, split_stages
+from guardfl.protect import SAMPLING_STREAM, soft_cross_entropy, split_stages
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
 
 if TYPE_CHECKING:
@@ -153,13 +157,8 @@ class TransmitSimulator:
                 raise ConfigError("defense: DP-SGD cannot train this model (it has BatchNorm, which Opacus refuses); build "
                                   "the global model with guardfl.dp_compatible(model), or use a model without BatchNorm")
             train_mode = True  # Opacus's make_private puts the model in train mode
-            if (isinstance(protocol, FedAvg) and self.dp.config.poisson_sampling and self.encoding is not None
-                    and self.encoding.mixes_within_batch):
-                raise ConfigError(f"defense: {self.encoding.kind} mixes k={self.encoding.config.k} images of each batch, and "
-                                  "DP-SGD's Poisson sampling under FedAvg draws batches of random size (the client refuses "
-                                  "every one below k): not simulated; use poisson_sampling: false or inter-InstaHide")
             self._noise_gen = make_generator(self.device, None if self.dp._entropy else self.dp._seed)
-            self._sampling_gen = make_generator("cpu", None if self.dp._entropy else self.dp._seed, offset=101)
+            self._sampling_gen = make_generator("cpu", None if self.dp._entropy else self.dp._seed, offset=SAMPLING_STREAM)
             self._multipliers: dict[int, float] = {}
         replica = copy.deepcopy(model).to(self.device)
         replica.train(train_mode)
@@ -319,7 +318,13 @@ class TransmitSimulator:
             return [torch.cat(blocks) for blocks in zip(*parts)]
         return self._client_parts(x, y)
 
-    def _client_parts(self, x: Tensor, y: Tensor) -> list[Tensor]:
+    #: consecutive refused rounds of one batch after which the simulator gives up (the client would almost
+    #: never transmit: a refusal per round of p leaves p ** 50, e.g. 0.5% at p = 0.9)
+    MAX_REFUSED_ROUNDS = 50
+    #: rounds redrawn so far because the client would have refused them (see ``_redraw_refused``)
+    refused_rounds = 0
+
+    def _client_parts(self, x: Tensor, y: Tensor, attempt: int = 0) -> list[Tensor]:
         n = x.shape[0]
         if isinstance(self.protocol, FedSGD):
             xe, ye = self._encode(x, y)
@@ -338,6 +343,8 @@ class TransmitSimulator:
         samples = x.shape[1]
         b = min(p.batch_size, samples)
         poisson = self.dp is not None and self.dp.config.poisson_sampling
+        within = poisson and self.encoding is not None and self.encoding.mixes_within_batch
+        refused = torch.zeros(n, dtype=torch.bool)
         its = torch.zeros(n, dtype=torch.long)
         step_grad = vmap(grad(self._loss), in_dims=(0, 0, 0), randomness="different")
         for _ in range(p.epochs):
@@ -348,7 +355,11 @@ class TransmitSimulator:
                     xs, ys = x, y
                 else:
                     mask, xs, ys = None, x[:, lo : lo + b], y[:, lo : lo + b]
-                xe, ye = self._encode(xs, ys)
+                if within:
+                    xe, ye, small = self._encode_sampled(xs, ys, mask)
+                    refused |= small
+                else:
+                    xe, ye = self._encode(xs, ys)
                 if self.dp is not None:
                     g = self._private_grads(params, xe, ye, True, mask, samples)
                 else:
@@ -360,7 +371,43 @@ class TransmitSimulator:
                 params, momentum = sgd_step(params, g, momentum, p)
         if self._needs_model:
             self._next_client()
-        return [(params.pop(name) - self.params[name]).reshape(n, -1) for name in self.names]
+        out = [(params.pop(name) - self.params[name]).reshape(n, -1) for name in self.names]
+        if refused.any():
+            self._redraw_refused(x, y, refused, out, attempt)
+        return out
+
+    def _redraw_refused(self, x: Tensor, y: Tensor, refused: Tensor, out: list[Tensor], attempt: int) -> None:
+        """Replace (in ``out``) the rounds a client would have refused (a sampled batch of 1 to k-1 images to
+        mix within) by fresh rounds of the same batches: the client transmits only rounds it completes."""
+        if attempt + 1 >= self.MAX_REFUSED_ROUNDS:
+            k = self.encoding.config.k
+            raise ConfigError(f"defense: {self.encoding.kind} mixes k={k} images within each Poisson-sampled DP-SGD "
+                              f"batch, and {self.MAX_REFUSED_ROUNDS} rounds in a row drew a batch of 1 to {k - 1} images, "
+                              "which the client refuses: it would almost never transmit; raise the batch_size "
+                              "(the expected batch) well above k, set dpsgd.poisson_sampling: false, or use inter-InstaHide")
+        rows = refused.nonzero().flatten()
+        self.refused_rounds += len(rows)
+        fresh = self._client_parts(x[rows.to(x.device)], y[rows.to(y.device)], attempt + 1)
+        for block, new in zip(out, fresh):
+            block[rows.to(block.device)] = new
+
+    def _encode_sampled(self, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's Poisson-sampled images (``mask``; in index order, as Opacus's loader yields them)
+        encoded within themselves by the real encoding and put back at their places (the other places are
+        masked out of the gradient); and which rows drew a batch of 1 to k-1 images, which the client
+        refuses."""
+        soft = y.float() if y.dim() == 3 else torch.nn.functional.one_hot(y.long(), self.num_classes).float()
+        xe, ye = x.clone(), soft.clone()
+        small = torch.zeros(x.shape[0], dtype=torch.bool)
+        for i in range(x.shape[0]):
+            sel = mask[i].nonzero().flatten()
+            if sel.numel() == 0:
+                continue  # an empty batch: Opacus's noise-only step
+            if sel.numel() < self.encoding.config.k:
+                small[i] = True  # the client refuses this batch (ConfigError): this round is never sent
+                continue
+            xe[i, sel], ye[i, sel] = self.encoding.encode(x[i, sel], y[i, sel], self.num_classes)
+        return xe, ye, small
 
     def _defend_rows_fedsgd(self, g: dict[str, Tensor], inputs: Tensor) -> None:
         """FedSGD with a ``needs_model`` defense: each batch is its own client (its own replica object)."""

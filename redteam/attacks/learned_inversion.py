@@ -56,8 +56,9 @@ Deviations and choices, stated:
   partners and the client's file is never read; under ``known`` the simulated client mixes with the set the
   configuration names (``simulated_public``). Labels granted under an
   encoding are the client's soft labels; the answer labels each image with the class of most weight.
-  Refused (not simulated): MixUp / Intra-InstaHide inside Poisson-sampled DP-SGD batches under FedAvg
-  (random batch sizes; the client itself refuses each one below k).
+  MixUp / Intra-InstaHide inside Poisson-sampled DP-SGD FedAvg batches: each sampled batch is encoded
+  within itself, and the rounds the client refuses (a sampled batch of 1 to k-1 images) are redrawn, since
+  the client transmits only the rounds it completes.
 - Cost of the simulation per auxiliary batch (LeNet of Zhu et al., CIFAR-10, B = 1, one thread on a busy
   2-core machine, ``bench/bench_simulator.py``): 1-2 ms for none, pruning, Outpost, DP-SGD and Inter-InstaHide
   (3.5 ms per batch of 4 for MixUp / Intra-InstaHide); GradDefense ~10 ms (every client's sensitivity in one
@@ -172,15 +173,6 @@ def matched_mse(pred: Tensor, target: Tensor) -> Tensor:
     return F.mse_loss(p, t[torch.arange(m, device=pred.device)[:, None], perm])
 
 
-def _poisson_within_batch(config: dict | None) -> bool:
-    """Whether ``config`` mixes within the batch (MixUp, Intra-InstaHide) under Poisson-sampled DP-SGD."""
-    if not config:
-        return False
-    leaves = parse_config(config).leaves()
-    return (any(c.kind == "dpsgd" and c.poisson_sampling for c in leaves)
-            and any(c.kind == "mixup" or (c.kind == "instahide" and c.mode == "intra") for c in leaves))
-
-
 def _group(images: Tensor, labels: Tensor, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """Random batches of ``batch`` images: ``(N, batch, ...)``, ``(N, batch)``."""
     order = torch.randperm(len(images), generator=gen)
@@ -227,9 +219,6 @@ class LearnedInversion(Attack):
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         if isinstance(setting.protocol, FedAvg) and threat.fedavg == "unknown":
             return "needs the FedAvg local hyperparameters to simulate the deltas (threat fedavg='unknown')"
-        if threat.defense == "known" and isinstance(setting.protocol, FedAvg) and _poisson_within_batch(setting.defense_config):
-            return ("the client mixes images within Poisson-sampled DP-SGD batches of random size (it refuses each one "
-                    "below k): not simulated; use dpsgd.poisson_sampling: false or inter-InstaHide")
         if setting.modality == "text":
             return text_refusal(setting, threat)
         if tuple(threat.aux.shape) != tuple(setting.input_shape):

@@ -53,6 +53,7 @@ def _public_tensor(path):
 SEEDED = {
     "dpsgd-clip-only": {"kind": "dpsgd", "noise_multiplier": 0.0, "max_grad_norm": 0.5, **NO_POISSON},
     "dpsgd": {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 0.5, "seed": 5, **NO_POISSON},
+    "dpsgd-poisson": {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 0.5, "seed": 5},
     "mixup": {"kind": "mixup", "k": 2, "seed": 3},
     "instahide-intra": {"kind": "instahide", "k": 2, "seed": 3},
     "soteria": {"kind": "soteria", "prune": 0.5},
@@ -209,10 +210,52 @@ def test_encodings_are_fresh_within_their_bounds(lenet, data, kind):
     assert not torch.equal(rows[0], rows[2])  # the same batch, two draws
 
 
+def _mixup_in_poisson_dpsgd(k: int, seed: int | None = None) -> dict:
+    return {"kind": "stack", **({} if seed is None else {"seed": seed}),
+            "defenses": [{"kind": "mixup", "k": k}, {"kind": "dpsgd", "noise_multiplier": 0.5, "max_grad_norm": 1.0}]}
+
+
+def test_poisson_sampled_mixup_equals_the_client_when_it_transmits(lenet, data):
+    """MixUp inside Poisson-sampled DP-SGD FedAvg batches: each step's sampled images are encoded within
+    themselves, as the client's loader yields them. Seeds whose round the client refuses (a sampled batch of
+    one image) are skipped: the simulator redraws those, which the next test checks."""
+    protocol = FedAvg(epochs=2, batch_size=4, lr=0.05)
+    x, y = data[0][:8], data[1][:8]
+    compared = 0
+    for seed in range(8):
+        config = _mixup_in_poisson_dpsgd(2, seed)
+        try:
+            want = _flat(simulate_client(lenet, x, y, config, protocol))
+        except ConfigError as e:
+            assert "k=2" in str(e)
+            continue
+        sim = TransmitSimulator(lenet, config, protocol, seed=seed)
+        torch.testing.assert_close(sim.updates(x[None], y[None])[0], want, atol=1e-6, rtol=1e-5)
+        assert sim.refused_rounds == 0
+        compared += 1
+    assert compared >= 3
+
+
+def test_poisson_sampled_mixup_redraws_the_rounds_the_client_refuses(lenet, data):
+    """Batches of 4 sampled at rate 1/2, k = 2: a step draws one image with probability 1/4, so about two
+    rounds in three are refused by the client; each is redrawn until the round completes."""
+    sim = TransmitSimulator(lenet, _mixup_in_poisson_dpsgd(2), FedAvg(epochs=2, batch_size=2, lr=0.05), seed=0)
+    x, y = data[0][:4].expand(30, 4, 1, 8, 8), data[1][:4].expand(30, 4)
+    rows = sim.updates(x, y)
+    assert rows.shape[0] == 30 and torch.isfinite(rows).all()
+    assert 20 <= sim.refused_rounds <= 200  # ~64 expected (30 x 0.68 / 0.32)
+    small = sim._encode_sampled(x[:3], y[:3], torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool))[2]
+    assert small.tolist() == [True, False, False]  # one image: refused; none: the noise-only step; two: mixed
+
+
+def test_a_client_that_would_almost_never_transmit_is_refused_in_one_line(lenet, data):
+    """k = 5 with 4 images: every non-empty sampled batch is refused; only a round of empty batches completes."""
+    sim = TransmitSimulator(lenet, _mixup_in_poisson_dpsgd(5), FedAvg(epochs=2, batch_size=2, lr=0.05), seed=0)
+    with pytest.raises(ConfigError, match=r"^defense: mixup mixes k=5 .* almost never transmit"):
+        sim.updates(data[0][None, :4], data[1][None, :4])
+
+
 def test_refusals_name_the_field(lenet):
-    with pytest.raises(ConfigError, match="Poisson sampling"):
-        TransmitSimulator(lenet, {"kind": "stack", "defenses": [{"kind": "mixup", "k": 2},
-                                                                {"kind": "dpsgd", "noise_multiplier": 1.0}]}, FEDAVG)
     bn = set_model_state(ConvNetSmall((1, 8, 8), 10, width=2), "default", seed=1)
     with pytest.raises(ConfigError, match="BatchNorm"):
         TransmitSimulator(bn, {"kind": "dpsgd", "noise_multiplier": 1.0}, FedSGD())
