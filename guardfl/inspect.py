@@ -12,7 +12,8 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   zeroed, or biases that pin some logits tens of units above others: only the target class's samples
   then send a gradient into the rest of the model.
 - **gradient concentration** (fishing and other parameter edits), only with ``batch=(x, y)``, the
-  client's own first batch: the model is run in eval mode on it and the summed cross-entropy is
+  client's own first batch: the model is run on it as the client trains it (``_training_forward``:
+  BatchNorm on the batch's statistics, dropout off) and the summed cross-entropy is
   differentiated with respect to every ``nn.Linear`` layer's output (never into the parameters' ``.grad``);
   a model whose loss gradient into the classifier's input, or into any linear layer's weights, comes almost
   entirely from one sample or from the samples of one rare label is flagged. Output collapse (every sample
@@ -813,6 +814,44 @@ def _outputs(out) -> list[Tensor]:
     return []
 
 
+class _training_forward:
+    """The module as the client trains it, for one forward pass of the checks: BatchNorm normalises with the
+    batch's own statistics (train mode), as in the client's training step, without touching its running
+    buffers (``track_running_stats`` off for the pass); every other module is in eval mode (dropout off: the
+    checks are deterministic). In eval mode a server could set running statistics that make the batch look
+    benign (every sample normalised into one state) while the batch statistics the client trains with
+    separate its samples."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def __enter__(self) -> nn.Module:
+        self.was = {m: m.training for m in self.module.modules()}
+        self.bns = {m: m.track_running_stats for m in self.module.modules()
+                    if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+        self.module.eval()
+        for m in self.bns:
+            m.train()
+            m.track_running_stats = False
+        return self.module
+
+    def __exit__(self, *exc) -> None:
+        for m, tracked in self.bns.items():
+            m.track_running_stats = tracked
+        for m, was in self.was.items():
+            m.training = was
+
+
+class _eval_forward(_training_forward):
+    """The module in eval mode for one forward pass (where train mode cannot run on the batch)."""
+
+    def __enter__(self) -> nn.Module:
+        self.was = {m: m.training for m in self.module.modules()}
+        self.bns = {}
+        self.module.eval()
+        return self.module
+
+
 def _batch_checks(module: nn.Module, batch, examined: str | None = None,
                   baseline: nn.Module | None = None, disaggregation: bool = False) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
@@ -837,25 +876,30 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
 
     leaves = [(name, m) for name, m in module.named_modules() if not any(True for _ in m.children()) or isinstance(m, nn.Linear)]
     hooks = []
-    was_training = module.training
     try:
         for name, m in leaves:  # one at a time: a failure part-way still removes those already registered
             hooks.append(m.register_forward_hook(watch(name)))
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        module.eval()
         # with autograd (the isolation and per-layer concentration checks differentiate the loss with
         # respect to the layers' outputs; parameters' .grad is never touched)
         inputs = x.detach().to(device)
         if inputs.is_floating_point():
             inputs.requires_grad_(True)
-        with torch.enable_grad():
-            out = module(inputs)
+        mode = "train (BatchNorm on the batch's statistics, as the client trains; dropout off)"
+        try:
+            with torch.enable_grad(), _training_forward(module):
+                out = module(inputs)
+        except Exception as train_err:  # noqa: BLE001 - e.g. BatchNorm on one sample: the client cannot train on it
+            ran.clear()
+            bad.clear()
+            with torch.enable_grad(), _eval_forward(module):
+                out = module(inputs)
+            mode = f"eval: train mode fails on this batch ({_first_line(train_err)}), so the client cannot train on it either"
     except Exception as err:  # noqa: BLE001 - the client's model on the client's batch: a bad batch argument
         raise ConfigError(f"batch: the model cannot run on x of shape {list(x.shape)} ({x.dtype}): {_first_line(err)}") from None
     finally:
         for h in hooks:
             h.remove()
-        module.train(was_training)
     if not bad and any(not bool(torch.isfinite(t).all()) for t in _outputs(out)):
         bad.append("the model")
     if bad:
@@ -870,7 +914,7 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
     if not heads:
         return [], {"batch": {"skipped": f"no nn.Linear layer gave one row of logits per sample (shape [{n}, classes])"}}
     name, head, raw_logits = heads[-1]
-    info: dict[str, Any] = {"classifier": name}
+    info: dict[str, Any] = {"classifier": name, "mode": mode}
     not_run = [k for k, m in linear if all(m is not r for _, r, _, _ in ran)]
     if not_run:
         info["not_run"] = not_run
@@ -904,7 +948,7 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
             reasons.append(f"gradient concentration: the {int((y == c).sum())} sample(s) of label {c} carry {class_share:.1%} of the "
                            f"gradient into the classification layer's input (> {CONCENTRATION_SHARE:.0%}) of a batch of "
                            f"{x.shape[0]} with {labels} labels")
-    base = _baseline_isolation(baseline, x, y) if baseline is not None else None
+    base = _baseline_isolation(baseline, x, y, train=mode.startswith("train")) if baseline is not None else None
     layer_reasons, checks["isolation"], per_layer = _layer_gradients(ran, raw_logits, y, labels, base)
     reasons += layer_reasons
     checks["gradient_concentration"]["layers"] = per_layer
@@ -955,7 +999,7 @@ def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) ->
     return None
 
 
-def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor) -> dict[str, int] | None:
+def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor, train: bool = True) -> dict[str, int] | None:
     """Samples isolated per ``nn.Linear`` layer by the client's own model on the same batch (None when it
     cannot run: meta tensors, another input shape; the counts are then not judged)."""
     if any(t.is_meta for t in baseline.state_dict().values() if isinstance(t, Tensor)):
@@ -964,20 +1008,17 @@ def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor) -> dict[str, 
     ran: list = []
     hooks = [m.register_forward_hook(lambda m, i, o: ran.append((names[id(m)], m, o, i[0] if i else None)))
              for m in baseline.modules() if id(m) in names]
-    was = baseline.training
     try:
-        baseline.eval()
         inputs = x.detach().to(next((p.device for p in baseline.parameters()), torch.device("cpu")))
         if inputs.is_floating_point():
             inputs.requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), (_training_forward(baseline) if train else _eval_forward(baseline)):
             baseline(inputs)
     except Exception:  # noqa: BLE001 - the reference cannot run on the batch: no baseline
         return None
     finally:
         for h in hooks:
             h.remove()
-        baseline.train(was)
     heads = [o for _, _, o, _ in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == x.shape[0]]
     if not heads:
         return None

@@ -131,3 +131,35 @@ def test_isolation_is_reported_per_layer(units):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, units), torch.nn.ReLU(), torch.nn.Linear(units, 3))
     result = inspect_model(model, batch=(torch.randn(16, 12), torch.arange(16) % 3))
     assert set(result.checks["isolation"]["layers"]) == {"1", "3"} and result.ok
+
+
+def _bins_behind_batchnorm(rows=64, features=12, seed=0):
+    """Robbing the Fed's bins on a BatchNorm-normalised input: every row measures feature 0, with cut-offs
+    at quantiles of N(0, 1), which is what that feature is after normalising with the batch's statistics.
+    The server also sets the running variance huge, so in eval mode every sample normalises to ~0 and
+    falls in one bin: the batch looks benign to a check that runs in eval mode."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(features), torch.nn.Linear(features, rows),
+                                torch.nn.ReLU(), torch.nn.Linear(rows, 3))
+    with torch.no_grad():
+        model[2].weight.zero_()
+        model[2].weight[:, 0] = 1.0
+        model[2].bias.copy_(-torch.distributions.Normal(0.0, 1.0).icdf(torch.linspace(0.02, 0.98, rows)))
+        model[4].weight.copy_(model[4].weight[:, :1].expand(3, rows))  # shared classifier columns: bins subtract
+        model[1].running_var.fill_(1e10)
+    return model
+
+
+def test_the_batch_checks_see_batchnorm_as_the_client_trains_it():
+    """The client trains with the batch's statistics: the checks do too, so running statistics chosen to
+    hide the bins in eval mode hide nothing, and the client's own buffers are left as they were."""
+    model = _bins_behind_batchnorm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(32, 12, generator=g), torch.arange(32) % 3)
+    result = inspect_model(model, batch=batch)
+    assert result.checks["isolation"]["layers"]["2"]["isolated"] >= 16  # most of the batch, one per bin
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.training
+    model.eval()  # what the checks saw before: one bin for all, nothing isolated
+    with torch.no_grad():
+        assert int((model[:3](batch[0]) > 0).float().std(0).sum()) == 0
