@@ -182,7 +182,7 @@ class InstaHide(_InputEncoding):
             if self._public_tensor is None and self.config.public is None:
                 raise ConfigError("instahide.public: mode 'inter' needs a public dataset (an .npz path or a tensor)")
             if self._public_tensor is None:
-                self._public_tensor = _load_public(self.config.public)
+                self._public_tensor = load_public(self.config.public)
             self._check_public()
 
     def _check_public(self) -> None:
@@ -207,7 +207,7 @@ class InstaHide(_InputEncoding):
         return encoded, labels
 
 
-def _load_public(path: str) -> Tensor:
+def load_public(path: str) -> Tensor:
     """The public images of Inter-InstaHide from an .npz with a numeric array 'x' (no pickle): one line naming
     ``instahide.public`` for a missing file, a file that is not an npz, object arrays or no 'x'."""
     from pathlib import Path

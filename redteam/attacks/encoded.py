@@ -41,13 +41,13 @@ def public_set(encoding: dict) -> Tensor:
     """The public images of an Inter-InstaHide configuration (its ``public`` .npz, read as the client reads
     it); ``ConfigError`` naming ``instahide.public`` when the configuration names none (a public set given
     to the defense as a tensor: pass it to ``decode`` yourself)."""
-    from guardfl.defenses.encoding import _load_public
+    from guardfl.defenses.encoding import load_public
     from guardfl.errors import ConfigError
 
     if not encoding.get("public"):
         raise ConfigError("instahide.public: the configuration names no public .npz (the set was given as a tensor), "
                           "so threat.public_data: 'known' has no public set to read; pass public= to decode")
-    return _load_public(encoding["public"])
+    return load_public(encoding["public"])
 
 
 def encoded_range(encoding: dict, input_range: tuple[float, float]) -> tuple[float, float]:

@@ -45,9 +45,9 @@ def _flat(obs):
 
 
 def _public_tensor(path):
-    from guardfl.defenses.encoding import _load_public
+    from guardfl.defenses.encoding import load_public
 
-    return _load_public(path)
+    return load_public(path)
 
 
 SEEDED = {
