@@ -145,8 +145,9 @@ class Outpost(Defense):
         """``_apply_`` for N clients at once: one coin per client (Algorithm 1, line 6), then per layer
         and client the same masks (the ``prune`` smallest and the ``phi`` largest of the ORIGINAL
         magnitudes, ties by position) and N(0, (lambda * Var(w))^2) noise on the latter; ``Var(w)`` per
-        client when each has its own weights (FedAvg), else shared. Each noised entry gets an independent
-        draw, as in ``outpost_layer_`` (which draws only the ``phi`` share it needs)."""
+        client when each has its own weights (FedAvg), else shared. The noise is drawn as ``outpost_layer_``
+        draws it: only for the clients whose coin fired, only the ``phi`` share, in position order; so one
+        client seeded like a client's Outpost draws the same stream (the red team's seeded tests)."""
         c = self.config
         n = grads[0].shape[0]
         fire = None
@@ -163,8 +164,14 @@ class Outpost(Defense):
             m_noise = cover_count(c.phi, size)
             if m_noise and c.noise > 0:
                 top = largest_k_mask_rows(magnitude, m_noise)
-                noise = torch.randn(rows.shape, generator=self.generator(g.device), dtype=g.dtype, device=g.device)
-                defended.add_(noise.mul_(top).mul_(std.to(g.dtype)[:, None]))
+                active = torch.arange(n) if fire is None else fire.nonzero().flatten()
+                if len(active):
+                    active = active.to(g.device)
+                    values = torch.randn(len(active), m_noise, generator=self.generator(g.device), dtype=g.dtype,
+                                         device=g.device)
+                    noise = torch.zeros_like(rows)
+                    noise[active] = torch.zeros_like(rows[active]).masked_scatter_(top[active], values)
+                    defended.add_(noise.mul_(std.to(g.dtype)[:, None]))
             if fire is not None:
                 defended = torch.where(fire.to(g.device)[:, None], defended, rows)
             g.copy_(defended.view_as(g))

@@ -57,6 +57,7 @@ SEEDED = {
     "mixup": {"kind": "mixup", "k": 2, "seed": 3},
     "instahide-intra": {"kind": "instahide", "k": 2, "seed": 3},
     "soteria": {"kind": "soteria", "prune": 0.5},
+    "outpost": {"kind": "outpost", "seed": 9},
     "graddefense": {"kind": "graddefense", "seed": 7},
     "dpsgd+gradprune+soteria": {"kind": "stack", "seed": 11, "defenses": [
         {"kind": "dpsgd", "noise_multiplier": 0.5, **NO_POISSON}, {"kind": "gradprune", "ratio": 0.5}, {"kind": "soteria"}]},
