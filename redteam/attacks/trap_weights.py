@@ -31,6 +31,19 @@ on the flattened input, followed by an ``nn.ReLU`` and an ``nn.Linear(U -> K)`` 
 - ``boost``: the trapped rows' classifier columns made that many times larger than the honest ones, so
   their gradients are too: a defense that keeps a layer's largest entries (GradPrune, Outpost) keeps the
   trap's (the attacker knows the defense's configuration).
+- ``cuts: middle`` (with ``rows``; built against SEER's D-SNR check, ``inspect_model(...,
+  disaggregation=True)``, which refuses a model when one sample's weight gradient exceeds 2 times all the
+  others' in a layer): boosted rows at the top of the measurement give 1000x gradients to the few samples
+  above the cuts, and one of them can dominate the layer (D-SNR 2.2 to 630 measured on FC-2, CIFAR-10
+  and LFW batches of 64). Instead the ``rows`` cuts sit around the median, spaced ``1 / (B + 1)`` in
+  quantile (one sample per bin on average), so that every sample above the lowest cut, about half the
+  batch, fires the boosted rows: the boosted gradient is spread over ~B/2 samples and D-SNR stays near
+  ``sqrt(rows) / (B / 2)`` (measured 0.03-0.21), while the difference of two adjacent rows still holds the
+  samples of one bin alone. The trapped rows are scaled by ``1 / boost``, so that their activations (and
+  the logits of the half of the batch that fires them) stay those of an honest-magnitude unit; the gradient
+  into the rows does not depend on their scale. The top row (every sample above the highest cut) is no
+  bin and gives no candidate. The isolation check still counts the bins' samples: ``rows`` of 4 to 6 keep
+  that count near the honest model's on batches of 64 (it compares counts, not which samples).
 
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
