@@ -279,6 +279,7 @@ def write_report(cert: Certificate, out: Path) -> None:
         refused = [r for r in tried if r.get("info", {}).get("refused")]
         if (cert.config.get("client") or {}).get("inspect"):
             names = sorted({r["attack"] + (f" (rows {r['budget']['rows']})" if r["budget"].get("rows") else "")
+                            + (f" (cuts {r['budget']['cuts']})" if r["budget"].get("cuts") else "")
                             + (" (disguised)" if r["budget"].get("disguise") else "") for r in refused})
             encoding_html += (f"<p><b>The client inspects</b> every model it receives (<code>guardfl.inspect_model</code>, "
                               f"strict, with its own batch and model; {html.escape(inspection_line(cert))}): {len(refused)} of "
