@@ -132,6 +132,7 @@ def train(
     max_steps: int | None = None,
     state_key: str = STATE_KEY,
     inspect: bool | str = False,
+    inspect_disaggregation: bool = False,
 ) -> Message:
     """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply.
 
@@ -140,14 +141,16 @@ def train(
     ok gets an error reply (``MOD_FAILED_PRECONDITION``) naming the reasons: nothing is trained, nothing
     sent, ``model`` and the client state are untouched. With inspection on, arrays that do not convert
     to tensors, a first batch the model cannot run on (``ConfigError`` naming ``batch``) and any other
-    error while inspecting also come back as that error reply (fail closed), never as an exception."""
+    error while inspecting also come back as that error reply (fail closed), never as an exception.
+    ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check (``local_update``)."""
     key, record = received_arrays(msg)
-    if not _inspect_mode(inspect):
+    if not _inspect_mode(inspect, inspect_disaggregation):
         received = record.to_torch_state_dict()
     else:
         try:
             received = record.to_torch_state_dict()
-            inspect_received(getattr(model, "_module", model), loader, received=received)
+            inspect_received(getattr(model, "_module", model), loader, received=received,
+                             disaggregation=inspect_disaggregation)
         except MaliciousModelError as err:
             return _error_reply(msg, f"guardfl inspect_model: {err}")
         except Exception as err:  # noqa: BLE001 - fail closed: a model that cannot be inspected is not trained

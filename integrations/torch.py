@@ -105,12 +105,21 @@ class LocalUpdate:
     gradient: dict[str, Tensor] | None = None
 
 
-def _inspect_mode(inspect: bool | str) -> bool:
+def _inspect_mode(inspect: bool | str, disaggregation: bool = False) -> bool:
+    """Whether to inspect (``inspect``: False, True or "strict", the same as True); ``disaggregation``
+    (``inspect_disaggregation``: SEER's D-SNR check) must be a bool and needs inspection on."""
     if inspect is True or inspect is False:
-        return inspect
-    if inspect == "strict":
-        return True
-    raise ConfigError(f"inspect: expected False, True or 'strict' (got {inspect!r})")
+        on = inspect
+    elif inspect == "strict":
+        on = True
+    else:
+        raise ConfigError(f"inspect: expected False, True or 'strict' (got {inspect!r})")
+    if disaggregation is not True and disaggregation is not False:
+        raise ConfigError(f"inspect_disaggregation: expected False or True (got {disaggregation!r})")
+    if disaggregation and not on:
+        raise ConfigError("inspect_disaggregation: True adds a check to the inspection, but inspect is False: "
+                          "set inspect=True, or inspect_disaggregation=False")
+    return on
 
 
 def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
@@ -129,17 +138,20 @@ def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
     return None
 
 
-def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, received: Any = None) -> Inspection:
+def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, received: Any = None, *,
+                     disaggregation: bool = False) -> Inspection:
     """``inspect_model`` on the model a client received (``received``: its state dict when it is not yet
     loaded into ``model``, which is then the reference architecture), with the loader's first batch;
+    ``disaggregation``: SEER's D-SNR check too (``inspect_model(..., disaggregation=True)``, train mode);
     raises ``MaliciousModelError`` naming the reasons when it is not ok, ``ConfigError`` (naming
     ``batch``) when the model cannot run on the loader's first batch. Without a usable first batch the
     weights alone are checked and ``checks["batch"]`` says why the batch checks were skipped."""
     batch = first_batch(loader)
     if received is None:
-        result = inspect_model(model, reference, batch=batch, strict=True)
+        result = inspect_model(model, reference, batch=batch, strict=True, disaggregation=disaggregation)
     else:
-        result = inspect_model(received, model if reference is None else reference, batch=batch, strict=True)
+        result = inspect_model(received, model if reference is None else reference, batch=batch, strict=True,
+                               disaggregation=disaggregation)
     if batch is None:
         result.checks["batch"] = {"skipped": "no usable first batch: the loader is a one-shot iterator, is empty, "
                                              "or its first batch is not (x, y) with one class label per sample"}
@@ -158,6 +170,7 @@ def local_update(
     num_classes: int | None = None,
     max_steps: int | None = None,
     inspect: bool | str = False,
+    inspect_disaggregation: bool = False,
 ) -> LocalUpdate:
     """Train ``model`` (in place, train mode) for ``epochs`` over ``loader`` with ``defense`` and return the
     defended update.
@@ -173,6 +186,9 @@ def local_update(
     reasons, the model untouched. There is no warn-and-train mode: the update of a malicious model is
     what leaks, and a client that trained on one has nothing safe to send. The architecture is the
     client's own (the received state was loaded into ``model``, which refuses other names and shapes).
+    ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check (``inspect_model(...,
+    disaggregation=True)``: the model in train mode, per-sample weight gradients; one backward pass per
+    sample on models with batch norm); a ``ConfigError`` without ``inspect``.
 
     Fail closed: when a defense acts, every state entry that training changed must be one of the
     optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer
@@ -180,7 +196,8 @@ def local_update(
     pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
     """
     check_round_args(epochs, max_steps, make_optimizer)
-    inspection = inspect_received(model, loader) if _inspect_mode(inspect) else None
+    on = _inspect_mode(inspect, inspect_disaggregation)
+    inspection = inspect_received(model, loader, disaggregation=inspect_disaggregation) if on else None
     state = state or ClientState()
     result = client_round(model, loader, make_optimizer, defense, epochs=epochs, round_index=state.rounds,
                           privacy_state=state.privacy, loss_fn=loss_fn, num_classes=num_classes, max_steps=max_steps)

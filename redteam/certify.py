@@ -36,6 +36,7 @@ import torch
 import guardfl
 from guardfl.defenses import from_config, untouched_layers
 from guardfl.errors import ConfigError, GuardflError
+from guardfl.inspect import DSNR_MIN_BATCH, DSNR_THRESHOLD
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
 from guardfl.redteam import allocator, evidence, metrics, privacy
@@ -758,7 +759,8 @@ class _AttackRunner:
         """The simulated client of this batch as a malicious server reaches it (its private batch, the
         configured defense, the protocol and mode it was observed with)."""
         return ClientQuery(x, y, self.setting.defense_config, obs.protocol, input_range=obs.input_range,
-                           train_mode=obs.train_mode, inspect=self.cfg.client.inspect, reference=self.setting.model)
+                           train_mode=obs.train_mode, inspect=self.cfg.client.inspect, reference=self.setting.model,
+                           disaggregation=self.cfg.client.inspect_disaggregation)
 
 
 class _StateCache(PreparedCache):
@@ -1097,8 +1099,29 @@ class _BatchSource:
             kind = "clientapp" if self.target.clientapp else "nvflare" if self.target.nvflare else "train_fn"
             note = ("the red team ran the user's own client code; the configured defense is what the attacker "
                     "is told the client runs (the client applies its own)")
-        return {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn or self.target.nvflare), "note": note,
-                "batches": {str(b): r for b, r in sorted(self._runs.items())}}
+        out = {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn or self.target.nvflare), "note": note,
+               "batches": {str(b): r for b, r in sorted(self._runs.items())}}
+        if self.target is None and self.cfg.client.inspect:
+            out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation)
+        return out
+
+
+def inspection_summary(disaggregation: bool) -> dict[str, Any]:
+    """What an inspecting simulated client runs on every model a malicious server sends (the certificate's
+    ``client.inspection``): ``inspect_model``, strict, with the honest global model as the reference and its
+    own first batch; the checks, and the opt-in check left out when it is."""
+    checks = ["architecture", "imprint", "class_fishing", "gradient_concentration", "isolation"]
+    summary: dict[str, Any] = {"function": "guardfl.inspect_model", "strict": True,
+                               "reference": "the honest global model", "batch": "the client's first batch",
+                               "disaggregation": disaggregation}
+    if disaggregation:
+        checks.append("disaggregation")
+        summary["disaggregation_rule"] = (f"SEER's D-SNR (Garov et al. 2024), train mode: refused above {DSNR_THRESHOLD:g} "
+                                          f"on batches of {DSNR_MIN_BATCH} or more")
+    else:
+        summary["not_run"] = ["disaggregation (SEER's D-SNR, opt-in: client.inspect_disaggregation: true)"]
+    summary["checks"] = checks
+    return summary
 
 
 def _load_job(state: StateFolder, job: str):

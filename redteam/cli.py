@@ -157,6 +157,13 @@ def run(args: argparse.Namespace) -> int:
         pv = cert.privacy
         print(f"  [info] DP-SGD spends epsilon {pv['epsilon']:.3g} at delta {pv['delta']:g} (noise multiplier "
               f"{pv['noise_multiplier']:.3g}, sample rate {pv['sample_rate']:.3g}, {pv['epochs']} epochs)")
+    if (cert.client or {}).get("inspection"):
+        from guardfl.redteam.report import inspection_line
+
+        server = [r for r in cert.results if r.get("threat", {}).get("server") == "malicious"]
+        refused = sum(1 for r in server if (r.get("info") or {}).get("refused"))
+        print(f"  [info] the client inspects every received model ({inspection_line(cert)}): refused {refused} of "
+              f"{len(server)} malicious-server runs")
     for w in cert.warnings:
         print(f"  [warn] {w}")
     skipped = [a for a in cert.attacks if a["status"] == "not applicable"]

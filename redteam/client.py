@@ -241,17 +241,20 @@ class ClientQuery:
     ``inspect=True``: the client checks every received model first, as ``local_update(inspect=True)`` does:
     ``guardfl.inspect_model`` with ``reference`` (the architecture it expects: the honest global model) and
     its first batch (``(x, y)`` of its first local step); a model that is not ok raises ``ModelRefused``
-    (nothing trained, nothing sent) and is counted in ``refused``."""
+    (nothing trained, nothing sent) and is counted in ``refused``. ``disaggregation=True``: the inspection
+    adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``, train mode)."""
 
     def __init__(self, inputs: Tensor, labels: Tensor, defense_config: dict | None, protocol: Protocol,
                  *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
-                 inspect: bool = False, reference: nn.Module | None = None) -> None:
+                 inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False) -> None:
         if inspect and reference is None:
             raise ConfigError("client.inspect: the client needs its reference model (the honest global model) to inspect")
+        if disaggregation and not inspect:
+            raise ConfigError("client.inspect_disaggregation: true adds a check to the client's inspection, but inspect is false")
         self._inputs, self._labels = inputs, labels
         self.defense_config, self.protocol = defense_config, protocol
         self.input_range, self.train_mode = tuple(input_range), train_mode
-        self.inspect, self.reference = inspect, reference
+        self.inspect, self.reference, self.disaggregation = inspect, reference, disaggregation
         self.num_samples = int(inputs.shape[0])
         self.input_shape = tuple(inputs.shape[1:])
         self.queries = 0
@@ -261,7 +264,8 @@ class ClientQuery:
         self.queries += 1
         if self.inspect:
             first = self.protocol.batch_size if isinstance(self.protocol, FedAvg) else self.num_samples
-            inspection = inspect_model(model, self.reference, batch=(self._inputs[:first], self._labels[:first]))
+            inspection = inspect_model(model, self.reference, batch=(self._inputs[:first], self._labels[:first]),
+                                       disaggregation=self.disaggregation)
             if not inspection.ok:
                 self.refused += 1
                 raise ModelRefused(inspection.reasons)

@@ -124,8 +124,20 @@ class ClientSection(StrictModel):
     #: is not ok: a malicious server's refused model gets nothing. Only what a malicious-server attack
     #: sends is inspected (an honest server's model is the honest one)
     inspect: bool = False
+    #: with ``inspect``: the inspection adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``,
+    #: Garov et al. 2024: the model in train mode on the client's first batch, per-sample weight-gradient
+    #: norms, refused above ``DSNR_THRESHOLD`` = 2 on batches of 8 or more), as
+    #: ``local_update(..., inspect=True, inspect_disaggregation=True)`` runs it
+    inspect_disaggregation: bool = False
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
+
+    @model_validator(mode="after")
+    def _disaggregation_inspects(self) -> "ClientSection":
+        if self.inspect_disaggregation and not self.inspect:
+            raise ValueError("inspect_disaggregation: true adds a check to the client's inspection, but inspect is false: "
+                             "set inspect: true, or remove inspect_disaggregation")
+        return self
 
     @model_validator(mode="after")
     def _fedavg_fields(self) -> "ClientSection":

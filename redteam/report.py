@@ -83,6 +83,17 @@ def _png(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+def inspection_line(cert) -> str:
+    """The checks an inspecting client ran, and what SEER's D-SNR check (opt-in) refused, in words."""
+    info = (cert.client or {}).get("inspection") or {}
+    checks = info.get("checks") or []
+    if not (cert.config.get("client") or {}).get("inspect_disaggregation"):
+        return f"checks: {', '.join(checks) or 'the defaults'}; disaggregation (SEER's D-SNR, opt-in) not run"
+    dsnr = [r for r in cert.results if "disaggregation:" in str((r.get("info") or {}).get("refused", ""))]
+    return (f"checks: {', '.join(checks)}; the disaggregation check ({info.get('disaggregation_rule', 'D-SNR')}) "
+            f"was among the reasons of {len(dsnr)} refused run(s)")
+
+
 def _fmt(v) -> str:
     if v is None:
         return "n/a"
@@ -268,10 +279,12 @@ def write_report(cert: Certificate, out: Path) -> None:
         refused = [r for r in tried if r.get("info", {}).get("refused")]
         if (cert.config.get("client") or {}).get("inspect"):
             names = sorted({r["attack"] + (f" (rows {r['budget']['rows']})" if r["budget"].get("rows") else "")
+                            + (f" (cuts {r['budget']['cuts']})" if r["budget"].get("cuts") else "")
                             + (" (disguised)" if r["budget"].get("disguise") else "") for r in refused})
             encoding_html += (f"<p><b>The client inspects</b> every model it receives (<code>guardfl.inspect_model</code>, "
-                              f"strict, with its own batch and model): {len(refused)} of {len(tried)} malicious-server attack runs "
-                              f"refused (nothing sent{': ' + html.escape(', '.join(names)) if names else ''}); the others "
+                              f"strict, with its own batch and model; {html.escape(inspection_line(cert))}): {len(refused)} of "
+                              f"{len(tried)} malicious-server attack runs refused (nothing sent"
+                              f"{': ' + html.escape(', '.join(names)) if names else ''}); the others "
                               "passed the inspection and were attacked (their rows in the tables below).</p>")
     prep_html = ""
     if cert.preparations:

@@ -31,6 +31,19 @@ on the flattened input, followed by an ``nn.ReLU`` and an ``nn.Linear(U -> K)`` 
 - ``boost``: the trapped rows' classifier columns made that many times larger than the honest ones, so
   their gradients are too: a defense that keeps a layer's largest entries (GradPrune, Outpost) keeps the
   trap's (the attacker knows the defense's configuration).
+- ``cuts: middle`` (with ``rows``; built against SEER's D-SNR check, ``inspect_model(...,
+  disaggregation=True)``, which refuses a model when one sample's weight gradient exceeds 2 times all the
+  others' in a layer): boosted rows at the top of the measurement give 1000x gradients to the few samples
+  above the cuts, and one of them can dominate the layer (D-SNR 2.2 to 630 measured on FC-2, CIFAR-10
+  and LFW batches of 64). Instead the ``rows`` cuts sit around the median, spaced ``1 / (B + 1)`` in
+  quantile (one sample per bin on average), so that every sample above the lowest cut, about half the
+  batch, fires the boosted rows: the boosted gradient is spread over ~B/2 samples and D-SNR stays near
+  ``sqrt(rows) / (B / 2)`` (measured 0.03-0.21), while the difference of two adjacent rows still holds the
+  samples of one bin alone. The trapped rows are scaled by ``1 / boost``, so that their activations (and
+  the logits of the half of the batch that fires them) stay those of an honest-magnitude unit; the gradient
+  into the rows does not depend on their scale. The top row (every sample above the highest cut) is no
+  bin and gives no candidate. The isolation check still counts the bins' samples: ``rows`` of 4 to 6 keep
+  that count near the honest model's on batches of 64 (it compares counts, not which samples).
 
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
@@ -45,9 +58,10 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
@@ -119,13 +133,27 @@ def top_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple
     return torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)).icdf(q)
 
 
+def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """``rows`` increasing cut-offs around the median of ``<direction, x>``: quantiles
+    ``0.5 + (j - (rows - 1) / 2) / (samples + 1)``, so that each bin between two adjacent cuts holds one
+    sample of a batch of ``samples`` on average and the lowest cut lets about half of the batch through."""
+    q = (0.5 + (torch.arange(rows, dtype=torch.float64) - (rows - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
+    if measure is not None and measure.numel() >= 2:
+        return torch.cummax(torch.quantile(measure.double(), q) + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
+    lo, hi = input_range
+    mean = (lo + hi) / 2 * float(direction.sum())
+    std = max((hi - lo) / math.sqrt(12) * float(direction.norm()), 1e-12)
+    return torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)).icdf(q)
+
+
 def craft(model: nn.Module, layers: tuple[str, nn.Linear, str, nn.Linear], input_shape: tuple[int, ...],
           aux: Tensor | None, chains: int, column_noise: float, input_range: tuple[float, float],
           gen: torch.Generator, rows: int | None = None, samples: int = 1,
-          boost: float = 1.0) -> tuple[nn.Module, list[Tensor], str, str]:
+          boost: float = 1.0, cuts: str = "top") -> tuple[nn.Module, list[Tensor], str, str]:
     """The trapped model (a deep copy), the rows of each chain in cut-off order, and the names of the
-    first layer's weight and bias. ``rows``: rows per chain at the top of the measurement (the other
-    rows keep their honest weights); None: the whole layer, ``U // chains`` rows per chain."""
+    first layer's weight and bias. ``rows``: rows per chain at the top of the measurement (``cuts="top"``)
+    or around its median (``cuts="middle"``: the rows also scaled by ``1 / boost``), the other rows keep
+    their honest weights; None: the whole layer, ``U // chains`` rows per chain."""
     sent = copy.deepcopy(model)
     first_name, _, second_name, _ = layers
     modules = dict(sent.named_modules())
@@ -142,11 +170,18 @@ def craft(model: nn.Module, layers: tuple[str, nn.Linear, str, nn.Linear], input
             m = torch.randn(d, generator=gen, dtype=torch.float64)
             m /= m.norm()
             measure = None if aux is None else aux.flatten(1).double() @ m
-            cuts = quantile_cuts(measure, k, input_range, m) if rows is None else top_cuts(measure, k, samples, input_range, m)
+            if rows is None:
+                cut = quantile_cuts(measure, k, input_range, m)
+            elif cuts == "middle":
+                cut = middle_cuts(measure, k, samples, input_range, m)
+            else:
+                cut = top_cuts(measure, k, samples, input_range, m)
             scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+            if rows is not None and cuts == "middle":
+                scale = scale / boost  # half the batch fires these rows: their activations (and logits) stay honest
             chain = order[c * k:(c + 1) * k]
             first.weight[chain] = (scale[:, None] * m[None, :]).to(first.weight.dtype)
-            first.bias[chain] = (-scale * cuts).to(first.bias.dtype)
+            first.bias[chain] = (-scale * cut).to(first.bias.dtype)
             column = torch.randn(second.out_features, generator=gen, dtype=torch.float64)
             column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
             noise = 1 + column_noise * torch.randn(second.out_features, k, generator=gen, dtype=torch.float64)
@@ -156,10 +191,13 @@ def craft(model: nn.Module, layers: tuple[str, nn.Linear, str, nn.Linear], input
 
 
 def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, input_shape: tuple[int, ...],
-            input_range: tuple[float, float], min_mass: float) -> tuple[Tensor, int]:
+            input_range: tuple[float, float], min_mass: float, top_row: bool = True) -> tuple[Tensor, int]:
     """Candidates from every chain's adjacent row differences (see the module docstring): ``samples``
-    images and the number of bins that held one."""
+    images and the number of bins that held one. ``top_row=False``: a chain's last row is no bin (it
+    holds every sample above it: ``cuts="middle"``)."""
     parts = [bin_differences(weight[rows], bias[rows]) for rows in chains]
+    if not top_row:
+        parts = [(dw[:-1], db[:-1]) for dw, db in parts]
     return candidates(torch.cat([dw for dw, _ in parts]), torch.cat([db for _, db in parts]), input_shape, samples,
                       input_range, min_mass)
 
@@ -175,7 +213,18 @@ class TrapWeightsConfig(AttackConfig):
     #: gradients as many times larger, so that a defense that keeps the largest entries of a layer
     #: (GradPrune, Outpost's pruning) keeps theirs
     boost: float = Field(default=1.0, ge=1.0, le=1e6, json_schema_extra={"allowed": "in [1, 1e6]"})
+    #: where the ``rows`` cut the measurement: "top" (one sample per bin on average, the top row one sample
+    #: too) or "middle" (around the median: every sample above the lowest cut, about half the batch, sends
+    #: the boosted gradient, so that no one sample dominates the layer: adapted to the D-SNR check)
+    cuts: Literal["top", "middle"] = Field(default="top", json_schema_extra={"allowed": "'top' or 'middle' (with rows)"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
+
+    @model_validator(mode="after")
+    def _cuts_need_rows(self) -> "TrapWeightsConfig":
+        if self.cuts != "top" and self.rows is None:
+            raise ValueError(f"cuts: {self.cuts!r} places a small trap's rows, but rows is null (the whole layer is cut at "
+                             "quantiles): set rows, or remove cuts")
+        return self
 
 
 @register
@@ -206,12 +255,12 @@ class TrapWeights(ServerAttack):
         chains = min(c.chains, layers[1].out_features // 2)
         aux = None if threat.aux is None else threat.aux.images
         sent, rows, wname, bname = craft(setting.model, layers, shape, aux, chains, c.column_noise,
-                                         setting.input_range, gen, c.rows, n, c.boost)
+                                         setting.input_range, gen, c.rows, n, c.boost, c.cuts)
         observation = client(sent)
         images, found = recover(observation.update[wname], observation.update[bname], rows, n, shape,
-                                setting.input_range, c.min_mass)
+                                setting.input_range, c.min_mass, top_row=c.rows is None or c.cuts == "top")
         labels, source = server_labels(observation, setting, threat)
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in rows), "candidates": found,
-            "layer": wname.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": c.boost,
+            "layer": wname.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": c.boost, "cuts": c.cuts if c.rows else "quantiles",
             "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": sent})

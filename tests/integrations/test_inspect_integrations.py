@@ -58,6 +58,36 @@ def test_local_update_inspect_must_be_a_known_mode():
         local_update(net(), DataLoader(DATA, batch_size=8), sgd, inspect="warn")
 
 
+def dsnr_only(seed=0):
+    """Disguised class fishing on label 1, the one sample of label 1 in the loader's first batch: it passes
+    every default check and only SEER's D-SNR (62 > 2) refuses it."""
+    from guardfl.redteam.attacks.fishing import fishing_model
+
+    return fishing_model(net(seed), 3, 1, 50.0, disguise=True)
+
+
+def test_local_update_inspect_disaggregation_adds_the_dsnr_check():
+    result = local_update(dsnr_only(), DataLoader(DATA, batch_size=8), sgd, inspect=True)
+    assert result.inspection.ok and "disaggregation" not in result.inspection.checks  # off by default: trained
+    model = dsnr_only()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(MaliciousModelError) as info:
+        local_update(model, DataLoader(DATA, batch_size=8), sgd, inspect=True, inspect_disaggregation=True)
+    assert [r.split(":")[0] for r in info.value.reasons] == ["disaggregation"] and same(before, model.state_dict())
+    benign = local_update(net(), DataLoader(DATA, batch_size=8), sgd, inspect="strict", inspect_disaggregation=True)
+    assert benign.inspection.checks["disaggregation"]["judged"] and benign.inspection.checks["disaggregation"]["max"] < 2
+
+
+@pytest.mark.parametrize("inspect, flag, match", [
+    (False, True, r"^inspect_disaggregation: True adds a check to the inspection, but inspect is False"),
+    (True, "yes", r"^inspect_disaggregation: expected False or True"),
+])
+def test_local_update_inspect_disaggregation_needs_inspection_and_a_bool(inspect, flag, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        local_update(net(), DataLoader(DATA, batch_size=8), sgd, inspect=inspect, inspect_disaggregation=flag)
+    assert len(str(info.value).splitlines()) == 1
+
+
 # -- Flower ----------------------------------------------------------------------------------------------------
 flwr = pytest.importorskip("flwr")
 
@@ -72,14 +102,14 @@ def context():
     return Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
 
 
-def inspected_app(model, mods=(), inspect=True):
+def inspected_app(model, mods=(), inspect=True, **kw):
     app = ClientApp(mods=list(mods))
     calls = []
 
     @app.train()
     def train(msg, ctx):
         calls.append(1)
-        return gf.train(msg, ctx, model, DataLoader(DATA, batch_size=8), sgd, GradPrune(0.5), inspect=inspect)
+        return gf.train(msg, ctx, model, DataLoader(DATA, batch_size=8), sgd, GradPrune(0.5), inspect=inspect, **kw)
 
     return app, calls
 
@@ -99,6 +129,18 @@ def test_train_helper_names_an_inserted_module_instead_of_failing_to_load():
     imprinted = M.with_imprint(net(), in_shape=(1, 4, 4), bins=16)
     reply = app(gf.train_message(imprinted.state_dict()), context())
     assert reply.has_error() and "architecture:" in reply.error.reason and "imprint:" in reply.error.reason
+
+
+def test_train_helper_inspect_disaggregation_refuses_what_only_dsnr_sees():
+    received = dsnr_only().state_dict()
+    app, _ = inspected_app(net())
+    assert not app(gf.train_message(received), context()).has_error()  # D-SNR off: trained and sent
+    model, ctx = net(), context()
+    before = copy.deepcopy(model.state_dict())
+    app, _ = inspected_app(model, inspect_disaggregation=True)
+    reply = app(gf.train_message(received), ctx)
+    assert reply.has_error() and "disaggregation: sample" in reply.error.reason and "D-SNR > 2" in reply.error.reason
+    assert same(before, model.state_dict()) and gf.STATE_KEY not in ctx.state.config_records
 
 
 def test_train_helper_trains_a_benign_model_with_inspection_on():

@@ -258,6 +258,20 @@ def test_trainer_refuses_a_malicious_model_before_training():
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()) and trainer.state.rounds == 0
 
 
+def test_trainer_inspect_disaggregation_refuses_what_only_dsnr_sees():
+    from guardfl.redteam.attacks.fishing import fishing_model
+
+    fished = fishing_model(net(), 3, 1, 50.0, disguise=True)  # label 1 has one sample in the first batch
+    plain = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True)
+    plain.train(fl_model(fished), DataLoader(DATA, batch_size=8))  # D-SNR off: every default check passes
+    trainer = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True, inspect_disaggregation=True)
+    with pytest.raises(MaliciousModelError, match="disaggregation: sample"):
+        trainer.train(fl_model(fished), DataLoader(DATA, batch_size=8))
+    assert trainer.state.rounds == 0
+    with pytest.raises(ConfigError, match="^inspect_disaggregation: True adds a check"):
+        gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect_disaggregation=True)
+
+
 def test_trainer_refuses_bad_input_at_construction_and_diff_models():
     with pytest.raises(ConfigError, match="unknown kind"):
         gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), "nope")

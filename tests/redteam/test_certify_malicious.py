@@ -114,3 +114,41 @@ def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishi
         FishingConfig(disguise=True)
     with pytest.raises(ValueError, match="beta"):
         FishingConfig(disguise=True, strategy="class", beta=1000.0)
+
+
+def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_it(tmp_path, capsys):
+    """configs/malicious-adaptive-dsnr.yaml: a client that inspects with SEER's D-SNR check on
+    (client.inspect_disaggregation) and prunes its gradient; the certificate states the check, the boosted
+    trap at the top of the measurement is refused by it, the boosted trap around the median passes every
+    check and reads faces exactly through GradPrune 0.9."""
+    assert main(["redteam", "--config", str(CONFIGS / "malicious-adaptive-dsnr.yaml"), "--out", str(tmp_path),
+                 "--quiet", "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "[info] the client inspects every received model" in out and "disaggregation (SEER's D-SNR" not in out
+    assert "the disaggregation check (SEER's D-SNR (Garov et al. 2024), train mode: refused above 2" in out
+    cert = __import__("json").loads((tmp_path / "certificate.json").read_text())
+    assert cert["verdict"] == "NOT CERTIFIED" and cert["config"]["client"]["inspect_disaggregation"] is True
+    assert cert["client"]["inspection"]["disaggregation"] and "disaggregation" in cert["client"]["inspection"]["checks"]
+    by = {(r["attack"], r["budget"].get("cuts", "top")): r for r in cert["results"]}
+    assert by[("robbing_the_fed", "top")]["info"]["refused"].startswith("architecture:")
+    assert by[("trap_weights", "top")]["info"]["refused"].startswith("disaggregation:")
+    middle = by[("trap_weights", "middle")]
+    assert "refused" not in middle["info"] and middle["recovered"]["exact"] >= 1
+    assert "disaggregation" in (tmp_path / "report.html").read_text()
+
+
+def test_without_dsnr_the_certificate_says_it_was_not_run():
+    from guardfl.redteam.certify import inspection_summary
+
+    off = inspection_summary(False)
+    assert "disaggregation" not in off["checks"] and off["not_run"][0].startswith("disaggregation (SEER's D-SNR, opt-in")
+
+
+def test_inspect_disaggregation_without_inspection_is_one_line(tmp_path, capsys):
+    cfg = yaml.safe_load((CONFIGS / "malicious-adaptive-dsnr.yaml").read_text())
+    cfg["client"]["inspect"] = False
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "inspect_disaggregation: true adds a check" in err and "set inspect: true" in err

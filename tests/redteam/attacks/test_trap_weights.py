@@ -1,6 +1,8 @@
 """Trap weights (the adaptive malicious server of issue 34): Robbing the Fed's bins inside the honest first
 layer, disguised against inspect_model's weight checks; the client's inspection in ClientQuery."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -92,3 +94,60 @@ def test_inspection_needs_a_reference():
 def test_model_refused_names_the_reasons():
     err = ModelRefused(["isolation: a", "architecture: b"])
     assert err.reasons == ["isolation: a", "architecture: b"] and "isolation: a; architecture: b" in str(err)
+
+
+# -- adapted to SEER's D-SNR check (cuts: middle) ---------------------------------------------------------------
+PRUNE = {"kind": "gradprune", "ratio": 0.9}
+
+
+def dsnr_of(kw, seed, x, y, model, setting, threat):
+    rec = get("trap_weights", seed=seed, **kw).interrogate(ClientQuery(x, y, PRUNE, FedSGD()), setting, threat)
+    found = inspect_model(rec.info["malicious_model"], model, batch=(x, y), disaggregation=True)
+    return found.checks["disaggregation"]["max"], found
+
+
+def test_boosted_rows_at_the_top_let_one_sample_dominate_and_around_the_median_they_do_not():
+    """Boosted trap rows at the top of the measurement send a few samples' gradients 1000x: one of them can
+    carry more than twice all the others' (D-SNR > 2, refused); around the median half the batch fires the
+    boosted rows and no sample dominates (measured on FC-2 / CIFAR-10 batches of 64: 0.05-0.21)."""
+    model, setting, threat = setup()
+    setting = replace(setting, defense_config=PRUNE)
+    x, y = batch()
+    top = [dsnr_of(dict(chains=4, rows=2, boost=1000), s, x, y, model, setting, threat)[0] for s in range(3)]
+    middle = [dsnr_of(dict(chains=1, rows=4, boost=1000, cuts="middle"), s, x, y, model, setting, threat)[0] for s in range(3)]
+    assert max(top) > 2 and max(middle) < 0.5
+
+
+def test_the_middle_trap_passes_every_check_d_snr_included_and_reads_samples_through_gradprune():
+    model, setting, threat = setup()
+    setting = replace(setting, defense_config=PRUNE)
+    x, y = batch()
+    client = ClientQuery(x, y, PRUNE, FedSGD(), inspect=True, reference=model, disaggregation=True)
+    rec = get("trap_weights", seed=0, chains=1, rows=4, boost=1000, cuts="middle").interrogate(client, setting, threat)
+    assert "refused" not in rec.info and rec.info["cuts"] == "middle" and exact(rec, x) >= 1
+    sent = rec.info["malicious_model"].state_dict()["net.1.weight"]
+    assert int((sent == model.state_dict()["net.1.weight"]).all(dim=1).sum()) == 256 - 4  # the rest honest
+
+
+def test_the_middle_trap_reads_no_candidate_from_its_top_row():
+    """Its top row holds every sample above the highest cut (half the batch, less the bins): no bin."""
+    from guardfl.redteam.attacks.trap_weights import recover
+
+    w = torch.tensor([[3.0, 3.0], [2.0, 2.0], [1.0, 1.0]])  # rows in cut-off order: sums over nested sets
+    b = torch.tensor([3.0, 2.0, 1.0])
+    _, with_top = recover(w, b, [torch.arange(3)], 3, (2,), (0.0, 1.0), 1e-6)
+    _, without = recover(w, b, [torch.arange(3)], 3, (2,), (0.0, 1.0), 1e-6, top_row=False)
+    assert (with_top, without) == (3, 2)
+
+
+def test_cuts_need_rows_and_name_the_field():
+    with pytest.raises(ValueError, match=r"cuts: 'middle' places a small trap's rows, but rows is null"):
+        get("trap_weights", cuts="middle")
+    with pytest.raises(ValueError, match="cuts"):
+        get("trap_weights", rows=4, cuts="bottom")
+
+
+def test_a_client_query_with_dsnr_needs_inspection():
+    x, y = batch(4)
+    with pytest.raises(Exception, match="^client.inspect_disaggregation: true adds a check"):
+        ClientQuery(x, y, None, FedSGD(), disaggregation=True)
