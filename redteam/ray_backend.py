@@ -64,6 +64,7 @@ class RayStats:
     callbacks, which write the state folder: ``callback_seconds``)."""
 
     tasks: int = 0
+    puts: int = 0
     put_bytes: int = 0
     fetched_bytes: int = 0
     driver_seconds: float = 0.0
@@ -135,6 +136,7 @@ class RayJobs:
         running: dict[Any, tuple[str, Any]] = {}
 
         def put(value: bytes):
+            stats.puts += 1
             stats.put_bytes += len(value)
             with _sigint_deferred():
                 return ray.put(value)
