@@ -261,6 +261,18 @@ def _ray_task(context_ref: list, task: tuple, threads: int, app_dir: str | None)
         return pickle.dumps(_run_task(context, task))
 
 
+def inside_ray_task() -> bool:
+    """Whether this process runs a Ray task now (a sweep point on Ray): its certificate's jobs can then be
+    tasks of the same cluster. Never imports Ray."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return ray.get_runtime_context().get_task_id() is not None
+    except Exception:
+        return False
+
+
 def as_backend(backend: Any) -> RayJobs | None:
     """``certify``'s ``backend`` argument: None or 'processes' (this machine's processes, ``workers``),
     'ray' (Ray: the connected instance, else a new local one), or a :class:`RayJobs`."""
