@@ -123,3 +123,53 @@ def test_unreachable_address_and_bad_arguments_are_one_line(tmp_path, capsys):
             RayJobs(**bad)
     with pytest.raises(ConfigError, match="backend: expected"):
         as_backend("threads")
+
+
+@pytest.mark.parametrize("when", ["ray starting", "a job done", "never"])
+def test_the_command_on_a_local_instance_it_starts(tmp_path, when):
+    """``guardfl redteam --ray-address local``: a certificate, or after a Ctrl-C to the whole process group
+    (while Ray starts, or once a job is done) one line and exit 130; no Ray process is left either way."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import yaml
+
+    from tests.redteam.test_sweep_interrupt import BOUND, _group, _raylet_started
+
+    cfg = {**LTI_AND_OPTIMISATION, "attacks": [*LTI_AND_OPTIMISATION["attacks"][:1], {"name": "dlg", "budget": {
+        "iterations": 10 if when == "never" else 2000}}]}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "o"
+    run = subprocess.Popen([sys.executable, "-m", "guardfl", "redteam", "--config", str(path), "--out", str(out), "--quiet",
+                            "--ray-address", "local", "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stderr), daemon=True)
+    reader.start()
+    if when != "never":
+        started = (lambda: _raylet_started(run.pid)) if when == "ray starting" else \
+            (lambda: any((out / "state").glob("b*.json")))
+        deadline = time.monotonic() + BOUND
+        while not started():
+            assert run.poll() is None, lines
+            assert time.monotonic() < deadline, f"not {when} within {BOUND} s"
+            time.sleep(0.02)
+        os.killpg(run.pid, signal.SIGINT)
+    try:
+        code = run.wait(timeout=BOUND)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        pytest.fail(f"guardfl redteam hung: still running {BOUND} s after the signal")
+    reader.join(timeout=10)
+    if when == "never":
+        assert code in (0, 1), lines
+        assert json.loads((out / "certificate.json").read_text())["environment"]["backend"]["address"] == "local"
+    else:
+        assert (code, [x.rstrip("\n") for x in lines]) == (130, ["interrupted: no verdict (continue with --resume)"])
+        assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    time.sleep(1)
+    assert _group(run.pid) == []
