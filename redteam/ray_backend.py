@@ -69,6 +69,8 @@ class RayStats:
     fetched_bytes: int = 0
     driver_seconds: float = 0.0
     callback_seconds: float = 0.0
+    start_seconds: float = 0.0  # connecting, or starting the local instance
+    stop_seconds: float = 0.0  # disconnecting, or stopping the local instance
     wall_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -130,6 +132,7 @@ class RayJobs:
         self.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
         stats = self.stats
         tick = time.perf_counter()
+        stats.start_seconds = tick - started
         gpus = (self.gpus_per_job or 1.0) if device.type == "cuda" else 0
         remote = ray.remote(_ray_task)
         resources = {"num_cpus": threads, "num_gpus": gpus, "max_retries": self.max_retries, "retry_exceptions": False}
@@ -194,7 +197,9 @@ class RayJobs:
             stats.driver_seconds += time.perf_counter() - tick
         finally:
             connection._refs.update({ref: None for ref in running})  # cancelled on a cluster; a local instance stops
+            t_stop = time.perf_counter()
             connection.close()
+            stats.stop_seconds = time.perf_counter() - t_stop
             stats.driver_seconds -= stats.callback_seconds  # reported apart
             stats.wall_seconds = time.perf_counter() - started
 
