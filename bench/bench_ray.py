@@ -160,30 +160,39 @@ def makespan(jobs: list[tuple[str, float, str | None]], gpus: int) -> float:
 
 
 def jobs_of(row: dict[str, Any], batches: int = 4, chunk: int = 16) -> tuple[list[tuple[str, float, str | None]], float]:
-    """A ``bench_paper_configs`` JSON row's jobs with their seconds (each attack's seconds split over its
-    jobs), and the serial part (the row's time less every job's)."""
+    """A ``bench_paper_configs`` JSON row's jobs with their seconds, and the serial part (the row's time
+    less every job's). An attack's seconds (the sum of its records' ``seconds``) are split evenly over its
+    jobs; that bench runs with one worker, where a prepared attack's first job also trains (its
+    ``preparations`` seconds are taken out of the attack's and made the preparation job). A probe row
+    (``scale`` < 1) is projected to paper strength as that bench does: the attack seconds / scale."""
     from guardfl.redteam import attacks as registry
 
+    scale = float(row.get("scale") or 1.0)
     jobs: list[tuple[str, float, str | None]] = []
+    measured = 0.0
     for name, a in row["attacks"].items():
         cls = registry.ATTACKS[name]
         size = chunk if cls.capabilities.batches_samples else 1
         n = -(-batches // size)
-        prep = next((v for k, v in (row.get("preparations") or {}).items() if k.endswith(name) and v), 0.0) or 0.0
+        total = float(a["seconds"])
+        measured += total
         after = None
         if cls.capabilities.prepares:
+            prep = next((float(v) for k, v in (row.get("preparations") or {}).items() if k.endswith(name) and v), 0.0)
+            total = max(0.0, total - prep)
             after = f"{name} prep"
-            jobs.append((after, float(prep), None))
-        jobs += [(f"{name} {i}", float(a["seconds"]) / n, after) for i in range(n)]
-    serial = max(0.0, float(row["seconds"]) - sum(j[1] for j in jobs))
+            jobs.append((after, prep / scale, None))
+        jobs += [(f"{name} {i}", total / n / scale, after) for i in range(n)]
+    serial = max(0.0, float(row["seconds"]) - measured)
     return jobs, serial
 
 
 def project(path: Path | None, gpus: list[int]) -> list[dict[str, Any]]:
     out = []
     if path is not None:
-        for row in json.loads(path.read_text())["rows"] if path.suffix == ".json" else []:
-            if "attacks" not in row:
+        data = json.loads(path.read_text())
+        for row in data["rows"] if isinstance(data, dict) else data:
+            if "attacks" not in row:  # a failed config: no times
                 continue
             jobs, serial = jobs_of(row)
             out.append({"config": row["config"], "jobs": len(jobs),
@@ -193,8 +202,9 @@ def project(path: Path | None, gpus: list[int]) -> list[dict[str, Any]]:
         t, n = r["seconds"], len(r["jobs"])
         if n == 1:  # one job: more devices cannot help
             cells = {f"{g} GPU": f"{t:,} s" for g in gpus}
-        else:  # the chains: LI prep -> LI job; IG; DLG x4. With >= 2 devices the run is the longest chain
-            cells = {f"{g} GPU": (f"{t:,} s" if g == 1 else f"{t // 2:,}-{t:,} s") for g in gpus}
+        else:  # chains LI prep -> LI job, IG, DLG x4: wall(N) is between an even split over min(N, chains) and T1
+            chains = n - sum(" prep" in j for j in r["jobs"])
+            cells = {f"{g} GPU": (f"{t:,} s" if g == 1 else f"{t // min(g, chains):,}-{t:,} s") for g in gpus}
         out.append({"config": name, "H100 total": f"{t:,} s ({r['how']})", "jobs": n, **cells})
     return out
 
