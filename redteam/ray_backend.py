@@ -145,6 +145,7 @@ class RayJobs:
                 return ray.put(value)
 
         try:
+            _feasible(ray, threads, gpus)
             context_ref = put(pickle.dumps(context))
             states: dict[int, Any] = {}
             waiting: dict[int, list[Job]] = {}
@@ -206,6 +207,21 @@ class RayJobs:
 
 #: seconds of one ``ray.wait``: a Ctrl-C is raised at most this long after it arrives
 POLL_S = 0.5
+
+
+def _feasible(ray, cpus: int, gpus: float) -> None:
+    """A one-line error, instead of tasks that wait forever, when no live node has ``cpus`` CPUs and
+    ``gpus`` GPUs (an autoscaling cluster's future nodes are not known here)."""
+    from guardfl.redteam.sweep_backends import BackendError
+
+    nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        return
+    largest = max(((r.get("CPU", 0), r.get("GPU", 0)) for r in nodes), default=(0, 0))
+    need = f"{cpus} CPU(s)" + (f" and {gpus:g} GPU(s)" if gpus else "")
+    fix = "--gpus-per-job or a cluster with GPUs" if gpus and largest[1] < gpus else "--threads"
+    raise BackendError(f"ray: a job needs {need} on one node (--threads {cpus}{f', --gpus-per-job {gpus:g}' if gpus else ''}); "
+                       f"the largest node has {largest[0]:g} CPU(s) and {largest[1]:g} GPU(s): lower {fix}")
 
 
 def _fetch(ray, ref, kind: str, what: Any, retries: int) -> bytes:

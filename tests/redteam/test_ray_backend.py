@@ -101,6 +101,17 @@ def test_a_failing_job_or_a_lost_one_fails_the_run(ray_local, failing, error, sa
         assert "job die" in str(err.value) and "--resume" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_job_no_node_can_hold_is_one_line_not_a_hang(ray_local):
+    from guardfl.redteam.sweep_backends import BackendError
+
+    with pytest.raises(BackendError, match=r"a job needs 3 CPU\(s\) on one node .* largest node has 2 CPU\(s\)"):
+        certify(LTI_AND_OPTIMISATION, threads=3, backend="ray")
+    with pytest.raises(BackendError, match=r"1 GPU\(s\) .* lower --gpus-per-job"):
+        RayJobs().run(RunContext(None, [], {}), [Job("j", (0,), 0, False)], workers=1, threads=1,
+                      device=torch.device("cuda"), app_dir=None, prepared=lambda i: None,
+                      on_prepared=lambda *a: None, on_done=lambda *a: None)
+
+
 def test_unreachable_address_and_bad_arguments_are_one_line(tmp_path, capsys):
     from guardfl.redteam.sweep_backends import BackendError
 
