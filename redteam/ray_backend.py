@@ -127,16 +127,12 @@ class RayJobs:
         from guardfl.redteam.sweep_backends import Ray, _sigint_deferred
 
         started = time.perf_counter()
+        stats = self.stats
+        running: dict[Any, tuple[str, Any]] = {}
         connection = Ray(workers, self.address)
         ray = connection._ray
-        self.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
-        stats = self.stats
-        tick = time.perf_counter()
-        stats.start_seconds = tick - started
         gpus = (self.gpus_per_job or 1.0) if device.type == "cuda" else 0
-        remote = ray.remote(_ray_task)
         resources = {"num_cpus": threads, "num_gpus": gpus, "max_retries": self.max_retries, "retry_exceptions": False}
-        running: dict[Any, tuple[str, Any]] = {}
 
         def put(value: bytes):
             stats.puts += 1
@@ -145,6 +141,11 @@ class RayJobs:
                 return ray.put(value)
 
         try:
+            with _sigint_deferred():
+                self.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
+            tick = time.perf_counter()
+            stats.start_seconds = tick - started
+            remote = ray.remote(_ray_task)
             _feasible(ray, threads, gpus)
             context_ref = put(pickle.dumps(context))
             states: dict[int, Any] = {}
@@ -212,9 +213,10 @@ POLL_S = 0.5
 def _feasible(ray, cpus: int, gpus: float) -> None:
     """A one-line error, instead of tasks that wait forever, when no live node has ``cpus`` CPUs and
     ``gpus`` GPUs (an autoscaling cluster's future nodes are not known here)."""
-    from guardfl.redteam.sweep_backends import BackendError
+    from guardfl.redteam.sweep_backends import BackendError, _sigint_deferred
 
-    nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
+    with _sigint_deferred():
+        nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
     if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
         return
     largest = max(((r.get("CPU", 0), r.get("GPU", 0)) for r in nodes), default=(0, 0))

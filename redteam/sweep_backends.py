@@ -141,7 +141,8 @@ class Ray:
         self._refs: dict[Any, Any] = {}
         self._remote: dict[Callable, Any] = {}
         if not local or not self._owned:
-            self.workers = int(ray.cluster_resources().get("CPU", workers))
+            with _sigint_deferred():
+                self.workers = int(ray.cluster_resources().get("CPU", workers))
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:
         remote = self._remote.get(fn)
