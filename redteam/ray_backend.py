@@ -127,7 +127,7 @@ class RayJobs:
         from guardfl.redteam.sweep_backends import Ray, _sigint_deferred
 
         started = time.perf_counter()
-        stats = self.stats
+        stats = self.stats = RayStats()  # this run's
         running: dict[Any, tuple[str, Any]] = {}
         connection = Ray(workers, self.address)
         ray = connection._ray
