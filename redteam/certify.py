@@ -53,6 +53,7 @@ from guardfl.redteam.sampling import Population
 from guardfl.redteam.target import (flower_run_config, load_object, nvflare_result_filters, observe, on_path, run_clientapp,
                                    run_nvflare, run_train_fn)
 from guardfl.redteam.threat import ThreatModel, inter_instahide
+from guardfl.redteam.ray_backend import as_backend
 from guardfl.redteam.workers import Job, RunContext, available_cores, default_workers, job_threads, run_parallel, torch_threads
 
 @dataclass
@@ -412,6 +413,7 @@ def certify(
     workers: int | None = 1,
     threads: int | None = None,
     samples: int | None = None,
+    backend: Any = None,
 ) -> Certificate:
     """Run the red team described by ``config``; write results under ``out`` when given.
     ``strength`` ('quick', 'paper', 'auto') overrides the config's. ``workers``: processes running the
@@ -419,14 +421,16 @@ def certify(
     on a GPU); ``threads``: intra-op threads per job (default:
     ``workers.job_threads``, one for small models). The certificate does not depend on ``workers``.
     ``samples``: attack about this many private samples instead of the config's ``certify.batches``
-    (a quick look; the certificate says the claim rests on the override).
+    (a quick look; the certificate says the claim rests on the override). ``backend``: None (this
+    machine's processes), 'ray' or a ``ray_backend.RayJobs`` (the jobs as Ray tasks, on a local instance
+    of ``workers`` CPUs or a cluster; the same certificate).
 
     With ``out``: before anything else (even reading the config), an earlier verdict there is deleted
     and ``out/run.json`` says "in progress"; it says "failed" or "interrupted" when the run raises, and
     "finished" only once ``certificate.json`` is written (last). A run that fails or is killed therefore
     leaves no ``certificate.json``."""
     if out is None:
-        return _certify(config, None, device, resume, progress, strength, workers, threads, samples)
+        return _certify(config, None, device, resume, progress, strength, workers, threads, samples, backend)
     out_dir = Path(out)
     retracted = retract_verdict(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -434,7 +438,7 @@ def certify(
                "config": str(config) if isinstance(config, (str, Path)) else None, "retracted": retracted}
     mark_run(out_dir, "in progress", **started)
     try:
-        cert = _certify(config, out_dir, device, resume, progress, strength, workers, threads, samples)
+        cert = _certify(config, out_dir, device, resume, progress, strength, workers, threads, samples, backend)
         from guardfl.redteam.report import write_report
 
         write_report(cert, out_dir)
@@ -503,8 +507,9 @@ def _record_name(b: int, i: int, plan: AttackSection) -> str:
 
 def _certify(config, out_dir: Path | None, device: str | None, resume: bool, progress: bool,
              strength: str | None, workers: int | None = 1, threads: int | None = None,
-             samples: int | None = None) -> Certificate:
+             samples: int | None = None, backend: Any = None) -> Certificate:
     cfg = config if isinstance(config, RedTeamConfig) else load_config(config)
+    ray_jobs = as_backend(backend)
     cfg, override = with_samples(cfg, samples)
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers: expected an integer >= 1 (got {workers!r})")
@@ -518,6 +523,8 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     dev = resolve_device(device or cfg.device)
     level = resolve_strength(strength or cfg.strength, dev)
     workers = workers or default_workers(dev)
+    if ray_jobs is not None:
+        ray_jobs.check()  # an unreachable address: one line, before anything is built
     digest = cfg.digest(level)
     inputs = fingerprint(cfg)
     state = _open_state(out_dir / "state", cfg, digest, inputs, resume) if out_dir is not None else None
@@ -553,13 +560,16 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
                         _save_job(state, name, *result)
                     bar and fresh and bar.update(1)
 
-            if workers > 1 and len(pending) > 1:
+            if (workers > 1 and len(pending) > 1) or (ray_jobs is not None and pending):
                 context = RunContext(_AttackRunner(cfg, setting, aux, dev, False, None), plans, batches)
-                run_parallel(context, pending, workers=min(workers, len(pending)), threads=threads,
-                             app_dir=str(Path(app_dir).resolve()) if app_dir else None,
-                             prepared=lambda i: runner.cache.entries_of(plans[i].name) or None,
-                             on_prepared=lambda i, saved, info: runner.adopt_preparation(i, plans[i], saved, info),
-                             on_done=finished)
+                parallel = dict(threads=threads, app_dir=str(Path(app_dir).resolve()) if app_dir else None,
+                                prepared=lambda i: runner.cache.entries_of(plans[i].name) or None,
+                                on_prepared=lambda i, saved, info: runner.adopt_preparation(i, plans[i], saved, info),
+                                on_done=finished)
+                if ray_jobs is not None:
+                    ray_jobs.run(context, pending, workers=workers, device=dev, **parallel)
+                else:
+                    run_parallel(context, pending, workers=min(workers, len(pending)), **parallel)
             else:
                 for job in pending:
                     finished(job, runner.run(job.bs, job.i, plans[job.i], [batches[b] for b in job.bs]))
@@ -593,6 +603,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
             "guardfl": guardfl.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
             "threads": threads, "workers": workers, "cores": available_cores(), "allocator": allocator.state(),
+            "backend": ray_jobs.describe() if ray_jobs is not None else "processes",
         },
         wall_time_s=time.time() - started,
         lpips={"available": lp.available, "reason": lp.reason},

@@ -37,6 +37,12 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=_positive("--workers", bounded=True), default=None,
                    help="processes running attacks side by side, at most 4 x the cores available (default: the cores "
                         "available to this process on a CPU, 1 on a GPU); the certificate does not depend on it")
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="run the attacks as tasks of a Ray cluster: host:port or ray://host:port (its head), 'auto' (the "
+                        "cluster running on this machine) or 'local' (a new local instance of --workers CPUs); the "
+                        "certificate is the local run's; lost jobs are retried; --resume works across backends")
+    p.add_argument("--gpus-per-job", type=_fraction, default=None, metavar="G",
+                   help="with --ray-address and a CUDA device: GPUs one attack holds (default 1; 0.25 lets four share a GPU)")
     p.add_argument("--threads", type=_positive("--threads", bounded=True), default=None,
                    help="intra-op threads per attack, at most 4 x the cores available (default: 1 for small models, "
                         "robust on a busy machine; the worker's share of the cores for large ones)")
@@ -69,6 +75,17 @@ def _positive(flag: str, bounded: bool = False):
         return value
 
     return parse
+
+
+def _fraction(text: str) -> float:
+    """An argparse type for --gpus-per-job: a number in (0, 8]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 8:
+        raise argparse.ArgumentTypeError(f"--gpus-per-job: expected a number in (0, 8] (got {text!r})")
+    return value
 
 
 class Terminated(KeyboardInterrupt):
@@ -128,9 +145,21 @@ def run(args: argparse.Namespace) -> int:
     from guardfl.redteam.certify import certify
 
     tune_malloc()  # the command's own process (workers tune theirs): see allocator.py
-    cert, failed = guarded(lambda: certify(args.config, out=args.out, device=args.device, resume=args.resume,
-                                           progress=not args.quiet, strength=args.strength, workers=args.workers,
-                                           threads=args.threads, samples=args.samples), args.debug, "verdict")
+    if args.gpus_per_job is not None and args.ray_address is None:
+        print("error: --gpus-per-job: only with --ray-address", file=sys.stderr)
+        return 2
+
+    def call():
+        backend = None
+        if args.ray_address is not None:
+            from guardfl.redteam.ray_backend import RayJobs
+
+            backend = RayJobs(args.ray_address, gpus_per_job=args.gpus_per_job)
+        return certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
+                       strength=args.strength, workers=args.workers, threads=args.threads, samples=args.samples,
+                       backend=backend)
+
+    cert, failed = guarded(call, args.debug, "verdict")
     if failed is not None:
         return failed
     if not (Path(args.out) / "certificate.json").is_file():  # exit 0 promises a written certificate

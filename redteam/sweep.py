@@ -298,8 +298,13 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
             same = False
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(spec["key"])
+        from guardfl.redteam.ray_backend import RayJobs, inside_ray_task
+
+        # a point on Ray runs its jobs as tasks of the same cluster (nested; the certificate is the same); Ray
+        # releases the CPU of this task while it waits for them, so a small cluster does not deadlock
         cert = certify(red, out=spec["out"], workers=1, threads=spec["threads"], strength=spec["strength"],
-                       device=spec["device"], resume=spec["resume"] and same, progress=False)
+                       device=spec["device"], resume=spec["resume"] and same, progress=False,
+                       backend=RayJobs() if inside_ray_task() else None)
         record.update(summarize(cert))
         record["report"] = str(Path("points") / spec["id"] / "report.html")
     else:

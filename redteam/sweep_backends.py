@@ -24,6 +24,8 @@ from guardfl.errors import GuardflError
 from guardfl.redteam.allocator import tune_malloc
 
 BACKENDS = ("auto", "ray", "processes", "sequential")
+#: seconds of one ``ray.wait``: a Ctrl-C is raised at most this long after it arrives
+POLL_S = 0.5
 
 
 class BackendError(GuardflError, RuntimeError):
@@ -111,17 +113,19 @@ class Ray:
         self.workers = workers
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
                                   "configure_logging": True}
-        if address is None:
+        local = address in (None, "local")  # a new local instance ('local': even where RAY_ADDRESS is set)
+        if local:
             kwargs["num_cpus"] = workers
-        else:
+        if address is not None:
             kwargs["address"] = address
         self._owned = not ray.is_initialized()
-        self._reaper = _Reaper() if self._owned and address is None else None
+        self._reaper = _Reaper() if self._owned and local else None
         term = _sigterm_handler()
         try:
             if self._owned:
                 try:
-                    ray.init(**kwargs)
+                    with _sigint_deferred():  # a Ctrl-C while Ray starts is raised once it is up (never lost)
+                        ray.init(**kwargs)
                 finally:  # ray.init's own handler turns SIGTERM into sys.exit(15): the caller's decides
                     _sigterm_handler(term)
         except BaseException as err:  # ConnectionError, a version mismatch, a timeout; Ctrl-C while starting
@@ -132,12 +136,13 @@ class Ray:
             if not isinstance(err, Exception):
                 raise
             line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            where = "a local Ray instance" if local else f"the Ray cluster at {address}"
             raise BackendError(f"ray: could not start or reach {where}: {line[:200]}") from None
         self._refs: dict[Any, Any] = {}
         self._remote: dict[Callable, Any] = {}
-        if address is not None:
-            self.workers = int(ray.cluster_resources().get("CPU", workers))
+        if not local or not self._owned:
+            with _sigint_deferred():
+                self.workers = int(ray.cluster_resources().get("CPU", workers))
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:
         remote = self._remote.get(fn)
@@ -146,11 +151,15 @@ class Ray:
         self._refs[remote.remote(arg)] = key
 
     def next_done(self) -> tuple[Any, Any]:
-        ready, _ = self._ray.wait(list(self._refs), num_returns=1)
+        ready: list = []
+        while not ready:  # short waits, each with Ctrl-C recorded by us (``_sigint_deferred``), never by Ray
+            with _sigint_deferred():
+                ready, _ = self._ray.wait(list(self._refs), num_returns=1, timeout=POLL_S)
         ref = ready[0]
         key = self._refs.pop(ref)
         try:
-            return key, self._ray.get(ref)
+            with _sigint_deferred():
+                return key, self._ray.get(ref)
         except self._ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None)  # the job's own exception (ConfigError, AttackFailed, ...)
             if isinstance(cause, BaseException):
@@ -291,7 +300,17 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def _sigint_deferred():
-    """A Ctrl-C during the block is raised after it (once), so that a cleanup runs to its end."""
+    """A Ctrl-C during the block is raised after it (once), so that a cleanup or a Ray call runs to its end.
+
+    Robust against code inside the block that loses the signal: Ray's ``DeferSigint`` (``_raylet``) takes
+    SIGINT over while it runs and drops it when an exception passes through its context, and a
+    ``KeyboardInterrupt`` raised inside Ray's own code can be swallowed there (a Ctrl-C during ``ray.init``
+    once let a sweep finish with exit 0). So the block runs with a handler that only records the signal
+    (nothing is raised inside Ray), and with a wakeup fd: the interpreter's C-level handler writes every
+    signal's number there whichever Python handler Ray has put in place, so a SIGINT that Ray recorded and
+    then dropped is still seen. Both are put back after the block (a wakeup fd that was set before, e.g. an
+    event loop's, gets the bytes read here)."""
+    import os
     import signal
     import threading
 
@@ -299,13 +318,37 @@ def _sigint_deferred():
         yield
         return
     caught = []
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
     before = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
     try:
+        old_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old_fd = None
+    error: BaseException | None = None
+    try:
         yield
+    except BaseException as err:  # raised after the handlers are back; a Ctrl-C during the block wins
+        error = err
     finally:
+        if old_fd is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
-    if caught and callable(before):
-        raise KeyboardInterrupt
+        seen = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(read_end, 512):
+                seen += chunk
+        os.close(read_end)
+        os.close(write_end)
+        if seen and old_fd is not None and old_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.write(old_fd, seen)
+    if (caught or signal.SIGINT in seen) and callable(before) and not isinstance(error, KeyboardInterrupt):
+        raise KeyboardInterrupt from error
+    if error is not None:
+        raise error
 
 
 def ray_available() -> bool:
@@ -316,8 +359,8 @@ def ray_available() -> bool:
 
 def reachable(address: str, timeout: float = 5.0) -> str | None:
     """None when ``host:port`` (or ``ray://host:port``) accepts a TCP connection within ``timeout``
-    seconds, else why not. 'auto' (an already running local cluster) is left to Ray."""
-    if address == "auto":
+    seconds, else why not. 'auto' (an already running local cluster) is left to Ray; 'local' starts one."""
+    if address in ("auto", "local"):
         return None
     target = address.removeprefix("ray://")
     host, _, port = target.rpartition(":")

@@ -91,6 +91,29 @@ def test_ray_gives_the_sequential_results(sequential, tmp_path):
     assert [untimed(p) for p in other.points] == [untimed(p) for p in result.points]
 
 
+def test_ray_points_run_their_jobs_as_tasks_without_deadlock_on_one_cpu(sequential, tmp_path):
+    """Nested on Ray (issue 36): each point's certificate runs its jobs as tasks of the same instance; one
+    CPU, held by a point while it waits for them, would deadlock if Ray did not release it."""
+    import signal
+
+    pytest.importorskip("ray")
+    result, _ = sequential
+
+    def hung(*_):
+        raise TimeoutError("a Ray sweep of one CPU hung: nested jobs deadlocked")
+
+    before = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(240)
+    try:
+        other = sweep(config(), out=tmp_path, backend="ray", workers=1, progress=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert [untimed(p) for p in other.points] == [untimed(p) for p in result.points]
+    nested = [json.loads(p.read_text())["environment"]["backend"] for p in tmp_path.glob("points/*/certificate.json")]
+    assert nested and all(b["backend"] == "ray" and b["cpus"] == 1 for b in nested)
+
+
 def test_resume_reuses_finished_points(sequential, tmp_path):
     first = sweep(config(), out=tmp_path, backend="sequential", progress=False)
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "points").glob("*.json")}
