@@ -3,6 +3,7 @@
     python bench/bench_attacks.py outpost [--images 4] [--iterations 300]
     python bench/bench_attacks.py huang   [--images 1] [--iterations 200] [--batches 1,16]
     python bench/bench_attacks.py redteam [--rows dp,soteria] [--batches 2]
+    python bench/bench_attacks.py redteam-summary   # the table of the certificates the last redteam run wrote
 
 ``outpost``: the direction of Wang et al. 2024, Table III, scenario 1 (FedAvg, E=1, n=1, B=1): the LeNet of
 Zhu et al. on CIFAR-10 images, DLG and csDLG (Inverting Gradients) matching the model delta, no defense vs
@@ -220,6 +221,32 @@ def run_redteam(args, device) -> dict:
     return {"scenario": "red team (certify), LeNet wide-init, CIFAR-10 sample, FedSGD", "rows": rows, "joined": joined}
 
 
+def learned_inversion_share(cert: dict) -> dict:
+    """What learned inversion adds to a row's certificate (issue 35: before it, these rows had no LTI): the
+    samples leaked by any attack, those leaked by another attack too (the row without LTI's records; the
+    other attacks' jobs do not depend on it), LTI's own leaks and its worst SSIM."""
+    leaked = cert["evidence"]["leak_rate"]
+    samples = cert["evidence"].get("leaked_samples", [])
+    others = sum(any(b["attack"] != "learned_inversion" for b in s["by"]) for s in samples)
+    lti = [r for r in cert["results"] if r["attack"] == "learned_inversion" and r.get("metrics")]
+    worst = max((im["ssim"] for r in lti for im in r["metrics"]["per_image"]), default=None)
+    return {"leaked": leaked["leaked"], "samples": leaked["samples"], "leaked_without_lti": others,
+            "lti_leaked": cert["evidence"]["per_attack"].get("learned_inversion", {}).get("leaked"),
+            "lti_worst_ssim": worst, "lti_ran": bool(lti), "verdict": cert["verdict"]}
+
+
+def summarise_redteam() -> None:
+    """The table of the certificates a ``redteam`` run wrote (``bench/results/redteam/*/certificate.json``)."""
+    print(f"{'row':48s} {'verdict':22s} {'leaked':>7s} {'w/o LTI':>8s} {'LTI leaks':>9s} {'LTI worst SSIM':>14s} {'worst (attack)':>24s}")
+    for path in sorted((OUT / "redteam").glob("*/certificate.json")):
+        cert = json.loads(path.read_text())
+        row = learned_inversion_share(cert)
+        w = next((w for w in cert["worst"] if w["metric"] == "ssim"), {})
+        print(f"{path.parent.name:48s} {row['verdict']:22s} {row['leaked']:>3d}/{row['samples']:<3d} {row['leaked_without_lti']:>8d} "
+              f"{row['lti_leaked'] if row['lti_ran'] else 'n/a':>9} {_f(row['lti_worst_ssim']):>14s} "
+              f"{_f(w.get('worst'))} ({(w.get('where') or {}).get('attack')})")
+
+
 def _f(v) -> str:
     return "  n/a" if v is None else f"{v:.3f}"
 
@@ -247,13 +274,16 @@ def join_utility(rows: list[dict]) -> list[dict]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("table", choices=["outpost", "huang", "redteam"])
+    ap.add_argument("table", choices=["outpost", "huang", "redteam", "redteam-summary"],
+                    help="redteam-summary: the table of the certificates an earlier redteam run wrote")
     ap.add_argument("--rows", default=None, help="redteam: comma-separated substrings of row names")
     ap.add_argument("--images", type=int, default=None, help="images (outpost) or batches (huang) per setting")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--batches", default=None, help="huang: batch sizes (default 1,16); redteam: batches certified per row (default 2)")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
+    if args.table == "redteam-summary":
+        return summarise_redteam()
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
     if args.table == "redteam":
