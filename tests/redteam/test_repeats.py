@@ -155,3 +155,12 @@ def test_the_certificate_names_the_reused_attack_and_loses_no_leak(tmp_path, mon
     strip = ("reused", "inputs", "config_hash")
     assert untimed(cert["results"], strip) == untimed(full["results"], strip)
     assert untimed(cert["attacks"], strip) == untimed(full["attacks"], strip)
+
+
+def test_reuse_does_not_depend_on_the_worker_count(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**CFG, "certify": {**CFG["certify"], "batches": 2}}))
+    one = certify_mod.certify(path, workers=1).to_dict()
+    two = certify_mod.certify(path, workers=2).to_dict()
+    assert [r.get("reused", {}).get("from") for r in two["results"]] == [None, "b0-0-dlg", None, "b1-0-dlg"]
+    assert untimed(one["results"]) == untimed(two["results"]) and untimed(one["attacks"]) == untimed(two["attacks"])
