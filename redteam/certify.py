@@ -5,6 +5,8 @@ measure what comes back, and compare the worst case with the thresholds.
 overlap), observe the client, plan the attacks from the registry (every registered attack is listed in
 the certificate: ran, or not applicable with the reason), prepare the attacks that need a once-per-setting
 step (cached under ``OUT/state/prepared``), attack every batch, check the thresholds, write the report.
+A record that would repeat another plan's run exactly (iDLG restoring the label DLG is granted, same seed
+and budget) is built from that run instead of computed again, and says so (``repeats``).
 
 Each (client batch, attack) pair is one job whose result is written atomically under ``OUT/state/``;
 ``resume=True`` reuses finished jobs and prepared attacks and runs only the rest. The client's observation
@@ -39,7 +41,7 @@ from guardfl.errors import ConfigError, GuardflError
 from guardfl.inspect import DSNR_MIN_BATCH, DSNR_THRESHOLD
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam import data as data_mod
-from guardfl.redteam import allocator, evidence, metrics, privacy
+from guardfl.redteam import allocator, evidence, metrics, privacy, repeats
 from guardfl.redteam.attacks.encoded import attack_view, decode, public_set
 from guardfl.redteam.attacks.base import THREAT_FIELDS, AttackFailed, PreparedCache, Setting, resolve_device
 from guardfl.redteam.attacks.server import ServerAttack
@@ -70,7 +72,8 @@ class Certificate:
     client: dict[str, Any] = field(default_factory=dict)
     #: 'quick' or 'paper' (the budgets every attack ran with)
     strength: str = "quick"
-    #: every registered attack: ran / not applicable (reason) / not requested, its budget vs the paper's
+    #: every registered attack: ran / not applicable (reason) / not requested, its budget vs the paper's;
+    #: ``reused`` on a line that ran: the batches where its run was another attack's exactly (``repeats``)
     attacks: list[dict[str, Any]] = field(default_factory=list)
     #: once-per-setting preparations (e.g. the trained inverter): key, cached, seconds, what was learned
     preparations: dict[str, Any] = field(default_factory=dict)
@@ -545,9 +548,14 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
             # (saved for a resume), its record (client.batches) and its ground truth
             batches = {b: source.batch(b) for b in range(n_batches)}
             originals = {b: x for b, (_, x, _) in batches.items()}
-            done = {_record_name(b, i, plan): _load_job(state, _record_name(b, i, plan)) if state is not None else None
+            # a record that repeats another plan's run exactly is built from that run, never computed twice
+            reuse = repeats.plan_reuse(plans, {b: obs for b, (obs, _, _) in batches.items()}, aux, runner._seed)
+            reused = {_record_name(b, i, plans[i]): (b, r) for (b, i), r in reuse.items()}
+            done = {_record_name(b, i, plan): _load_job(state, _record_name(b, i, plan))
+                    if state is not None and _record_name(b, i, plan) not in reused else None
                     for b in range(n_batches) for i, plan in enumerate(plans)}
-            pending = [job for job in jobs if any(done[_record_name(b, job.i, plans[job.i])] is None for b in job.bs)]
+            pending = [job for job in jobs if any(done[name] is None and name not in reused
+                                                  for name in (_record_name(b, job.i, plans[job.i]) for b in job.bs))]
             bar = _bar(progress, len(done))
             bar and bar.update(sum(1 for v in done.values() if v is not None))
 
@@ -573,8 +581,19 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
             else:
                 for job in pending:
                     finished(job, runner.run(job.bs, job.i, plans[job.i], [batches[b] for b in job.bs]))
+            applied = {}
+            for name, (b, r) in reused.items():
+                if done[name] is None:  # else its own job ran (a chunk with other batches): its own record
+                    record, rec = done[_record_name(b, r.of, plans[r.of])]
+                    done[name] = (repeats.reused_record(record, name, plans[r.plan], r), rec)
+                    applied[(b, r.plan)] = r
+                    bar and bar.update(1)
             bar and bar.close()
         runner.complete(plans)
+        for i, line in enumerate(line for line in listing if line.get("status") == "ran"):  # plans' lines, in order
+            note = repeats.listing_note(i, applied, plans, n_batches)
+            if note is not None:
+                line["reused"] = note
         names = [_record_name(b, i, plan) for b in range(n_batches) for i, plan in enumerate(plans)]
         results = [done[name][0] for name in names]
         recon = {name: done[name][1] for name in names}

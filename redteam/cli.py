@@ -198,5 +198,8 @@ def run(args: argparse.Namespace) -> int:
     skipped = [a for a in cert.attacks if a["status"] == "not applicable"]
     for a in skipped:
         print(f"  [n/a ] {a['attack']}: {a['reason']}")
+    for a in cert.attacks:
+        if a.get("reused"):
+            print(f"  [once] {a['attack']}: {a['reused']['note']}")
     print(f"{cert.verdict}  ({cert.wall_time_s:.0f}s, strength {cert.strength})  report: {args.out}/report.html")
     return 0 if cert.certified else 1

@@ -245,7 +245,8 @@ def write_report(cert: Certificate, out: Path) -> None:
                 if client.get("kind") in ("clientapp", "train_fn", "nvflare") else "guardfl's client simulation")
     attack_rows = "".join(
         f"<tr class={'pass' if a['status'] == 'ran' else ''}><td>{html.escape(a['attack'])}</td>"
-        f"<td>{html.escape(a['status'])}{(': ' + html.escape(a['reason'])) if a.get('reason') else ''}</td>"
+        f"<td>{html.escape(a['status'])}{(': ' + html.escape(a['reason'])) if a.get('reason') else ''}"
+        f"{(' (' + html.escape(a['reused']['note']) + ')') if a.get('reused') else ''}</td>"
         f"<td><code>{html.escape(json.dumps(a.get('budget', {})))}</code></td>"
         f"<td><code>{html.escape(json.dumps(a.get('paper_budget', {})))}</code></td>"
         f"<td>{html.escape(a.get('paper_reference', ''))}</td></tr>"

@@ -85,6 +85,10 @@ class Capabilities:
     a client that encodes its inputs (MixUp / InstaHide) the attack answers with the PRIVATE images itself
     (learned inversion learns the encoding as augmentation), so it gets the observation as it is, not the
     encodings' view, and its answer is not demixed (``certify``; ``attacks.encoded``).
+    same_run_as: the registered attack whose run this one's is, bit for bit, whenever both attack one
+    observation with the same budget and seed, the same threat apart from ``labels``, and the same fixed
+    labels (``Attack.fixed_labels``, not None for either): iDLG is DLG given the label it restores. A
+    planner then runs it once and reports the result under both names (``redteam.repeats``).
     """
 
     protocols: frozenset[str] = frozenset({"fedsgd", "fedavg"})
@@ -98,6 +102,7 @@ class Capabilities:
     modalities: frozenset[str] = frozenset({"image"})
     threat: frozenset[str] = GRADIENT_THREAT
     inverts_encodings: bool = False
+    same_run_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +304,13 @@ class Attack:
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         """What an attack needs beyond its declared ``capabilities`` (checked after them): the reason it
         cannot run, or None. Attacks with such needs override this, not ``applicable``."""
+        return None
+
+    @classmethod
+    def fixed_labels(cls, observation: Observation, knowledge: Knowledge) -> tuple[Tensor, str] | None:
+        """The labels this attack's objective holds fixed on ``observation`` and where they come from
+        (``known`` or ``inferred``), or None when it optimises them or does not say (the default): what a
+        planner compares to find an attack repeating another's run (``Capabilities.same_run_as``)."""
         return None
 
     def refuses(self, setting: Setting) -> str | None:

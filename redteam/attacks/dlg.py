@@ -9,6 +9,10 @@ FedAvg delta at lr 0.01, no longer falls under L-BFGS's tolerances and ends the 
 runs with a strong-Wolfe line search; the original used none and often diverges to
 NaN, which would make the attack look weaker than it is. Restarts run one after another (L-BFGS couples
 all coordinates, so batching restarts would change the maths); the winner is the lowest L2 distance.
+
+iDLG given the label it restores IS DLG given that label: same seed, same initial inputs and logits (both
+drawn either way), same objective. When a plan grants DLG the labels and iDLG restores the granted one,
+the certificate reuses DLG's run for iDLG and says so (``Capabilities.same_run_as``, ``redteam.repeats``).
 """
 
 from __future__ import annotations
@@ -41,15 +45,21 @@ class DLG(Attack):
     paper_budget = ("Zhu et al. 2019: 300 L-BFGS steps of up to 20 iterations each, i.e. up to 6,000 L-BFGS "
                     "iterations (here one L-BFGS call of that many iterations, the history kept throughout)")
 
+    @classmethod
+    def fixed_labels(cls, observation, knowledge):
+        """Granted labels, or (iDLG) the restored ones; None when DLG optimises soft labels jointly. The
+        one rule ``_reconstruct`` follows, so a planner comparing them compares what the attacks run with."""
+        if knowledge.labels is not None or cls.restore_labels:
+            return labels_for(observation, knowledge)
+        return None
+
     def _reconstruct(self, observation, knowledge, device, gen) -> Reconstruction:
         c = self.config
         replica = Replica(observation, knowledge, ObjectiveWeights(distance="l2"), device)
         n, k = observation.num_samples, observation.num_classes
-        if knowledge.labels is not None or self.restore_labels:
-            labels, source = labels_for(observation, knowledge)
-            joint = False
-        else:
-            labels, source, joint = None, "joint", True
+        fixed = self.fixed_labels(observation, knowledge)
+        labels, source = fixed if fixed is not None else (None, "joint")
+        joint = fixed is None
         results = []
         bar = progress_bar(c.progress, c.iterations * c.restarts, self.name)
         for _ in range(c.restarts):
@@ -89,6 +99,9 @@ class IDLG(DLG):
     name = "idlg"
     restore_labels = True
 
-    capabilities = Capabilities(max_samples_inferred_labels=1, threat=GRADIENT_THREAT | DECODING_THREAT)
+    # given the label it restores, iDLG runs DLG's computation: when DLG is granted that very label (same
+    # budget, seed and threat otherwise), the planner runs it once (``redteam.repeats``)
+    capabilities = Capabilities(max_samples_inferred_labels=1, threat=GRADIENT_THREAT | DECODING_THREAT,
+                                same_run_as="dlg")
     default_threat = {"labels": "inferred"}  # label restoration is the point of iDLG
     paper_budget = "Zhao et al. 2020: DLG's budget (300 L-BFGS steps of up to 20 iterations)"

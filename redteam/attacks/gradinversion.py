@@ -9,6 +9,11 @@ restarts and their consensus (the mean); the ground truth is never consulted.
 Deviation: Yin et al. register the restarts to each other before averaging; we average them unregistered
 (at 32x32 and a shared initial scale the misalignment is small), which can only weaken the consensus.
 
+Not a repeat of Inverting Gradients, even on a model without BatchNorm (no prior then): the group term
+pulls every restart toward the mean from the first iteration (the anchor is set at iteration 0), so the
+trajectories part at the first step, and the consensus is one more candidate. A different objective can
+find a leak IG misses, so the planner runs both (``redteam.repeats`` reuses exact repeats only).
+
 ``reconstruct_many`` is Inverting Gradients' (samples x restarts in one optimisation): each sample's
 group-consistency anchor is the mean of its own restarts, and its consensus candidate too.
 """
