@@ -109,8 +109,6 @@ def guarded(call, debug: bool, what: str):
     import signal
     import threading
 
-    from guardfl.redteam.data import DataError
-
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminate) if main else None
     _SIGTERM.clear()
@@ -122,7 +120,7 @@ def guarded(call, debug: bool, what: str):
             return None, 143
         print(f"interrupted: no {what} (continue with --resume)", file=sys.stderr)
         return None, 130
-    except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
+    except (GuardflError, ValueError, FileNotFoundError, OSError) as err:
         if debug:
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)

@@ -158,7 +158,7 @@ def _worker_main(conn, app_dir: str | None, threads: int) -> None:
                                              else f"a job's result could not be sent back: {err}"), reply[2]))
 
 
-class RemoteTraceback(Exception):
+class RemoteTraceback(GuardflError):
     """The traceback of a job's error in its worker (the ``__cause__`` of the error raised in the main
     process, shown by ``--debug``)."""
 
