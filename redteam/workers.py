@@ -40,9 +40,7 @@ import torch
 
 from guardfl.errors import GuardflError
 from guardfl.redteam.allocator import tune_malloc
-
-#: parameters from which a model's operators are large enough to use several intra-op threads
-LARGE_MODEL = 2_000_000
+from guardfl.redteam.limits import LARGE_MODEL  # noqa: F401  (re-exported)
 
 
 class WorkerError(GuardflError, RuntimeError):
