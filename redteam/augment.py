@@ -78,19 +78,10 @@ from guardfl.defenses.encoding import InstaHide
 from guardfl.errors import ConfigError
 from guardfl.protect import SAMPLING_STREAM, soft_cross_entropy, split_stages
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
+from guardfl.redteam.threat import unseeded  # noqa: F401  (re-exported: the attacker's view of a defense config)
 
 if TYPE_CHECKING:
     from guardfl.redteam.attacks.hashing import CountSketch
-
-
-def unseeded(config: dict | None) -> dict | None:
-    """The defense configuration without its seeds (a stack's members included)."""
-    if config is None:
-        return None
-    out = {k: v for k, v in config.items() if k != "seed"}
-    if "defenses" in out:
-        out["defenses"] = [unseeded(m) for m in out["defenses"]]
-    return out
 
 
 def defense_leaves(config: dict | None) -> list[type[Defense]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import torch
 from pydantic import Field
@@ -49,6 +49,11 @@ class DefenseConfig(StrictModel):
         """The configs of the defenses this one applies, in order: itself, or a stack's members expanded
         at every depth (``StackConfig`` overrides this: the one walk over a stack's configs)."""
         return [self]
+
+    def map_leaves(self, fn: Callable[["DefenseConfig"], "DefenseConfig"]) -> "DefenseConfig":
+        """This config with each leaf (``leaves``) replaced by ``fn(leaf)``, the structure kept: itself
+        mapped, or a stack with its members mapped (``StackConfig`` overrides this)."""
+        return fn(self)
 
 
 @dataclass

@@ -53,6 +53,9 @@ class StackConfig(DefenseConfig):
     def leaves(self) -> list[DefenseConfig]:
         return [leaf for member in self.defenses for leaf in member.leaves()]
 
+    def map_leaves(self, fn) -> "StackConfig":
+        return self.model_copy(update={"defenses": [member.map_leaves(fn) for member in self.defenses]})
+
 
 @register
 class Stack(Defense):

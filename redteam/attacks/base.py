@@ -40,7 +40,7 @@ from guardfl.config import StrictModel, validate
 from guardfl.errors import GuardflError
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers
 from guardfl.redteam.files import atomic_torch_save
-from guardfl.redteam.threat import Knowledge, ThreatModel
+from guardfl.redteam.threat import Knowledge, ThreatModel, unseeded
 
 STRENGTHS = ("quick", "paper")
 #: the threat fields an attack may read (``Capabilities.threat``); ``server`` is ``Capabilities.server``
@@ -440,7 +440,7 @@ def setting_mismatch(a: Observation, b: Observation) -> str | None:
         "input_shape": (tuple(a.input_shape), tuple(b.input_shape)),
         "num_classes": (a.num_classes, b.num_classes),
         "input_range": (tuple(a.input_range), tuple(b.input_range)),
-        "defense_config": (_without_seeds(a.defense_config), _without_seeds(b.defense_config)),
+        "defense_config": (unseeded(a.defense_config), unseeded(b.defense_config)),
         "train_mode": (getattr(a, "train_mode", True), getattr(b, "train_mode", True)),
         "modality": (getattr(a, "modality", "image"), getattr(b, "modality", "image")),
         "model class": (type(a.model), type(b.model)),
@@ -455,15 +455,6 @@ def setting_mismatch(a: Observation, b: Observation) -> str | None:
         if list(sa) != list(sb) or any(sa[k].shape != sb[k].shape or not torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa):
             return "its model's weights or buffers differ"
     return None
-
-
-def _without_seeds(config: Any) -> Any:
-    """A defense configuration without its ``seed`` entries, at any depth (a stack's too)."""
-    if isinstance(config, dict):
-        return {k: _without_seeds(v) for k, v in config.items() if k != "seed"}
-    if isinstance(config, (list, tuple)):
-        return [_without_seeds(v) for v in config]
-    return config
 
 
 def on_device(observations: list[Observation], knowledges: list[Knowledge], device: torch.device,

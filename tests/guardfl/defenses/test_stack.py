@@ -40,6 +40,19 @@ def test_leaves_expand_nested_stacks_in_order():
     assert outer.stages == {"input", "gradient", "dp"}
 
 
+def test_map_leaves_replaces_leaves_and_keeps_the_structure():
+    from guardfl.defenses import parse_config
+
+    cfg = parse_config({"kind": "stack", "seed": 3, "defenses": [
+        {"kind": "gradprune", "ratio": 0.5}, {"kind": "stack", "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]})
+    mapped = cfg.map_leaves(lambda leaf: leaf.model_copy(update={"seed": 7}) if leaf.kind == "gaussian" else leaf)
+    assert [(leaf.kind, leaf.seed) for leaf in mapped.leaves()] == [("gradprune", None), ("gaussian", 7)]
+    assert mapped.seed == 3 and mapped.defenses[0] is cfg.defenses[0]
+    assert [leaf.seed for leaf in cfg.leaves()] == [None, None]  # the original is unchanged (frozen)
+    leaf = parse_config({"kind": "gradprune", "ratio": 0.5})
+    assert leaf.map_leaves(lambda x: x) is leaf
+
+
 def test_nested_dp_stack_is_refused_at_wrap():
     import guardfl
     from guardfl.defenses import DPSGD
