@@ -1,7 +1,7 @@
 """Certificates of the shipped configs, without timings, and a diff of two such folders (issue 38).
 
     python bench/compare_certificates.py --out before [--samples 2] [--workers 1] [configs/x.yaml ...]
-    python bench/compare_certificates.py --compare before after
+    python bench/compare_certificates.py --compare before after [configs/x.yaml ...]
 
 The first form runs ``guardfl redteam`` (``redteam.certify.certify``, a state folder and report under
 ``<out>/runs/<name>/`` as the command writes them) on each config (default: every ``configs/*.yaml``) and
@@ -14,8 +14,9 @@ not on disk (no downloads). A config that fails is reported as failed (never dro
 command then exits 1. ``--samples N`` attacks about N private samples per config (``certify --samples``):
 a quick look, the same override in both runs.
 
-The second form compares two output folders: every config present in either, and the index (which ran,
-which were skipped, which failed). Exit 0 when they are identical; else a readable per-config diff (the
+The index is rewritten after every config, so an interrupted run compares as far as it got. The second
+form compares two output folders: every config present in either (or the configs named), and the index
+(which ran, which were skipped, which failed). Exit 0 when they are identical; else a readable per-config diff (the
 JSON path of each differing value, both values) and exit 1.
 
 Limit: a config whose defense lives in user code (``target``) and is not seeded there stays random; its
@@ -145,20 +146,26 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def compare(a: Path, b: Path) -> int:
-    """Print a per-config diff of two output folders; 0 when identical, 1 otherwise."""
+def read_index(folder: Path) -> dict[str, Any]:
+    """The index of an output folder (written after every config, so an interrupted run has one too)."""
+    return json.loads((folder / INDEX).read_text())
+
+
+def compare(a: Path, b: Path, only: list[str] | None = None) -> int:
+    """Print a per-config diff of two output folders (``only``: just these config names); 0 when
+    identical, 1 otherwise."""
     for d in (a, b):
         if not (d / INDEX).is_file():
             print(f"error: {d} has no {INDEX} (not an output of this script)", file=sys.stderr)
             return 2
-    index_a = {e["config"]: e for e in json.loads((a / INDEX).read_text())["configs"]}
-    index_b = {e["config"]: e for e in json.loads((b / INDEX).read_text())["configs"]}
+    index_a = {e["config"]: e for e in read_index(a)["configs"]}
+    index_b = {e["config"]: e for e in read_index(b)["configs"]}
     differing = 0
-    settings_a, settings_b = (json.loads((d / INDEX).read_text())["settings"] for d in (a, b))
+    settings_a, settings_b = read_index(a)["settings"], read_index(b)["settings"]
     if settings_a != settings_b:
         differing += 1
         print(f"  DIFF  settings: {_short(settings_a)} != {_short(settings_b)}")
-    for name in sorted(set(index_a) | set(index_b)):
+    for name in sorted(set(only) if only else set(index_a) | set(index_b)):
         ea, eb = index_a.get(name), index_b.get(name)
         if ea is None or eb is None:
             lines = [f"only in {'B' if ea is None else 'A'}"]
@@ -185,7 +192,8 @@ def compare(a: Path, b: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("configs", nargs="*", type=Path, help="configs to run (default: every configs/*.yaml)")
+    p.add_argument("configs", nargs="*", type=Path,
+                   help="configs to run (default: every configs/*.yaml); with --compare, the configs to compare (default: all)")
     p.add_argument("--out", type=Path, help="folder for the untimed certificates")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="diff two output folders")
     p.add_argument("--samples", type=int, default=None, help="attack about N private samples per config (quick)")
@@ -194,16 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--debug", action="store_true", help="tracebacks of failing configs")
     args = p.parse_args(argv)
     if args.compare:
-        return compare(*args.compare)
+        return compare(*args.compare, only=[c.stem for c in args.configs])
     if args.out is None:
         p.error("--out (or --compare A B) is required")
     if args.samples is not None and args.samples < 1:
         p.error(f"--samples: expected an integer >= 1 (got {args.samples})")
     configs = [c.resolve() for c in args.configs] or sorted((ROOT / "configs").glob("*.yaml"))
     args.out.mkdir(parents=True, exist_ok=True)
-    entries = [run_one(c, args.out.resolve(), args) for c in configs]
     settings = {"samples": args.samples, "seed": args.seed, "workers": args.workers}
-    (args.out / INDEX).write_text(json.dumps({"settings": settings, "configs": entries}, indent=1) + "\n")
+    entries: list[dict[str, Any]] = []
+    for c in configs:  # the index after every config: an interrupted run can still be compared as far as it got
+        entries.append(run_one(c, args.out.resolve(), args))
+        (args.out / INDEX).write_text(json.dumps({"settings": settings, "configs": entries}, indent=1) + "\n")
     failed = [e["config"] for e in entries if e["status"] == "failed"]
     print(f"{sum(e['status'] == 'ran' for e in entries)} ran, {sum(e['status'] == 'skipped' for e in entries)} skipped, "
           f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''}")
