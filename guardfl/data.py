@@ -6,9 +6,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from guardfl.errors import GuardflError
 
-class DataError(ValueError):
-    """Data that cannot be loaded or has the wrong layout."""
+
+class DataError(GuardflError, ValueError):
+    """Data that cannot be loaded or has the wrong layout (a ``ValueError`` too, as callers catch it)."""
 
 
 def from_array(x: np.ndarray, y: np.ndarray) -> tuple[Tensor, Tensor]:

@@ -145,7 +145,9 @@ class GuardedOptimizer(ProxyOptimizer):
 
     ``model`` is required when a leaf of the defense needs the model (Soteria, GradDefense): the inputs of
     the model's latest forward pass with grad enabled are recorded and handed to the defense at ``step()``
-    (with gradient accumulation over several forward passes, only the last one's inputs).
+    (with gradient accumulation over several forward passes, only the last one's inputs). ``upstream``
+    names what produced the gradient before this defense (``guardfl.protect`` passes "dpsgd"), for error
+    messages.
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class GuardedOptimizer(ProxyOptimizer):
         *,
         param_names: Mapping[Tensor, str] | Iterable[tuple[str, Tensor]] | None = None,
         model: torch.nn.Module | None = None,
+        upstream: str | None = None,
     ) -> None:
         if isinstance(optimizer, GuardedOptimizer):
             raise UnsupportedOptimizerError(
@@ -177,8 +180,8 @@ class GuardedOptimizer(ProxyOptimizer):
             )
         self.iteration = 0
         self.last_stats: StepStats | None = None
-        #: what produced the gradient before this defense (set by guardfl.protect: "dpsgd"), for messages
-        self._upstream: str | None = None
+        #: what produced the gradient before this defense (``upstream``; guardfl.protect: "dpsgd"), for messages
+        self._upstream: str | None = upstream
         if param_names is None and model is not None:
             param_names = list(model.named_parameters())
         if param_names is not None and not isinstance(param_names, Mapping):

@@ -229,7 +229,7 @@ def protect(
     elif len(gradient) == 1:
         grad_defense = gradient[0]
     else:
-        grad_defense = Stack._regroup(gradient)  # the same instances, their own streams kept
+        grad_defense = Stack.regroup(gradient)  # the same instances, their own streams kept
 
     if dp:
         model, dp_opt, engine, data_loader, guarded = _make_private(model, optimizer, data_loader, dp[0], grad_defense, privacy_state)
@@ -297,7 +297,7 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
     if privacy_state is not None:
         engine.accountant.load_state_dict(privacy_state)
     device = next(model.parameters()).device
-    noise = make_generator(device, None if dp._entropy else dp._seed)  # OS entropy: the full mt19937 state
+    noise = make_generator(device, dp.stream_seed)  # OS entropy: the full mt19937 state
     common = dict(module=model, optimizer=optimizer, data_loader=data_loader, max_grad_norm=c.max_grad_norm,
                   poisson_sampling=c.poisson_sampling, noise_generator=noise,
                   grad_sample_mode=_grad_sample_mode(model, data_loader))
@@ -314,12 +314,12 @@ def _make_private(model, optimizer, data_loader, dp: DPSGD, grad_defense, privac
         # fresh process (67280421310721) and seeded by most training scripts, so which samples form each batch
         # would be predictable, and amplification by subsampling assumes the sampling is secret. It draws from
         # the defense's own stream instead (OS entropy unless seeded), like the noise.
-        data_loader.batch_sampler.generator = make_generator("cpu", None if dp._entropy else dp._seed, offset=SAMPLING_STREAM)
+        data_loader.batch_sampler.generator = make_generator("cpu", dp.stream_seed, offset=SAMPLING_STREAM)
     guarded = None
     names = {p: n.removeprefix("_module.") for n, p in model.named_parameters()}
     if grad_defense is not None:
-        guarded = GuardedOptimizer(dp_opt.original_optimizer, grad_defense, param_names=list(model.named_parameters()), model=model)
-        guarded._upstream = "dpsgd"
+        guarded = GuardedOptimizer(dp_opt.original_optimizer, grad_defense, param_names=list(model.named_parameters()), model=model,
+                                   upstream="dpsgd")
         dp_opt.original_optimizer = guarded  # defend after Opacus has clipped and noised
     else:  # no gradient defense: still refuse a non-finite privatised gradient before the weights move
         dp_opt.original_optimizer = FiniteStepGuard(dp_opt.original_optimizer, "dpsgd", names)

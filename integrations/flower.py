@@ -58,7 +58,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense
 from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError
 from guardfl.inspect import inspect_model
-from guardfl.integrations.torch import ClientState, MakeOptimizer, _inspect_mode, inspect_received, local_update
+from guardfl.integrations.torch import ClientState, MakeOptimizer, inspect_enabled, inspect_received, local_update
 from guardfl.integrations.update import BN_BUFFERS, UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 
@@ -144,7 +144,7 @@ def train(
     error while inspecting also come back as that error reply (fail closed), never as an exception.
     ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check (``local_update``)."""
     key, record = received_arrays(msg)
-    if not _inspect_mode(inspect, inspect_disaggregation):
+    if not inspect_enabled(inspect, inspect_disaggregation):
         received = record.to_torch_state_dict()
     else:
         try:

@@ -91,7 +91,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from guardfl.defenses import Defense, from_config
 from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
-from guardfl.integrations.torch import BN_BUFFERS, ClientState, MakeOptimizer, _inspect_mode, inspect_received, local_update
+from guardfl.integrations.torch import BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, local_update
 from guardfl.integrations.update import UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 
@@ -464,7 +464,7 @@ class GuardedTrainer:
         if self.defense is not None and not isinstance(self.defense, Defense):
             from_config(self.defense)  # a bad config fails here, before the first round
         self.epochs, self.loss_fn, self.num_classes, self.max_steps = epochs, loss_fn, num_classes, max_steps
-        self.inspect = _inspect_mode(inspect, inspect_disaggregation)
+        self.inspect = inspect_enabled(inspect, inspect_disaggregation)
         self.inspect_disaggregation = inspect_disaggregation
         self.state_path = Path(state_path) if state_path is not None else None
         self.state = ClientState()

@@ -139,6 +139,7 @@ def _mix(seed: int, round_index: int) -> int:
 
 
 def _reseed_for_round(defense: Defense, round_index: int) -> None:
+    # every node, not only the leaves (``Defense.leaves``): a seeded stack reseeds its unseeded members
     if defense.config.seed is not None:
         defense.reseed(_mix(defense.config.seed, round_index))
     for member in getattr(defense, "members", []):
@@ -202,8 +203,7 @@ def _batch_size(x: Any) -> int:
 
 
 def _is_identity(defense: Defense) -> bool:
-    members = getattr(defense, "members", None)
-    return all(_is_identity(m) for m in members) if members is not None else defense.kind == "identity"
+    return all(leaf.kind == "identity" for leaf in defense.leaves())
 
 
 def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:

@@ -105,7 +105,7 @@ class LocalUpdate:
     gradient: dict[str, Tensor] | None = None
 
 
-def _inspect_mode(inspect: bool | str, disaggregation: bool = False) -> bool:
+def inspect_enabled(inspect: bool | str, disaggregation: bool = False) -> bool:
     """Whether to inspect (``inspect``: False, True or "strict", the same as True); ``disaggregation``
     (``inspect_disaggregation``: SEER's D-SNR check) must be a bool and needs inspection on."""
     if inspect is True or inspect is False:
@@ -196,7 +196,7 @@ def local_update(
     pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
     """
     check_round_args(epochs, max_steps, make_optimizer)
-    on = _inspect_mode(inspect, inspect_disaggregation)
+    on = inspect_enabled(inspect, inspect_disaggregation)
     inspection = inspect_received(model, loader, disaggregation=inspect_disaggregation) if on else None
     state = state or ClientState()
     result = client_round(model, loader, make_optimizer, defense, epochs=epochs, round_index=state.rounds,

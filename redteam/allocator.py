@@ -24,8 +24,9 @@ import ctypes
 import os
 import platform
 
+from guardfl.redteam.limits import MMAP_THRESHOLD  # noqa: F401  (re-exported: glibc's largest mmap threshold)
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the largest it accepts
 TRIM_THRESHOLD = 256 << 20
 
 _USER_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",

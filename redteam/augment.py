@@ -78,19 +78,10 @@ from guardfl.defenses.encoding import InstaHide
 from guardfl.errors import ConfigError
 from guardfl.protect import SAMPLING_STREAM, soft_cross_entropy, split_stages
 from guardfl.redteam.client import FedAvg, FedSGD, bn_layers, sgd_step
+from guardfl.redteam.threat import unseeded  # noqa: F401  (re-exported: the attacker's view of a defense config)
 
 if TYPE_CHECKING:
     from guardfl.redteam.attacks.hashing import CountSketch
-
-
-def unseeded(config: dict | None) -> dict | None:
-    """The defense configuration without its seeds (a stack's members included)."""
-    if config is None:
-        return None
-    out = {k: v for k, v in config.items() if k != "seed"}
-    if "defenses" in out:
-        out["defenses"] = [unseeded(m) for m in out["defenses"]]
-    return out
 
 
 def defense_leaves(config: dict | None) -> list[type[Defense]]:
@@ -151,14 +142,14 @@ class TransmitSimulator:
         self.dp = dp[0] if dp else None
         self.encoding = encodings[0] if encodings else None
         self.gradient: Defense | None = (None if not gradient else gradient[0] if len(gradient) == 1
-                                         else Stack._regroup(gradient))
+                                         else Stack.regroup(gradient))
         if self.dp is not None:
             if bn_layers(model):
                 raise ConfigError("defense: DP-SGD cannot train this model (it has BatchNorm, which Opacus refuses); build "
                                   "the global model with guardfl.dp_compatible(model), or use a model without BatchNorm")
             train_mode = True  # Opacus's make_private puts the model in train mode
-            self._noise_gen = make_generator(self.device, None if self.dp._entropy else self.dp._seed)
-            self._sampling_gen = make_generator("cpu", None if self.dp._entropy else self.dp._seed, offset=SAMPLING_STREAM)
+            self._noise_gen = make_generator(self.device, self.dp.stream_seed)
+            self._sampling_gen = make_generator("cpu", self.dp.stream_seed, offset=SAMPLING_STREAM)
             self._multipliers: dict[int, float] = {}
         replica = copy.deepcopy(model).to(self.device)
         replica.train(train_mode)

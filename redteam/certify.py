@@ -801,28 +801,22 @@ class _StateCache(PreparedCache):
         super().__init__(None)
         self.state = state
 
-    def load(self, name: str, key: str) -> Any | None:
-        found = self._memory.get(f"{name}-{key}")
-        if found is None and self.state is not None:
-            found = self.state.load_tensors(f"prepared/{name}-{key}.pt")
-            if found is not None:
-                self._memory[f"{name}-{key}"] = found
-        return found
+    def read(self, entry: str) -> Any | None:
+        return self.state.load_tensors(f"prepared/{entry}.pt") if self.state is not None else None
 
-    def save(self, name: str, key: str, state: Any) -> None:
-        self._memory[f"{name}-{key}"] = state
+    def write(self, entry: str, state: Any) -> None:
         if self.state is not None:
-            self.state.save_tensors(f"prepared/{name}-{key}.pt", state)
+            self.state.save_tensors(f"prepared/{entry}.pt", state)
 
     def adopt(self, entries: dict[str, Any]) -> None:
+        """Take states another process prepared, and store them in the state folder."""
         for entry, state in entries.items():
-            self._memory[entry] = state
-            if self.state is not None:
-                self.state.save_tensors(f"prepared/{entry}.pt", state)
+            super().adopt({entry: state})
+            self.write(entry, state)
 
     def entries_of(self, name: str) -> dict[str, Any]:
         """Prepared states of attack ``name`` this run holds (memory, or listed in the state folder)."""
-        found = {k: v for k, v in self._memory.items() if k.startswith(f"{name}-")}
+        found = {k: v for k, v in self.entries().items() if k.startswith(f"{name}-")}
         if self.state is not None:
             for file in self.state.files:
                 if file.startswith(f"prepared/{name}-") and file.endswith(".pt"):

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
                    help="attack budgets: quick (fits 2 CPU cores), paper (published budgets), auto (paper on a GPU); "
                         "overrides the config's")
     p.add_argument("--resume", action="store_true", help="continue a killed run: finished attacks are kept")
-    p.add_argument("--workers", type=_positive("--workers", bounded=True), default=None,
+    p.add_argument("--workers", type=positive_int("--workers", bounded=True), default=None,
                    help="processes running attacks side by side, at most 4 x the cores available (default: the cores "
                         "available to this process on a CPU, 1 on a GPU); the certificate does not depend on it")
     p.add_argument("--ray-address", default=None, metavar="ADDRESS",
@@ -43,10 +43,10 @@ def add_parser(sub) -> None:
                         "certificate is the local run's; lost jobs are retried; --resume works across backends")
     p.add_argument("--gpus-per-job", type=_fraction, default=None, metavar="G",
                    help="with --ray-address and a CUDA device: GPUs one attack holds (default 1; 0.25 lets four share a GPU)")
-    p.add_argument("--threads", type=_positive("--threads", bounded=True), default=None,
+    p.add_argument("--threads", type=positive_int("--threads", bounded=True), default=None,
                    help="intra-op threads per attack, at most 4 x the cores available (default: 1 for small models, "
                         "robust on a busy machine; the worker's share of the cores for large ones)")
-    p.add_argument("--samples", type=_positive("--samples"), default=None,
+    p.add_argument("--samples", type=positive_int("--samples"), default=None,
                    help="attack about N private samples instead of the config's certify.batches (a quick look: the "
                         "certificate says the claim rests on the override; too few for the claim gives INSUFFICIENT "
                         "EVIDENCE, exit 1)")
@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(flag: str, bounded: bool = False):
+def positive_int(flag: str, bounded: bool = False):
     """An argparse type: an integer >= 1; ``bounded``: at most ``certify.max_threads()`` (4 x the cores
     available to this process), for --threads and --workers."""
     def parse(text: str) -> int:
@@ -109,8 +109,6 @@ def guarded(call, debug: bool, what: str):
     import signal
     import threading
 
-    from guardfl.redteam.data import DataError
-
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminate) if main else None
     _SIGTERM.clear()
@@ -122,7 +120,7 @@ def guarded(call, debug: bool, what: str):
             return None, 143
         print(f"interrupted: no {what} (continue with --resume)", file=sys.stderr)
         return None, 130
-    except (GuardflError, DataError, ValueError, FileNotFoundError, OSError) as err:
+    except (GuardflError, ValueError, FileNotFoundError, OSError) as err:
         if debug:
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)

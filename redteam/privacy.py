@@ -14,32 +14,26 @@ accountant and ``target_epsilon: .inf`` silently became noise multiplier 10. A n
 
 from __future__ import annotations
 
-import copy
 import warnings
 from typing import Any
 
+from guardfl.config import validate
+from guardfl.defenses import parse_config
 from guardfl.errors import ConfigError
-
-
-def _dpsgd(config: dict) -> dict | None:
-    if config.get("kind") == "dpsgd":
-        return config
-    for member in config.get("defenses", []) if config.get("kind") == "stack" else []:
-        found = _dpsgd(member)
-        if found is not None:
-            return found
-    return None
 
 
 def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> tuple[dict | None, dict[str, Any] | None]:
     """(the defense configuration with DP-SGD's noise multiplier resolved, the privacy summary); both
-    unchanged / None without a DP-SGD stage."""
+    unchanged / None without a DP-SGD stage. The DP-SGD stage is the first of the configuration's
+    ``leaves()``; the resolved configuration is the parsed one (every field, as ``RedTeamConfig.defense``
+    holds it) with that leaf replaced (``DefenseConfig.map_leaves``); the caller's is left alone."""
     if not defense:
         return defense, None
-    resolved = copy.deepcopy(defense)
-    dp = _dpsgd(resolved)
-    if dp is None:
+    parsed = parse_config(defense)
+    leaf = next((leaf for leaf in parsed.leaves() if leaf.kind == "dpsgd"), None)  # the first DP-SGD stage
+    if leaf is None:
         return defense, None
+    dp = leaf.model_dump(mode="json")
     from opacus.accountants import create_accountant
     from opacus.accountants.utils import get_noise_multiplier
 
@@ -70,4 +64,5 @@ def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> 
         summary["epsilon"] = float(acc.get_epsilon(delta))
     else:
         summary["note"] = "give dpsgd.epochs (passes over the local dataset) to account epsilon"
-    return resolved, summary
+    resolved = validate(type(leaf), dp, "dpsgd")
+    return parsed.map_leaves(lambda x: resolved if x is leaf else x).model_dump(mode="json"), summary

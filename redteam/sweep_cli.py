@@ -8,7 +8,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from guardfl.redteam.cli import _positive
+    from guardfl.redteam.cli import positive_int
 
     p = sub.add_parser(
         "sweep", help="sweep defense settings: the least accuracy loss that still certifies",
@@ -21,8 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="sweep-out", help="output folder (points/<id>/ hold each red-team run)")
     p.add_argument("--backend", choices=["auto", "ray", "processes", "sequential"], default="auto",
                    help="where points run (auto: Ray when installed and more than one worker, else processes)")
-    p.add_argument("--workers", type=_positive("--workers"), default=None, help="points side by side (default: the cores available)")
-    p.add_argument("--threads", type=_positive("--threads", bounded=True), default=None,
+    p.add_argument("--workers", type=positive_int("--workers"), default=None, help="points side by side (default: the cores available)")
+    p.add_argument("--threads", type=positive_int("--threads", bounded=True), default=None,
                    help="intra-op threads per point, at most 4 x the cores available (default 1; results do not "
                         "depend on --workers for a given value)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (host:port, ray://host:port or auto)")

@@ -122,6 +122,18 @@ class Knowledge:
         return replace(self, labels=self.labels.to(device) if self.labels is not None else None, bn_target=bn)
 
 
+def unseeded(config: Any) -> Any:
+    """A defense configuration without its ``seed`` entries, at any depth (a stack's members included;
+    None stays None): what the attacker knows of the defense, never its randomness. The one place seeds
+    are stripped: the attacker's simulator builds its defense from it (``augment``), and settings are
+    compared with it (``attacks.base.setting_mismatch``)."""
+    if isinstance(config, dict):
+        return {k: unseeded(v) for k, v in config.items() if k != "seed"}
+    if isinstance(config, (list, tuple)):
+        return [unseeded(v) for v in config]
+    return config
+
+
 def defense_kinds(config: dict | None) -> list[dict]:
     """The leaf defense configs (a stack expanded at every depth, defaults filled in), empty when unknown
     or none."""

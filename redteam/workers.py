@@ -40,9 +40,7 @@ import torch
 
 from guardfl.errors import GuardflError
 from guardfl.redteam.allocator import tune_malloc
-
-#: parameters from which a model's operators are large enough to use several intra-op threads
-LARGE_MODEL = 2_000_000
+from guardfl.redteam.limits import LARGE_MODEL  # noqa: F401  (re-exported)
 
 
 class WorkerError(GuardflError, RuntimeError):
@@ -158,7 +156,7 @@ def _worker_main(conn, app_dir: str | None, threads: int) -> None:
                                              else f"a job's result could not be sent back: {err}"), reply[2]))
 
 
-class RemoteTraceback(Exception):
+class RemoteTraceback(GuardflError):
     """The traceback of a job's error in its worker (the ``__cause__`` of the error raised in the main
     process, shown by ``--debug``)."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import torch
 from pydantic import Field
@@ -49,6 +49,11 @@ class DefenseConfig(StrictModel):
         """The configs of the defenses this one applies, in order: itself, or a stack's members expanded
         at every depth (``StackConfig`` overrides this: the one walk over a stack's configs)."""
         return [self]
+
+    def map_leaves(self, fn: Callable[["DefenseConfig"], "DefenseConfig"]) -> "DefenseConfig":
+        """This config with each leaf (``leaves``) replaced by ``fn(leaf)``, the structure kept: itself
+        mapped, or a stack with its members mapped (``StackConfig`` overrides this)."""
+        return fn(self)
 
 
 @dataclass
@@ -225,6 +230,13 @@ class Defense:
         return type(self).from_config(self.config)
 
     # -- randomness -------------------------------------------------------------------------------
+    @property
+    def stream_seed(self) -> int | None:
+        """The seed this defense's random streams derive from (``make_generator``), None when they come
+        from OS entropy: for a caller that derives streams of the defense's own (``guardfl.protect``: DP-SGD's
+        noise and Poisson sampling; the red team's transmit simulator)."""
+        return None if self._entropy else self._seed
+
     def generator(self, device: torch.device | str) -> torch.Generator:
         """This defense's private generator for ``device`` (created on first use)."""
         device = torch.device(device)
@@ -232,7 +244,7 @@ class Defense:
         if gen is None:
             # Different devices get different, reproducible streams from the one seed.
             offset = 0 if device.type == "cpu" else 1 + (device.index or 0)
-            gen = make_generator(device, None if self._entropy else self._seed, offset)
+            gen = make_generator(device, self.stream_seed, offset)
             self._generators[device] = gen
         return gen
 

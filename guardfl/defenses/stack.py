@@ -53,6 +53,9 @@ class StackConfig(DefenseConfig):
     def leaves(self) -> list[DefenseConfig]:
         return [leaf for member in self.defenses for leaf in member.leaves()]
 
+    def map_leaves(self, fn) -> "StackConfig":
+        return self.model_copy(update={"defenses": [member.map_leaves(fn) for member in self.defenses]})
+
 
 @register
 class Stack(Defense):
@@ -67,7 +70,7 @@ class Stack(Defense):
         super().__init__(defenses=list(defenses), seed=seed, nonfinite=nonfinite)
 
     @classmethod
-    def _regroup(cls, members: list[Defense]) -> "Stack":
+    def regroup(cls, members: list[Defense]) -> "Stack":
         """A stack of existing defenses that keeps their seeds and random streams as they are (not
         reseeded): ``guardfl.protect`` regroups the gradient-stage leaves of a larger stack with it."""
         self = cls.__new__(cls)
@@ -85,7 +88,7 @@ class Stack(Defense):
     def _seed_members(self) -> None:
         for i, member in enumerate(self.members):
             if member.config.seed is None:  # a seeded stack derives its members' seeds; else OS entropy each
-                member.reseed(None if self._entropy else (self._seed * 1_000_003 + 7919 * (i + 1)) % (1 << 63))
+                member.reseed(None if self.stream_seed is None else (self.stream_seed * 1_000_003 + 7919 * (i + 1)) % (1 << 63))
 
     def fresh(self) -> "Stack":
         new = type(self).__new__(type(self))

@@ -40,7 +40,7 @@ from guardfl.config import StrictModel, validate
 from guardfl.errors import GuardflError
 from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers
 from guardfl.redteam.files import atomic_torch_save
-from guardfl.redteam.threat import Knowledge, ThreatModel
+from guardfl.redteam.threat import Knowledge, ThreatModel, unseeded
 
 STRENGTHS = ("quick", "paper")
 #: the threat fields an attack may read (``Capabilities.threat``); ``server`` is ``Capabilities.server``
@@ -152,24 +152,33 @@ class Setting:
 
 
 class PreparedCache:
-    """Prepared attack states by key: in memory, and on disk under ``folder`` when given (atomic files)."""
+    """Prepared attack states by key (``NAME-KEY``): in memory, and stored on disk under ``folder`` when
+    given (atomic files). Another store (the red team's state folder) overrides the two storage hooks,
+    ``read`` and ``write``; the memory stays here."""
 
     def __init__(self, folder: str | Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else None
         self._memory: dict[str, Any] = {}
 
-    def _path(self, name: str, key: str) -> Path | None:
-        return self.folder / f"{name}-{key}.pt" if self.folder is not None else None
+    def read(self, entry: str) -> Any | None:
+        """Storage hook: the stored state of ``entry`` (``NAME-KEY``), None when none is stored."""
+        if self.folder is None or not (self.folder / f"{entry}.pt").is_file():
+            return None
+        return torch.load(self.folder / f"{entry}.pt", map_location="cpu", weights_only=True)  # tensors and plain data only: loading runs no code
+
+    def write(self, entry: str, state: Any) -> None:
+        """Storage hook: store the state of ``entry`` (``NAME-KEY``); nothing without a folder."""
+        if self.folder is not None:
+            atomic_torch_save(state, self.folder / f"{entry}.pt")
 
     def load(self, name: str, key: str) -> Any | None:
-        if f"{name}-{key}" in self._memory:
-            return self._memory[f"{name}-{key}"]
-        path = self._path(name, key)
-        if path is not None and path.is_file():
-            state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: loading runs no code
-            self._memory[f"{name}-{key}"] = state
-            return state
-        return None
+        entry = f"{name}-{key}"
+        if entry in self._memory:
+            return self._memory[entry]
+        state = self.read(entry)
+        if state is not None:
+            self._memory[entry] = state
+        return state
 
     def entries(self) -> dict[str, Any]:
         """The states held in memory, by ``NAME-KEY`` (to hand to another process)."""
@@ -181,9 +190,7 @@ class PreparedCache:
 
     def save(self, name: str, key: str, state: Any) -> None:
         self._memory[f"{name}-{key}"] = state
-        path = self._path(name, key)
-        if path is not None:
-            atomic_torch_save(state, path)
+        self.write(f"{name}-{key}", state)
 
 
 @dataclass
@@ -452,7 +459,7 @@ def setting_mismatch(a: Observation, b: Observation) -> str | None:
         "input_shape": (tuple(a.input_shape), tuple(b.input_shape)),
         "num_classes": (a.num_classes, b.num_classes),
         "input_range": (tuple(a.input_range), tuple(b.input_range)),
-        "defense_config": (_without_seeds(a.defense_config), _without_seeds(b.defense_config)),
+        "defense_config": (unseeded(a.defense_config), unseeded(b.defense_config)),
         "train_mode": (getattr(a, "train_mode", True), getattr(b, "train_mode", True)),
         "modality": (getattr(a, "modality", "image"), getattr(b, "modality", "image")),
         "model class": (type(a.model), type(b.model)),
@@ -467,15 +474,6 @@ def setting_mismatch(a: Observation, b: Observation) -> str | None:
         if list(sa) != list(sb) or any(sa[k].shape != sb[k].shape or not torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa):
             return "its model's weights or buffers differ"
     return None
-
-
-def _without_seeds(config: Any) -> Any:
-    """A defense configuration without its ``seed`` entries, at any depth (a stack's too)."""
-    if isinstance(config, dict):
-        return {k: _without_seeds(v) for k, v in config.items() if k != "seed"}
-    if isinstance(config, (list, tuple)):
-        return [_without_seeds(v) for v in config]
-    return config
 
 
 def on_device(observations: list[Observation], knowledges: list[Knowledge], device: torch.device,

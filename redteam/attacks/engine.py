@@ -37,6 +37,7 @@ from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers, sgd_s
 from guardfl.redteam.attacks.factored import ConvTaps, choose_taps, conv_dot, conv_square
 from guardfl.redteam.attacks.known_defense import known_defense
 from guardfl.redteam.attacks.second_order import second_order_convs_
+from guardfl.redteam.limits import LARGE_MODEL
 from guardfl.redteam.threat import Knowledge
 
 
@@ -416,8 +417,6 @@ def _batched_objective(objective: Callable[..., Tensor], targets: Any, vmap_rest
 def _large(model: nn.Module) -> bool:
     """A model of ``LARGE_MODEL`` parameters or more (ResNet-18, not LeNet): where a CPU's arithmetic, not
     per-operator overhead, sets an attack's speed."""
-    from guardfl.redteam.workers import LARGE_MODEL
-
     return sum(p.numel() for p in model.parameters()) >= LARGE_MODEL
 
 

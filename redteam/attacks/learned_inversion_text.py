@@ -67,11 +67,11 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from guardfl.redteam.allocator import MMAP_THRESHOLD
 from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.augment import TransmitSimulator, flatten_update
+from guardfl.redteam.limits import MMAP_THRESHOLD
 from guardfl.redteam.textmodels import next_token_labels
 from guardfl.redteam.threat import ThreatModel
 

@@ -115,3 +115,14 @@ def test_outpost_schedule_restarts_every_round():
         assert iterations == [1, 2, 3, 4]
         assert result.defense_stats[0]["fired"]  # i = 1 always perturbs
         assert result.defense_stats[0]["stages"][0]["layers"][0]["name"] == "1.weight"
+
+
+def test_inspect_enabled_reads_the_inspect_arguments():
+    from guardfl.integrations.torch import inspect_enabled
+
+    assert inspect_enabled(False) is False and inspect_enabled(True) is True and inspect_enabled("strict") is True
+    assert inspect_enabled(True, True) is True
+    with pytest.raises(ConfigError, match=r"^inspect: expected False, True or 'strict'"):
+        inspect_enabled("yes")
+    with pytest.raises(ConfigError, match=r"^inspect_disaggregation: True adds a check"):
+        inspect_enabled(False, True)

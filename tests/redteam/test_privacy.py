@@ -73,3 +73,18 @@ def test_the_red_team_config_refuses_unbounded_dp_settings(field, value, expect)
     with pytest.raises(ConfigError) as err:
         load_config({"defense": dp, "client": {"dataset_size": 100}})
     assert expect in str(err.value) and str(err.value).startswith("config.defense: ") and "\n" not in str(err.value)
+
+
+def test_a_parsed_config_resolves_to_itself_with_the_dp_leaf_replaced():
+    from guardfl.defenses import parse_config
+
+    cfg = parse_config({"kind": "stack", "defenses": [
+        {"kind": "gradprune", "ratio": 0.5},
+        {"kind": "stack", "defenses": [{"kind": "dpsgd", "target_epsilon": 4.0, "epochs": 5}, {"kind": "gradprune", "ratio": 0.3}]},
+    ]}).model_dump(mode="json")  # as RedTeamConfig.defense holds it
+    resolved, summary = resolve(cfg, batch_size=32, dataset_size=5000)
+    expected = {**cfg, "defenses": [cfg["defenses"][0], {**cfg["defenses"][1], "defenses": [
+        {**cfg["defenses"][1]["defenses"][0], "noise_multiplier": summary["noise_multiplier"], "target_epsilon": None},
+        cfg["defenses"][1]["defenses"][1]]}]}
+    assert resolved == expected and list(resolved) == list(cfg)
+    assert parse_config(resolved).leaves()[1].noise_multiplier == summary["noise_multiplier"] > 0

@@ -4,7 +4,7 @@ import torch
 from guardfl.defenses import GradPrune, Stack, SignCompression
 from guardfl.redteam import FedAvg, ThreatModel, simulate_client
 from guardfl.redteam.models import ConvNetSmall
-from guardfl.redteam.threat import defense_kinds
+from guardfl.redteam.threat import defense_kinds, unseeded
 
 
 def test_knowledge_follows_the_threat(wide_lenet, faces):
@@ -48,3 +48,19 @@ def test_inter_instahide_is_found_in_a_stack(tmp_path):
                                            {"kind": "instahide", "mode": "inter", "public": str(tmp_path / "public.npz")}]}
     assert inter_instahide({"kind": "instahide", "mode": "intra"}) is None and inter_instahide(None) is None
     assert inter_instahide(inter)["mode"] == "inter"
+
+
+def test_unseeded_strips_every_seed_and_nothing_else():
+    from guardfl.defenses import parse_config
+    from guardfl.redteam import augment
+    from guardfl.redteam.attacks import base
+
+    cfg = {"kind": "stack", "seed": 1, "nonfinite": "zero", "defenses": [
+        {"kind": "gradprune", "ratio": 0.5, "seed": 2}, {"kind": "stack", "seed": 3, "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]}
+    assert unseeded(cfg) == {"kind": "stack", "nonfinite": "zero", "defenses": [
+        {"kind": "gradprune", "ratio": 0.5}, {"kind": "stack", "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]}
+    assert cfg["seed"] == 1 and cfg["defenses"][0]["seed"] == 2  # the caller's config is left alone
+    assert unseeded(None) is None
+    dumped = parse_config(cfg).model_dump(mode="json")
+    assert all(leaf.seed is None for leaf in parse_config(unseeded(dumped)).leaves())
+    assert augment.unseeded is unseeded and base.unseeded is unseeded  # one function: the simulator's and the settings'

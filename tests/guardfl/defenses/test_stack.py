@@ -40,6 +40,19 @@ def test_leaves_expand_nested_stacks_in_order():
     assert outer.stages == {"input", "gradient", "dp"}
 
 
+def test_map_leaves_replaces_leaves_and_keeps_the_structure():
+    from guardfl.defenses import parse_config
+
+    cfg = parse_config({"kind": "stack", "seed": 3, "defenses": [
+        {"kind": "gradprune", "ratio": 0.5}, {"kind": "stack", "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]})
+    mapped = cfg.map_leaves(lambda leaf: leaf.model_copy(update={"seed": 7}) if leaf.kind == "gaussian" else leaf)
+    assert [(leaf.kind, leaf.seed) for leaf in mapped.leaves()] == [("gradprune", None), ("gaussian", 7)]
+    assert mapped.seed == 3 and mapped.defenses[0] is cfg.defenses[0]
+    assert [leaf.seed for leaf in cfg.leaves()] == [None, None]  # the original is unchanged (frozen)
+    leaf = parse_config({"kind": "gradprune", "ratio": 0.5})
+    assert leaf.map_leaves(lambda x: x) is leaf
+
+
 def test_nested_dp_stack_is_refused_at_wrap():
     import guardfl
     from guardfl.defenses import DPSGD
@@ -120,3 +133,22 @@ def test_protect_regroups_the_same_gradient_instances_without_reseeding():
     _, opt, _ = guardfl.protect(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, outer)
     assert opt.guarded.defense.members == [member, noise]
     assert noise._seed == seed_in_stack != seed_before  # reseeded once by the seeded stack, not again by protect
+
+
+def test_stream_seed_is_the_seed_of_the_streams_or_none_for_os_entropy():
+    assert GaussianNoise(0.1, seed=5).stream_seed == 5
+    assert GaussianNoise(0.1).stream_seed is None
+    noise = GaussianNoise(0.1)
+    noise.reseed(9)
+    assert noise.stream_seed == 9
+    stack = Stack(GradPrune(0.5), GaussianNoise(0.1), seed=7)
+    assert stack.stream_seed == 7 and stack.members[1].stream_seed is not None  # derived from the stack's
+
+
+def test_regroup_keeps_the_members_and_their_streams():
+    member, noise = GradPrune(0.5), GaussianNoise(0.1, seed=3)
+    noise.generator("cpu")
+    before = noise.generator("cpu").get_state()
+    grouped = Stack.regroup([member, noise])
+    assert grouped.members == [member, noise] and noise.stream_seed == 3
+    assert torch.equal(noise.generator("cpu").get_state(), before)  # not reseeded
