@@ -121,16 +121,23 @@ def quantile_cuts(measure: Tensor | None, rows: int, input_range: tuple[float, f
     return torch.cummax(cuts + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
 
 
-def top_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
-    """``rows`` increasing cut-offs at the top of ``<direction, x>``: quantiles ``1 - (rows - j) / (samples + 1)``,
-    so that each bin, and the top row, holds one sample of a batch of ``samples`` on average."""
-    q = 1 - torch.arange(rows, 0, -1, dtype=torch.float64) / (samples + 1)
+def _cuts_at(q: Tensor, measure: Tensor | None, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """Increasing cut-offs at the quantiles ``q`` of ``<direction, x>``: of the attacker's measurement
+    ``measure`` when it has two values or more (tied quantiles nudged apart), else of the normal
+    approximation for inputs uniform on ``input_range``."""
     if measure is not None and measure.numel() >= 2:
-        return torch.cummax(torch.quantile(measure.double(), q) + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
+        return torch.cummax(torch.quantile(measure.double(), q) + torch.arange(len(q), dtype=torch.float64) * 1e-9, 0).values
     lo, hi = input_range
     mean = (lo + hi) / 2 * float(direction.sum())
     std = max((hi - lo) / math.sqrt(12) * float(direction.norm()), 1e-12)
     return torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)).icdf(q)
+
+
+def top_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """``rows`` increasing cut-offs at the top of ``<direction, x>``: quantiles ``1 - (rows - j) / (samples + 1)``,
+    so that each bin, and the top row, holds one sample of a batch of ``samples`` on average."""
+    q = 1 - torch.arange(rows, 0, -1, dtype=torch.float64) / (samples + 1)
+    return _cuts_at(q, measure, input_range, direction)
 
 
 def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
@@ -138,12 +145,7 @@ def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tu
     ``0.5 + (j - (rows - 1) / 2) / (samples + 1)``, so that each bin between two adjacent cuts holds one
     sample of a batch of ``samples`` on average and the lowest cut lets about half of the batch through."""
     q = (0.5 + (torch.arange(rows, dtype=torch.float64) - (rows - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
-    if measure is not None and measure.numel() >= 2:
-        return torch.cummax(torch.quantile(measure.double(), q) + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
-    lo, hi = input_range
-    mean = (lo + hi) / 2 * float(direction.sum())
-    std = max((hi - lo) / math.sqrt(12) * float(direction.norm()), 1e-12)
-    return torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)).icdf(q)
+    return _cuts_at(q, measure, input_range, direction)
 
 
 def craft(model: nn.Module, layers: tuple[str, nn.Linear, str, nn.Linear], input_shape: tuple[int, ...],

@@ -48,3 +48,23 @@ def kill_attack_at(monkeypatch):
         return lambda: monkeypatch.setattr(certify_mod.attack_registry, "get", real_get)
 
     return arm
+
+
+@pytest.fixture
+def count_attack_runs(monkeypatch):
+    """``calls = count_attack_runs()``: from then on, the name of every attack built to run (with a device;
+    config validation builds attacks without one) is appended to ``calls``."""
+    from guardfl.redteam import certify as certify_mod
+
+    def arm() -> list[str]:
+        calls, real_get = [], certify_mod.attack_registry.get
+
+        def counting(name, **budget):
+            if "device" in budget:
+                calls.append(name)
+            return real_get(name, **budget)
+
+        monkeypatch.setattr(certify_mod.attack_registry, "get", counting)
+        return calls
+
+    return arm

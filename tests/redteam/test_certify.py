@@ -56,7 +56,7 @@ def test_outputs_hold_what_a_reviewer_needs(tmp_path):
     assert (tmp_path / "o" / "grid-batch0.png").stat().st_size > 100
 
 
-def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, monkeypatch, kill_attack_at):
+def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, kill_attack_at, count_attack_runs):
     cfg = {**TINY, "attacks": [{"name": "dlg", "budget": {"iterations": 20}}, {"name": "idlg", "budget": {"iterations": 20}}]}
     path = _write(tmp_path, cfg)
     restore = kill_attack_at(2)  # the run is killed while the second attack starts
@@ -65,13 +65,7 @@ def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, monkeypatch, k
     restore()
     first = tmp_path / "r" / "state" / "b0-0-dlg.json"
     stamp = first.stat().st_mtime_ns
-    calls, real_get = [], certify_mod.attack_registry.get
-    def counting(name, **budget):
-        if "device" in budget:
-            calls.append(name)
-        return real_get(name, **budget)
-
-    monkeypatch.setattr(certify_mod.attack_registry, "get", counting)
+    calls = count_attack_runs()
     cert = certify_mod.certify(path, out=tmp_path / "r", resume=True)
     assert calls == ["idlg"]  # only the unfinished attack ran
     assert first.stat().st_mtime_ns == stamp

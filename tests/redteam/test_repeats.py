@@ -123,15 +123,8 @@ def _run(tmp_path, name, capsys=None):
     return json.loads((tmp_path / name / "certificate.json").read_text()), out
 
 
-def test_the_certificate_names_the_reused_attack_and_loses_no_leak(tmp_path, monkeypatch, capsys):
-    calls, real_get = [], certify_mod.attack_registry.get
-
-    def counting(name, **budget):
-        if "device" in budget:
-            calls.append(name)
-        return real_get(name, **budget)
-
-    monkeypatch.setattr(certify_mod.attack_registry, "get", counting)
+def test_the_certificate_names_the_reused_attack_and_loses_no_leak(tmp_path, monkeypatch, capsys, count_attack_runs):
+    calls = count_attack_runs()
     cert, out = _run(tmp_path, "once", capsys)
     assert calls == ["dlg"] * 3  # iDLG computed nothing: its restored labels were DLG's on every batch
     by = {(r["batch"], r["attack"]): r for r in cert["results"]}
@@ -146,7 +139,6 @@ def test_the_certificate_names_the_reused_attack_and_loses_no_leak(tmp_path, mon
     assert "computed once" in (tmp_path / "once" / "report.html").read_text()
 
     # the same config with every run computed: the same leaks, the same certificate but for the notes
-    monkeypatch.setattr(certify_mod.attack_registry, "get", real_get)
     monkeypatch.setattr(repeats, "find_repeats", lambda plans: [])
     full, _ = _run(tmp_path, "full")
     assert all("reused" not in r for r in full["results"])
