@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from guardfl.redteam import ThreatModel, simulate_client
-from guardfl.redteam.attacks import objectives as obj
-from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, optimise_batched
+from guardfl.redteam.attacks.optimisation import objectives as obj
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, optimise_batched
 from guardfl.redteam.attacks.base import resolve_device
-from guardfl.redteam.models import LeNetZhu, resnet18_cifar
+from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar
 
 
 def _sync(device):

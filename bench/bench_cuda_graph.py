@@ -22,8 +22,8 @@ import torch
 
 from guardfl.defenses import GradPrune
 from guardfl.redteam import ThreatModel, simulate_client
-from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched
-from guardfl.redteam.models import LeNetZhu, resnet18_cifar, wide_init_
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched
+from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar, wide_init_
 
 
 def main(argv=None) -> None:

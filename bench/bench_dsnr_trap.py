@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from guardfl.inspect import inspect_model
-from guardfl.redteam import metrics
+from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.attacks import Setting, get
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.client import ClientQuery, FedSGD
-from guardfl.redteam.models import FC2
+from guardfl.redteam.client.simulate import ClientQuery, FedSGD
+from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def data(name: str):
         x = torch.tensor(d[d.files[0]]).permute(0, 3, 1, 2).float() / 255
         y = torch.tensor(d[d.files[1]]).long()
         return x[:4000], y[:4000], AuxData(x[4000:], y[4000:])
-    from guardfl.redteam.data import lfw_faces
+    from guardfl.redteam.modality.image.data import lfw_faces
 
     x, y = lfw_faces()
     return x[:64], y[:64], AuxData(x[64:], y[64:])

@@ -32,9 +32,9 @@ import torch
 from guardfl.defenses import GradPrune
 from guardfl.redteam import ThreatModel, simulate_client
 from guardfl.redteam.attacks.base import exact_float32
-from guardfl.redteam.attacks.second_order import SecondOrderConv2d
-from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
-from guardfl.redteam.models import resnet18_cifar
+from guardfl.redteam.attacks.optimisation.second_order import SecondOrderConv2d
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
+from guardfl.redteam.modality.image.models import resnet18_cifar
 
 
 def setting(samples: int, batch: int, dev: torch.device):

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from guardfl import inspect as I  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
-from guardfl.redteam.attacks.trap_weights import craft, trap_layers  # noqa: E402
-from guardfl.redteam.models import FC2  # noqa: E402
+from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers  # noqa: E402
+from guardfl.redteam.modality.image.models import FC2  # noqa: E402
 from tests import malicious as M  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def fresh_init(model, seed: int = 1234):
 
 
 def trap(base, aux, chains=2, rows=None, seed=0):
-    """Trap weights (the red team's construction, guardfl.redteam.attacks.trap_weights) in ``base``."""
+    """Trap weights (the red team's construction, guardfl.redteam.attacks.malicious.trap_weights) in ``base``."""
     layers = trap_layers(base, (3, 32, 32))
     sent, _, _, _ = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())),
                           torch.Generator().manual_seed(seed), rows, 32)

@@ -20,8 +20,8 @@ import torch
 
 from guardfl.data import from_array
 from guardfl.defenses import InstaHide
-from guardfl.redteam.attacks.demix_public import decode_public
-from guardfl.redteam.metrics import ssim
+from guardfl.redteam.attacks.analytic.demix_public import decode_public
+from guardfl.redteam.modality.image.metrics import ssim
 
 
 def main() -> None:

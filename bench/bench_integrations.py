@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import guardfl
 from guardfl.defenses import GradPrune, Identity, Outpost
 from guardfl.integrations.torch import local_update
-from guardfl.redteam.capture import TrainingCapture
-from guardfl.redteam.models import LeNetZhu, resnet18_cifar
+from guardfl.redteam.client.capture import TrainingCapture
+from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar
 
 
 def hand_round(model, loader, defense):

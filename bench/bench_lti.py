@@ -35,10 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from guardfl.redteam import FedSGD, ThreatModel, attacks, metrics, simulate_client
+from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
+from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.attacks import Setting
 from guardfl.redteam.attacks.base import resolve_device
-from guardfl.redteam.models import LeNetZhu, ResNet20, set_model_state
+from guardfl.redteam.modality.image.models import LeNetZhu, ResNet20, set_model_state
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"

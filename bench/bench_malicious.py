@@ -32,10 +32,11 @@ import numpy as np
 import torch
 
 import guardfl
-from guardfl.redteam import ThreatModel, metrics, simulate_client
+from guardfl.redteam import ThreatModel, simulate_client
+from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.attacks import Setting, get
-from guardfl.redteam.client import ClientQuery, FedSGD
-from guardfl.redteam.models import build_model
+from guardfl.redteam.client.simulate import ClientQuery, FedSGD
+from guardfl.redteam.modality.image.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"

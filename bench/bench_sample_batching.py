@@ -30,8 +30,8 @@ import torch
 
 from guardfl.defenses import from_config
 from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
-from guardfl.redteam.data import lfw_faces
-from guardfl.redteam.models import build_model, set_model_state
+from guardfl.redteam.modality.image.data import lfw_faces
+from guardfl.redteam.modality.image.models import build_model, set_model_state
 
 OUT = Path(__file__).resolve().parents[1] / "bench" / "results" / "sample_batching.json"
 ITERATION_KEYS = ("iterations", "fi_iterations")

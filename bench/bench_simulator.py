@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from guardfl.redteam import FedSGD
-from guardfl.redteam.augment import TransmitSimulator
-from guardfl.redteam.models import LeNetZhu, set_model_state
+from guardfl.redteam.client.transmit import TransmitSimulator
+from guardfl.redteam.modality.image.models import LeNetZhu, set_model_state
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"

@@ -97,7 +97,7 @@ def untimed(point: dict) -> dict:
 
 
 def run(cfg: dict, out: Path, **kw) -> tuple[dict, float]:
-    from guardfl.redteam.sweep import sweep
+    from guardfl.redteam.sweep.run import sweep
 
     if out.exists():
         shutil.rmtree(out)
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "bench"))  # model.name bench_sweep:small_cnn, here and in every worker
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from guardfl.redteam.workers import available_cores
+    from guardfl.redteam.runtime.workers import available_cores
 
     workers = args.workers or available_cores()
     cfg = config(args)

@@ -40,11 +40,11 @@ import torch
 
 from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.certify import prior_guess
-from guardfl.redteam.textdata import builtin_text, sequences
-from guardfl.redteam.textmetrics import evaluate_text
-from guardfl.redteam.textmodels import TEXT_MODELS, next_token_labels
-from guardfl.redteam.tokenizer import load_tokenizer
+from guardfl.redteam.certification.certify import prior_guess
+from guardfl.redteam.modality.text.data import builtin_text, sequences
+from guardfl.redteam.modality.text.metrics import evaluate_text
+from guardfl.redteam.modality.text.models import TEXT_MODELS, next_token_labels
+from guardfl.redteam.modality.text.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"

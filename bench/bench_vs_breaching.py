@@ -65,12 +65,12 @@ Not matched (each library keeps its own behaviour; none changes the work per ite
   each layer's float32 sums in float64 (``objectives.dot_and_square``). (Earlier guardfl reduced the flat
   update at once in float32: on ResNet-18 its norm was 0.1% off and the cosine at the true image 1.002.)
 - how the cosine is computed: on ResNet-18 guardfl never builds the weight gradients of stages 3-4
-  (``redteam/attacks/factored.py``: <dW, O> and |dW|^2 from each layer's output gradient and input), the same
+  (``redteam/attacks/optimisation/factored.py``: <dW, O> and |dW|^2 from each layer's output gradient and input), the same
   value in another summation order (tested to 1e-6); breaching builds every weight gradient.
 
 Measured, per model: restart-iterations per second of each optimisation loop (setup, the choice of the
 winner and the warm-up excluded; the loop is timed from its first to its last step), the wall time of the
-whole ``reconstruct`` call, the final SSIM of the returned reconstruction (``guardfl.redteam.metrics.ssim``
+whole ``reconstruct`` call, the final SSIM of the returned reconstruction (``guardfl.redteam.modality.image.metrics.ssim``
 against the private image, for both), and the wall time to reach a target SSIM: both loops are sampled
 ``--snapshots`` times per restart (the current iterate, clamped to the box; breaching samples after its
 scheduler step, guardfl through its progress hook, which reads the engine's iterate), and the time to
@@ -101,10 +101,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from guardfl.redteam import FedSGD, ThreatModel, attacks, metrics, simulate_client
-from guardfl.redteam.attacks import inverting_gradients as ig_module
+from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
+from guardfl.redteam.modality.image import metrics
+from guardfl.redteam.attacks.optimisation import inverting_gradients as ig_module
 from guardfl.redteam.attacks.base import random_inputs, resolve_device
-from guardfl.redteam.models import LeNetZhu, resnet18_cifar, wide_init_
+from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar, wide_init_
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"

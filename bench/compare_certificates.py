@@ -44,7 +44,7 @@ def skip_reason(path: Path) -> str | None:
     import torch
 
     from guardfl.redteam.config import load_config
-    from guardfl.redteam.data import TORCHVISION
+    from guardfl.redteam.modality.image.data import TORCHVISION
     from guardfl.yamlio import load_yaml
 
     raw = load_yaml(path)
@@ -72,7 +72,7 @@ def skip_reason(path: Path) -> str | None:
 def _torchvision_missing(source: str, root: str | None) -> str | None:
     import torchvision
 
-    from guardfl.redteam.data import TORCHVISION
+    from guardfl.redteam.modality.image.data import TORCHVISION
 
     try:
         getattr(torchvision.datasets, TORCHVISION[source])(root=os.path.expanduser(root or "."), train=True, download=False)
@@ -94,7 +94,7 @@ def pinned(path: Path, seed: int):
 
 def run_one(path: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Certify one config; its untimed certificate under ``out``. The index entry."""
-    from guardfl.redteam.certify import CERTIFICATE, certify, untimed
+    from guardfl.redteam.certification.certify import CERTIFICATE, certify, untimed
 
     name = path.stem
     reason = skip_reason(path)

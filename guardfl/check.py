@@ -93,7 +93,7 @@ def _entries(n: int) -> str:
 
 
 def _build(name: str, shape: tuple[int, ...], classes: int):
-    from guardfl.redteam.models import build_model
+    from guardfl.redteam.modality.image.models import build_model
 
     if len(shape) != 3:
         raise ConfigError(f"model.input_shape: expected [C, H, W] (got {list(shape)})")

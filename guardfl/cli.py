@@ -48,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("defenses", help="list the available defenses")
     p.add_argument("-v", "--verbose", action="store_true", help="also print each config's fields")
     p.set_defaults(func=_cmd_defenses)
-    from guardfl.redteam.cli import add_parser as add_redteam
+    from guardfl.redteam.cli.redteam import add_parser as add_redteam
 
     add_redteam(sub)
-    from guardfl.redteam.sweep_cli import add_parser as add_sweep
+    from guardfl.redteam.cli.sweep import add_parser as add_sweep
 
     add_sweep(sub)
     p = sub.add_parser(

@@ -58,7 +58,7 @@ tensors), ``NUM_STEPS_CURRENT_ROUND`` in its meta and ``train_loss`` / ``guardfl
 which a ``launch_once`` script keeps for the whole job, so epsilon is cumulative over rounds; pass
 ``state_path`` to keep it in a JSON file as well (a script launched per task, a restarted site).
 
-The red team certifies such a site as deployed (``guardfl.redteam.target.run_nvflare``): it calls the
+The red team certifies such a site as deployed (``guardfl.redteam.client.target.run_nvflare``): it calls the
 script's train round with the global model and runs the site's result filters on what comes back with
 ``apply_result_filters`` (filters from ``job_result_filters`` / ``build_filters``), as the client runner
 would.

@@ -32,7 +32,7 @@ class ModelSection(StrictModel):
     @classmethod
     def _name(cls, name: str) -> str:
         if ":" in name:
-            from guardfl.redteam.userref import UserCodeError, split_ref
+            from guardfl.redteam.runtime.userref import UserCodeError, split_ref
 
             try:
                 split_ref(name, "model.name")
@@ -205,7 +205,7 @@ class AttackSection(StrictModel):
 
 
 class TargetSection(StrictModel):
-    """The user's own client code, certified instead of a described client (see ``guardfl.redteam.target``)."""
+    """The user's own client code, certified instead of a described client (see ``guardfl.redteam.client.target``)."""
 
     clientapp: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:attr' of a flwr ClientApp"})
     train_fn: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (model, loader) -> model"})
@@ -236,7 +236,7 @@ class TargetSection(StrictModel):
             raise ValueError("job / result_filters: NVFlare's result filters apply to a target.nvflare only")
         if self.job is not None and self.result_filters is not None:
             raise ValueError("give at most one of job (an exported NVFlare job) or result_filters")
-        from guardfl.redteam.userref import UserCodeError, split_ref
+        from guardfl.redteam.runtime.userref import UserCodeError, split_ref
 
         for name in ("clientapp", "train_fn", "nvflare"):
             ref = getattr(self, name)
@@ -333,7 +333,7 @@ class RedTeamConfig(StrictModel):
         """``certify.batches: null`` becomes the fewest client updates whose samples can support the claim
         (no leak among them): the resolved number is what the certificate and the config hash show."""
         if self.certify.batches is None:
-            from guardfl.redteam.evidence import samples_needed
+            from guardfl.redteam.certification.evidence import samples_needed
 
             needed = samples_needed(self.certify.max_leak_rate, self.certify.confidence)
             resolved = self.certify.model_copy(update={"batches": -(-needed // self.client.n)})
@@ -358,7 +358,7 @@ class RedTeamConfig(StrictModel):
     @model_validator(mode="after")
     def _modality_match(self) -> "RedTeamConfig":
         """A built-in model, the data and the auxiliary data must be of one modality."""
-        from guardfl.redteam.textmodels import TEXT_MODELS
+        from guardfl.redteam.modality.text.models import TEXT_MODELS
 
         text = self.modality == "text"
         name = self.model.name
@@ -380,7 +380,7 @@ class RedTeamConfig(StrictModel):
     def _text_bounded(self) -> "RedTeamConfig":
         """A text file (or folder) named by data.path / aux.path is bounded by its size before anything
         reads it (hashing it for the resume key included): ``textdata.MAX_TEXT_BYTES``."""
-        from guardfl.redteam.textdata import check_text_size
+        from guardfl.redteam.modality.text.data import check_text_size
 
         if self.data.source in TEXT_SOURCES:
             check_text_size(self.data.path, "data.path")

@@ -19,7 +19,7 @@ from torch import Tensor
 from guardfl.config import StrictModel
 from guardfl.errors import ConfigError
 from guardfl.redteam.auxdata import AuxData, content_hashes
-from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers
+from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, bn_layers
 
 
 class ThreatModel(StrictModel):

@@ -84,14 +84,14 @@ def feature_fishing(model: nn.Module, target: int = 0, feature: int = 0, value: 
 
 # -- benign models -----------------------------------------------------------------------------------------
 def small_cnn(seed: int = 0) -> nn.Module:
-    from guardfl.redteam.models import ConvNetSmall
+    from guardfl.redteam.modality.image.models import ConvNetSmall
 
     torch.manual_seed(seed)
     return ConvNetSmall()
 
 
 def lenet(seed: int = 0, wide: bool = False) -> nn.Module:
-    from guardfl.redteam.models import LeNetZhu, wide_init_
+    from guardfl.redteam.modality.image.models import LeNetZhu, wide_init_
 
     torch.manual_seed(seed)
     model = LeNetZhu()
@@ -99,7 +99,7 @@ def lenet(seed: int = 0, wide: bool = False) -> nn.Module:
 
 
 def resnet18(seed: int = 0) -> nn.Module:
-    from guardfl.redteam.models import resnet18_cifar
+    from guardfl.redteam.modality.image.models import resnet18_cifar
 
     torch.manual_seed(seed)
     return resnet18_cifar()

@@ -42,7 +42,7 @@ def test_imports_from_the_installed_wheel_outside_the_repo(wheel, tmp_path):
     )
     code = (
         "import guardfl, guardfl.integrations, guardfl.redteam, importlib, importlib.util, sys;"
-        "import guardfl.integrations.torch, guardfl.integrations.update, guardfl.redteam.target;"
+        "import guardfl.integrations.torch, guardfl.integrations.update, guardfl.redteam.client.target;"
         "assert guardfl.integrations.torch.__file__.startswith(sys.argv[1]);"
         "assert importlib.util.find_spec('flwr') is None or importlib.import_module('guardfl.integrations.flower');"
         "assert guardfl.__file__.startswith(sys.argv[1]), guardfl.__file__;"

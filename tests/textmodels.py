@@ -1,4 +1,4 @@
-"""Text models the text tests share beyond ``guardfl.redteam.textmodels``' own.
+"""Text models the text tests share beyond ``guardfl.redteam.modality.text.models``' own.
 
 Shared by tests/guardfl/test_text_models.py and tests/integrations/test_text_integrations.py.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from guardfl.redteam.textmodels import TextClassifier, Transformer3
+from guardfl.redteam.modality.text.models import TextClassifier, Transformer3
 
 #: small text models for fast tests: vocabulary, context, sequence length, classes
 VOCAB, CONTEXT, LENGTH, CLASSES = 1000, 32, 12, 3

@@ -333,7 +333,7 @@ class Defense:
         gradient of client i, which gets its own draw of the randomness (as N separate ``apply_`` calls
         would; only the streams differ). ``params``: the weights, ``(N, *shape_j)`` per client when
         ``batched_params`` else shared. No statistics are returned: this serves the red team's simulation
-        of the defense over thousands of auxiliary batches (``guardfl.redteam.augment``).
+        of the defense over thousands of auxiliary batches (``guardfl.redteam.client.transmit``).
 
         The default applies ``apply_`` row by row. Defenses whose maths is per entry or per row override
         ``_apply_batch_`` with the same computation over the leading axis (one pass instead of N)."""

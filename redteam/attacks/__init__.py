@@ -7,18 +7,18 @@
 from guardfl.redteam.attacks.base import (
     Attack, AttackConfig, AttackFailed, Capabilities, NotApplicable, PreparedCache, Reconstruction, Setting, infer_labels,
 )
-from guardfl.redteam.attacks.cocktail_party import CocktailParty
-from guardfl.redteam.attacks.dlg import DLG, IDLG
-from guardfl.redteam.attacks.embedding_readout import EmbeddingReadout
-from guardfl.redteam.attacks.fishing import Fishing
-from guardfl.redteam.attacks.gradinversion import GradInversion
-from guardfl.redteam.attacks.inverting_gradients import InvertingGradients
-from guardfl.redteam.attacks.learned_inversion import LearnedInversion
+from guardfl.redteam.attacks.analytic.cocktail_party import CocktailParty
+from guardfl.redteam.attacks.optimisation.dlg import DLG, IDLG
+from guardfl.redteam.attacks.text.embedding_readout import EmbeddingReadout
+from guardfl.redteam.attacks.malicious.fishing import Fishing
+from guardfl.redteam.attacks.optimisation.gradinversion import GradInversion
+from guardfl.redteam.attacks.optimisation.inverting_gradients import InvertingGradients
+from guardfl.redteam.attacks.learned.learned_inversion import LearnedInversion
 from guardfl.redteam.attacks.registry import ATTACKS, available, get
-from guardfl.redteam.attacks.robbing_the_fed import RobbingTheFed
-from guardfl.redteam.attacks.server import ServerAttack
-from guardfl.redteam.attacks.tag import TAG
-from guardfl.redteam.attacks.trap_weights import TrapWeights
+from guardfl.redteam.attacks.malicious.robbing_the_fed import RobbingTheFed
+from guardfl.redteam.attacks.malicious.server import ServerAttack
+from guardfl.redteam.attacks.text.tag import TAG
+from guardfl.redteam.attacks.malicious.trap_weights import TrapWeights
 
 __all__ = [
     "ATTACKS",

@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from guardfl.config import StrictModel, validate
 from guardfl.errors import GuardflError
-from guardfl.redteam.client import FedAvg, FedSGD, Observation, bn_layers
-from guardfl.redteam.files import atomic_torch_save
+from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, bn_layers
+from guardfl.redteam.runtime.files import atomic_torch_save
 from guardfl.redteam.threat import Knowledge, ThreatModel, unseeded
 
 STRENGTHS = ("quick", "paper")

@@ -120,7 +120,7 @@ def test_a_missing_redteam_package_is_one_line_not_a_traceback(monkeypatch, caps
 
     from guardfl.cli import main
 
-    monkeypatch.setitem(sys.modules, "guardfl.redteam.cli", None)
+    monkeypatch.setitem(sys.modules, "guardfl.redteam.cli.redteam", None)
     assert main(["defenses"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "guardfl.redteam.cli is not importable" in err and "pip install -e ." in err
+    assert err.count("\n") == 0 and "guardfl.redteam.cli.redteam is not importable" in err and "pip install -e ." in err

@@ -15,10 +15,10 @@ PACKAGES = ("guardfl", "guardfl.redteam", "guardfl.integrations")
 
 #: not errors: signals and control flow that never leave the function that raises them
 NOT_ERRORS = {
-    "guardfl.redteam.cli.Terminated": "SIGTERM, handled as Ctrl-C: a KeyboardInterrupt, so `except Exception` must not catch it",
+    "guardfl.redteam.cli.redteam.Terminated": "SIGTERM, handled as Ctrl-C: a KeyboardInterrupt, so `except Exception` must not catch it",
     "guardfl.ops.representation._Captured": "stops a forward pass at a hook; caught in the same function",
-    "guardfl.redteam.attacks.cocktail_party._Stop": "stops a forward pass at a hook; caught in the same function",
-    "guardfl.redteam.attacks.fishing._OutOfQueries": "ends a query loop; caught in the same function",
+    "guardfl.redteam.attacks.analytic.cocktail_party._Stop": "stops a forward pass at a hook; caught in the same function",
+    "guardfl.redteam.attacks.malicious.fishing._OutOfQueries": "ends a query loop; caught in the same function",
 }
 
 
@@ -52,6 +52,6 @@ def test_data_error_is_a_guardfl_error_and_still_a_value_error():
     with pytest.raises(GuardflError):
         raise DataError("data.path: npz file not found: 'x.npz'")
     assert issubclass(DataError, ValueError)  # callers that catch ValueError keep catching it
-    from guardfl.redteam import data
+    from guardfl.redteam.modality.image import data
 
     assert data.DataError is DataError

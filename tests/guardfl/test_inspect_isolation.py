@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guardfl.inspect import inspect_model, isolated_samples
-from guardfl.redteam.attacks.trap_weights import craft, trap_layers
-from guardfl.redteam.models import FC2
+from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
+from guardfl.redteam.modality.image.models import FC2
 
 
 def chain_delta(batch=16, bins=12, seed=0):

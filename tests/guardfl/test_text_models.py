@@ -51,7 +51,7 @@ from guardfl.defenses import (REGISTRY, DPSGD, GaussianNoise, GradDefense, GradP
 from guardfl.defenses.outpost import layer_risk
 from guardfl.errors import ConfigError
 from guardfl.ops.selection import cover_count, largest_k_mask, prune_count, smallest_k_mask
-from guardfl.redteam.textmodels import next_token_labels
+from guardfl.redteam.modality.text.models import next_token_labels
 from tests.textmodels import CLASSES, LENGTH, MODELS, VOCAB, AttentionClassifier, make
 
 BATCH, LR = 4, 0.1

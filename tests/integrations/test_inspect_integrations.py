@@ -61,7 +61,7 @@ def test_local_update_inspect_must_be_a_known_mode():
 def dsnr_only(seed=0):
     """Disguised class fishing on label 1, the one sample of label 1 in the loader's first batch: it passes
     every default check and only SEER's D-SNR (62 > 2) refuses it."""
-    from guardfl.redteam.attacks.fishing import fishing_model
+    from guardfl.redteam.attacks.malicious.fishing import fishing_model
 
     return fishing_model(net(seed), 3, 1, 50.0, disguise=True)
 

@@ -259,7 +259,7 @@ def test_trainer_refuses_a_malicious_model_before_training():
 
 
 def test_trainer_inspect_disaggregation_refuses_what_only_dsnr_sees():
-    from guardfl.redteam.attacks.fishing import fishing_model
+    from guardfl.redteam.attacks.malicious.fishing import fishing_model
 
     fished = fishing_model(net(), 3, 1, 50.0, disguise=True)  # label 1 has one sample in the first batch
     plain = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True)

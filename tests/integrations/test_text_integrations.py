@@ -20,7 +20,7 @@ from guardfl.errors import ConfigError
 from guardfl.integrations.torch import ClientState, first_batch, local_update
 from guardfl.integrations.update import UpdateDefense
 from guardfl.ops.selection import prune_count
-from guardfl.redteam.textmodels import next_token_labels
+from guardfl.redteam.modality.text.models import next_token_labels
 from tests.textmodels import CLASSES, LENGTH, MODELS, VOCAB, AttentionClassifier, make
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")

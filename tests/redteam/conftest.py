@@ -2,7 +2,7 @@ import pytest
 import skimage.data
 import torch
 
-from guardfl.redteam.models import LeNetZhu, wide_init_
+from guardfl.redteam.modality.image.models import LeNetZhu, wide_init_
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def _sequential_cli(monkeypatch):
     """The CLI's default is one worker process per core; tests that go through the CLI run their jobs in
     this process (tests patch attacks here, and spawning workers costs seconds per run). The worker path
     has its own tests (test_workers.py), which ask for workers explicitly."""
-    monkeypatch.setattr("guardfl.redteam.certify.default_workers", lambda device: 1)
+    monkeypatch.setattr("guardfl.redteam.certification.certify.default_workers", lambda device: 1)
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def kill_attack_at(monkeypatch):
     """``kill_attack_at(k)``: the run is killed (KeyboardInterrupt) as its k-th attack job starts (config
     validation builds attacks without a device and does not count). Returns a function that puts the real
     attack registry back."""
-    from guardfl.redteam import certify as certify_mod
+    from guardfl.redteam.certification import certify as certify_mod
 
     real_get = certify_mod.attack_registry.get
 
@@ -54,7 +54,7 @@ def kill_attack_at(monkeypatch):
 def count_attack_runs(monkeypatch):
     """``calls = count_attack_runs()``: from then on, the name of every attack built to run (with a device;
     config validation builds attacks without one) is appended to ``calls``."""
-    from guardfl.redteam import certify as certify_mod
+    from guardfl.redteam.certification import certify as certify_mod
 
     def arm() -> list[str]:
         calls, real_get = [], certify_mod.attack_registry.get

@@ -3,7 +3,7 @@ import torch
 
 from guardfl.defenses import GradPrune, Stack, SignCompression
 from guardfl.redteam import FedAvg, ThreatModel, simulate_client
-from guardfl.redteam.models import ConvNetSmall
+from guardfl.redteam.modality.image.models import ConvNetSmall
 from guardfl.redteam.threat import defense_kinds, unseeded
 
 
@@ -52,7 +52,7 @@ def test_inter_instahide_is_found_in_a_stack(tmp_path):
 
 def test_unseeded_strips_every_seed_and_nothing_else():
     from guardfl.defenses import parse_config
-    from guardfl.redteam import augment
+    from guardfl.redteam.client import transmit as augment
     from guardfl.redteam.attacks import base
 
     cfg = {"kind": "stack", "seed": 1, "nonfinite": "zero", "defenses": [

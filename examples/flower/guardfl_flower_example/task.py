@@ -77,7 +77,7 @@ class Net(nn.Module):
 
 def lenet(num_classes: int = NUM_CLASSES) -> nn.Module:
     """The LeNet of Zhu et al. 2019 (sigmoid, strided convs) for 3x16x16 inputs."""
-    from guardfl.redteam.models import LeNetZhu
+    from guardfl.redteam.modality.image.models import LeNetZhu
 
     return LeNetZhu((3, 16, 16), num_classes)
 
@@ -93,7 +93,7 @@ def make_model(settings: "Settings") -> nn.Module:
 def faces() -> tuple[torch.Tensor, torch.Tensor]:
     """The 100 LFW faces shipped with scikit-image, as 3x16x16 images; labels i % 10 (the subset has no
     identities)."""
-    from guardfl.redteam.data import lfw_faces
+    from guardfl.redteam.modality.image.data import lfw_faces
 
     x, y = lfw_faces(NUM_CLASSES)
     x = F.interpolate(x, size=16, mode="bilinear", align_corners=False).clamp(0, 1)

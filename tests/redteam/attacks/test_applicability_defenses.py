@@ -16,8 +16,8 @@ from guardfl.redteam import FedAvg, FedSGD, ThreatModel, simulate_client
 from guardfl.redteam.attacks import Setting
 from guardfl.redteam.attacks.registry import ATTACKS
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.models import LeNetZhu, set_model_state
-from guardfl.redteam.textmodels import Transformer3, next_token_labels
+from guardfl.redteam.modality.image.models import LeNetZhu, set_model_state
+from guardfl.redteam.modality.text.models import Transformer3, next_token_labels
 
 L = 8
 

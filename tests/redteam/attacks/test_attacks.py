@@ -5,9 +5,10 @@ import torch
 
 from guardfl.defenses import GradPrune, SignCompression
 from guardfl.errors import ConfigError
-from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, metrics, simulate_client
-from guardfl.redteam.attacks.engine import optimise_batched
-from guardfl.redteam.models import ConvNetSmall
+from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, simulate_client
+from guardfl.redteam.modality.image import metrics
+from guardfl.redteam.attacks.optimisation.engine import optimise_batched
+from guardfl.redteam.modality.image.models import ConvNetSmall
 
 
 def _ssim(rec, x):
@@ -48,7 +49,7 @@ def test_inverting_gradients_winner_is_chosen_by_its_objective(wide_lenet, faces
 
 
 def test_batched_restarts_equal_sequential_restarts(wide_lenet, faces):
-    from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica
+    from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
 
     obs = simulate_client(wide_lenet, faces[:1], torch.tensor([2]))
     knowledge = ThreatModel(labels="known").knowledge(obs)

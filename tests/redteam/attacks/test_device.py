@@ -20,8 +20,8 @@ import torch
 
 from guardfl.defenses import DPSGD, GradPrune, InstaHide, Outpost
 from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
-from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, optimise_batched
-from guardfl.redteam.models import resnet18_cifar
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, optimise_batched
+from guardfl.redteam.modality.image.models import resnet18_cifar
 
 META = torch.device("meta")
 #: what meta tensors raise when a value is read back to the host (allowed only after the inner loop; a
@@ -58,7 +58,7 @@ def test_known_defense_objectives_and_fedavg_run_on_the_device(defense, wide_len
 
 
 def test_soft_labels_of_an_encoding_and_dp_clipping_run_on_the_device(wide_lenet, faces):
-    from guardfl.redteam.attacks.encoded import attack_view
+    from guardfl.redteam.attacks.analytic.encoded import attack_view
 
     obs = simulate_client(wide_lenet, faces[:4], torch.tensor([0, 1, 2, 3]), InstaHide(k=2, seed=0))
     view = attack_view(obs, True)
@@ -110,7 +110,7 @@ def test_learned_inversion_trains_on_the_device(defense, wide_lenet, faces):
 def test_attacks_run_in_exact_float32_and_restore_the_callers_settings(wide_lenet, faces):
     """TF32 (cuDNN's default for float32 convolutions on CUDA) is off while an attack prepares and
     reconstructs, and the caller's flags come back afterwards (the flags exist on a CPU build too)."""
-    from guardfl.redteam.attacks import inverting_gradients as ig
+    from guardfl.redteam.attacks.optimisation import inverting_gradients as ig
 
     seen = []
     original = ig.optimise_batched
@@ -151,7 +151,7 @@ def test_samples_batched_in_one_call_run_on_the_device(name, wide_lenet, faces):
 
 
 def test_the_batched_optimiser_over_samples_never_syncs_with_the_host(wide_lenet, faces):
-    from guardfl.redteam.attacks.engine import observation_target, stack_targets
+    from guardfl.redteam.attacks.optimisation.engine import observation_target, stack_targets
 
     observations = [simulate_client(wide_lenet, faces[i : i + 1], torch.tensor([i])).to(META) for i in range(3)]
     knowledge = [ThreatModel(labels="known").knowledge(o).to(META) for o in observations]
@@ -167,7 +167,7 @@ def test_the_batched_optimiser_over_samples_never_syncs_with_the_host(wide_lenet
 
 
 def _text_client(kind: str, batch: int, defense=None):
-    from guardfl.redteam.textmodels import next_token_labels
+    from guardfl.redteam.modality.text.models import next_token_labels
     from tests.textmodels import LENGTH, VOCAB, make
 
     model = make(kind)
@@ -185,8 +185,8 @@ def test_tag_inner_loop_never_syncs_with_the_host(kind, labels, defense):
     one, soft labels tied to the guess, Adam with warm-up and cosine decay) runs on meta to the end. Its
     data-dependent setup (the token bag, the embedding scale) reads back once, before the loop."""
     from guardfl.defenses import SignCompression
-    from guardfl.redteam.attacks.tag import _without, optimise_embeddings, tag_objective
-    from guardfl.redteam.textmodels import embedding_names
+    from guardfl.redteam.attacks.text.tag import _without, optimise_embeddings, tag_objective
+    from guardfl.redteam.modality.text.models import embedding_names
 
     chosen = {None: None, "prune": GradPrune(0.9, seed=0), "sign": SignCompression()}[defense]
     obs = _text_client(kind, 1, chosen)
@@ -210,7 +210,7 @@ def test_learned_inversion_for_tokens_trains_on_the_device(kind):
     import traceback
 
     from guardfl.redteam.auxdata import AuxData
-    from guardfl.redteam.textmodels import next_token_labels
+    from guardfl.redteam.modality.text.models import next_token_labels
     from tests.textmodels import LENGTH, VOCAB
 
     obs = _text_client(kind, 1)

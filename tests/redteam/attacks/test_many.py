@@ -11,8 +11,8 @@ import torch
 from guardfl.defenses import from_config
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.attacks import Capabilities
-from guardfl.redteam.data import lfw_faces
-from guardfl.redteam.models import ConvNetSmall, FC2, build_model, set_model_state
+from guardfl.redteam.modality.image.data import lfw_faces
+from guardfl.redteam.modality.image.models import ConvNetSmall, FC2, build_model, set_model_state
 
 KNOWN = ThreatModel(labels="known")
 #: small budgets: a few seconds per test on 2 cores
@@ -157,7 +157,7 @@ def test_batchnorm_prior_batches_and_proxy_statistics_loop(private):
 
 def test_encoded_views_batch_like_the_loop(lenet, private):
     """MixUp clients: the attack reconstructs the encodings (soft labels, per sample) from each view."""
-    from guardfl.redteam.attacks.encoded import attack_view
+    from guardfl.redteam.attacks.analytic.encoded import attack_view
 
     x, y = private
     views = [attack_view(simulate_client(lenet, x[r : r + 2], y[r : r + 2], from_config({"kind": "mixup", "k": 2, "seed": r})), True)
@@ -211,7 +211,7 @@ def test_capabilities_say_which_attacks_batch_samples():
 def test_samples_as_separate_forwards_give_the_vmapped_result(lenet, private):
     """``vmap_restarts=False`` (large models on a CPU) runs S x R ordinary objectives: the same result,
     each sample's anchor its own restarts' mean."""
-    from guardfl.redteam.attacks.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
+    from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
 
     observations = _clients(lenet, private, [0, 1])
     knowledge = [KNOWN.knowledge(o) for o in observations]

@@ -1,0 +1,1 @@
+"""Analytic attacks: Cocktail Party (ICA), and demixing of encoded (MixUp / InstaHide) batches."""

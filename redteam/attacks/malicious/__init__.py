@@ -1,0 +1,1 @@
+"""Malicious-server attacks: Robbing the Fed, Fishing, trap weights."""

@@ -1,0 +1,86 @@
+"""Malicious-server attacks: the server sends the client a model of its own making and reads the updates.
+
+The lifecycle differs from an honest server's in one place: instead of ``reconstruct(observation)``, a
+``ServerAttack`` gets ``interrogate(client, setting, threat)``, where ``client`` is a ``ClientQuery``: a
+callable that takes the model the server sends and returns what the client transmits, computed on its
+private batch through the real defense path. The attack crafts the model(s) from the ``Setting`` (the
+honest global model, the batch geometry, the defense's configuration), queries as many times as its
+method needs (``Reconstruction.info["queries"]``), and returns the reconstruction of the client's batch.
+It never sees the batch itself. ``Reconstruction.info["malicious_model"]`` is the (last) model it sent.
+
+``capabilities.server == "malicious"``: ``applicable`` requires ``threat.server: malicious``; under an
+honest threat (the default certificate) these attacks are listed as not applicable, with that reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction, Setting, exact_float32, infer_labels, resolve_device
+from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
+from guardfl.redteam.threat import ThreatModel
+
+
+class ServerAttack(Attack):
+    """Base of the attacks that send the client a modified model (see the module docstring)."""
+
+    def interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel | None = None,
+                    seed: int | None = None) -> Reconstruction:
+        """Attack one client (its private batch, behind ``client``) by sending it models of the attack's
+        own making. ``seed`` (default ``config.seed``, OS entropy when None) seeds the attack's own
+        randomness (the crafted model's random parts)."""
+        threat = threat or ThreatModel(server="malicious")
+        reason = self.applicable(setting, threat)
+        if reason is not None:
+            raise NotApplicable(f"{self.name}: {reason}")
+        device = resolve_device(self.config.device)
+        gen = self._generator(self.config.seed if seed is None else seed)
+        try:
+            with exact_float32():
+                rec = self._interrogate(client, setting, threat, device, gen)
+        except ModelRefused as refused:
+            # the client's inspection refused a model: it sent nothing for it, and the attack ends with
+            # what it had (nothing: a grey guess) and the reasons on record
+            empty = torch.zeros((0, *setting.input_shape))
+            rec = Reconstruction(fill_batch(empty, setting.num_samples, setting.input_range),
+                                 torch.zeros(setting.num_samples, dtype=torch.long), float("nan"), [],
+                                 {"labels": "not restored", "refused": "; ".join(refused.reasons)})
+        rec.info.setdefault("queries", client.queries)
+        rec.info.setdefault("refused_queries", getattr(client, "refused", 0))
+        return rec
+
+    def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
+                     gen: torch.Generator) -> Reconstruction:
+        raise NotImplementedError
+
+    def reconstruct_many(self, observations: list[Observation], threat: ThreatModel | None = None,
+                         seeds: list[int | None] | None = None) -> list[Reconstruction]:
+        raise NotApplicable(f"{self.name}: a malicious-server attack sends the client its own model; an update the "
+                            "client computed on the honest model cannot be attacked this way (use interrogate)")
+
+
+
+def server_labels(observation: Observation, setting: Setting, threat: ThreatModel) -> tuple[torch.Tensor, str]:
+    """The labels a server attack returns with its images, and where they came from: granted
+    (``threat.labels: known``), restored from the classifier's update when the batch has at most one
+    sample per class, else zeros marked "not restored" (the attacks that read inputs, not labels)."""
+    knowledge = threat.knowledge(observation)
+    if knowledge.labels is not None:
+        return knowledge.labels, "known"
+    if setting.num_samples <= setting.num_classes:
+        return infer_labels(observation), "inferred"
+    return torch.zeros(setting.num_samples, dtype=torch.long), "not restored"
+
+
+def fill_batch(images: torch.Tensor, samples: int, input_range: tuple[float, float]) -> torch.Tensor:
+    """``samples`` images from an attack's ``k`` reconstructions of part of a batch: repeated in turn
+    (mid-grey when there are none). Metrics match reconstructions to private images by least total error
+    (``metrics.match``); a grey placeholder could take a private image's match away from the
+    reconstruction that recovers it, a copy of that reconstruction cannot."""
+    if images.shape[0] >= samples:
+        return images[:samples]
+    if images.shape[0] == 0:
+        lo, hi = input_range
+        return torch.full((samples, *images.shape[1:]), (lo + hi) / 2)
+    reps = -(-samples // images.shape[0])
+    return images.repeat(reps, *([1] * (images.dim() - 1)))[:samples]

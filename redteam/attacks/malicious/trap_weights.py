@@ -1,0 +1,268 @@
+"""Trap weights: Robbing the Fed's bins written into the honest model's own first linear layer.
+
+The adaptive malicious server of issue 34: it has read ``guardfl/inspect.py`` and builds a model that
+passes its weight checks (Boenisch et al. 2023, "When the Curious Abandon Honesty": the honest
+architecture's own layers made to leak; Garov et al. 2024, SEER: a server disguised against client-side
+checks). The architecture is the client's own, so the architecture comparison sees nothing.
+
+Construction, for a model whose first parameterised layer (in forward order) is an ``nn.Linear(d -> U)``
+on the flattened input, followed by an ``nn.ReLU`` and an ``nn.Linear(U -> K)`` that reads those units
+(FC-2, MLPs; elsewhere: not applicable, with the reason):
+
+- The ``U`` rows form ``chains`` measurement chains of ``U // chains`` rows (left-over rows never fire).
+  Chain c measures ``s = <m_c, x>`` along a random unit direction ``m_c``; its rows cut ``s`` at
+  equal-mass quantiles of the attacker's auxiliary data (``threat.aux``; a Gaussian fitted to the input
+  range without it), the first cut below every input: row i fires for the samples with ``s > c_i``.
+- Evasion of the weight checks: every row is scaled by its own random factor in [0.5, 2] (no two rows
+  equal: the duplicate-row check; the gating is unchanged), the chains' directions are independent (rank
+  ``chains``, not one: the rank-one check), the rows are in random order (the biases are no monotone
+  sequence), the classifier's rows and biases keep their honest norms and offsets (no zeroed rows, no
+  bias gap).
+- The next layer's columns of one chain are one random vector ``v_c``, so every row of the chain gets the
+  same coefficient ``D_n = v_c . (p_n - y_n)`` for sample n: the difference of two adjacent rows' updates
+  (in cut-off order) is ``sum D_n x_n`` over the samples in that bin, and its bias's ``sum D_n``; a
+  sample alone in its bin comes back exactly as their ratio (Fowl et al., Eq. 3-4).
+- ``column_noise``: relative noise on each shared column (an attacker trading exactness for room under a
+  check's tolerance; 0 by default).
+- ``rows``: a small trap: only ``rows`` rows per chain, cut at the top of the measurement (a bin per
+  sample on average), the rest of the layer honest. It reads a few samples exactly and stays under a
+  check that counts isolated samples against what the honest model isolates (``inspect_model``'s
+  isolation check with a reference): the construction that adapts to that check.
+- ``boost``: the trapped rows' classifier columns made that many times larger than the honest ones, so
+  their gradients are too: a defense that keeps a layer's largest entries (GradPrune, Outpost) keeps the
+  trap's (the attacker knows the defense's configuration).
+- ``cuts: middle`` (with ``rows``; built against SEER's D-SNR check, ``inspect_model(...,
+  disaggregation=True)``, which refuses a model when one sample's weight gradient exceeds 2 times all the
+  others' in a layer): boosted rows at the top of the measurement give 1000x gradients to the few samples
+  above the cuts, and one of them can dominate the layer (D-SNR 2.2 to 630 measured on FC-2, CIFAR-10
+  and LFW batches of 64). Instead the ``rows`` cuts sit around the median, spaced ``1 / (B + 1)`` in
+  quantile (one sample per bin on average), so that every sample above the lowest cut, about half the
+  batch, fires the boosted rows: the boosted gradient is spread over ~B/2 samples and D-SNR stays near
+  ``sqrt(rows) / (B / 2)`` (measured 0.03-0.21), while the difference of two adjacent rows still holds the
+  samples of one bin alone. The trapped rows are scaled by ``1 / boost``, so that their activations (and
+  the logits of the half of the batch that fires them) stay those of an honest-magnitude unit; the gradient
+  into the rows does not depend on their scale. The top row (every sample above the highest cut) is no
+  bin and gives no candidate. The isolation check still counts the bins' samples: ``rows`` of 4 to 6 keep
+  that count near the honest model's on batches of 64 (it compares counts, not which samples).
+
+Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
+negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
+is a fresh chance for a sample to be alone in a bin; ``inspect_model``'s isolation check counts the
+samples a stronger decoder (peeling across bins) would read.
+
+The client's inspection (``client.inspect``) runs the batch checks too: this model is what the isolation
+check exists for, and a client that inspects refuses it (``ModelRefused``: nothing sent).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
+from guardfl.redteam.attacks.registry import register
+from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
+from guardfl.redteam.attacks.malicious.server import ServerAttack, server_labels
+from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.threat import ThreatModel
+
+
+def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[str, nn.Linear, str, nn.Linear] | str:
+    """(name, first linear, name, next linear) of a model that can host trap weights, or the reason it
+    cannot: the modules that run on one probe input, in order, must start with an ``nn.Linear`` on the
+    flattened input, then an ``nn.ReLU``, then an ``nn.Linear`` reading the first one's outputs."""
+    names = {id(m): n for n, m in model.named_modules()}
+    order: list[nn.Module] = []
+    hooks = [m.register_forward_hook(lambda m, i, o: order.append(m)) for m in model.modules()
+             if not any(True for _ in m.children())]
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape, device=next((p.device for p in model.parameters()), torch.device("cpu"))))
+    except Exception as err:  # noqa: BLE001 - a model the probe cannot run: say so
+        return f"the model does not run on one input of shape {list(input_shape)} ({type(err).__name__})"
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was)
+    layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, nn.ReLU)]
+    d = math.prod(input_shape)
+    if len(layers) < 3 or not isinstance(layers[0], nn.Linear) or layers[0].in_features != d:
+        first = type(layers[0]).__name__ if layers else "none"
+        return (f"trap weights need a first layer that is an nn.Linear on the whole flattened input ({d} features); "
+                f"this model's first layer is {first}")
+    first, relu, second = layers[0], layers[1], layers[2]
+    if not isinstance(relu, nn.ReLU) or not isinstance(second, nn.Linear) or second.in_features != first.out_features:
+        return "trap weights need nn.Linear -> nn.ReLU -> nn.Linear reading all of the first layer's units"
+    return names[id(first)], first, names[id(second)], second
+
+
+def quantile_cuts(measure: Tensor | None, rows: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """``rows`` increasing cut-offs of ``<direction, x>``: equal-mass quantiles of the attacker's
+    measurements ``measure`` (aux data), else of a Gaussian guess (inputs uniform in the range); the first
+    one below any possible input."""
+    q = torch.arange(1, rows, dtype=torch.float64) / rows
+    if measure is not None and measure.numel() >= 2:
+        inner = torch.quantile(measure.double(), q)
+    else:
+        lo, hi = input_range
+        mean = (lo + hi) / 2 * float(direction.sum())
+        std = (hi - lo) / math.sqrt(12) * float(direction.norm())
+        inner = torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64),
+                                           torch.tensor(max(std, 1e-12), dtype=torch.float64)).icdf(q)
+    bound = float(direction.abs().sum()) * max(abs(input_range[0]), abs(input_range[1])) + 1.0
+    cuts = torch.cat([torch.tensor([-bound], dtype=torch.float64), inner])
+    return torch.cummax(cuts + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
+
+
+def _cuts_at(q: Tensor, measure: Tensor | None, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """Increasing cut-offs at the quantiles ``q`` of ``<direction, x>``: of the attacker's measurement
+    ``measure`` when it has two values or more (tied quantiles nudged apart), else of the normal
+    approximation for inputs uniform on ``input_range``."""
+    if measure is not None and measure.numel() >= 2:
+        return torch.cummax(torch.quantile(measure.double(), q) + torch.arange(len(q), dtype=torch.float64) * 1e-9, 0).values
+    lo, hi = input_range
+    mean = (lo + hi) / 2 * float(direction.sum())
+    std = max((hi - lo) / math.sqrt(12) * float(direction.norm()), 1e-12)
+    return torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)).icdf(q)
+
+
+def top_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """``rows`` increasing cut-offs at the top of ``<direction, x>``: quantiles ``1 - (rows - j) / (samples + 1)``,
+    so that each bin, and the top row, holds one sample of a batch of ``samples`` on average."""
+    q = 1 - torch.arange(rows, 0, -1, dtype=torch.float64) / (samples + 1)
+    return _cuts_at(q, measure, input_range, direction)
+
+
+def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
+    """``rows`` increasing cut-offs around the median of ``<direction, x>``: quantiles
+    ``0.5 + (j - (rows - 1) / 2) / (samples + 1)``, so that each bin between two adjacent cuts holds one
+    sample of a batch of ``samples`` on average and the lowest cut lets about half of the batch through."""
+    q = (0.5 + (torch.arange(rows, dtype=torch.float64) - (rows - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
+    return _cuts_at(q, measure, input_range, direction)
+
+
+def craft(model: nn.Module, layers: tuple[str, nn.Linear, str, nn.Linear], input_shape: tuple[int, ...],
+          aux: Tensor | None, chains: int, column_noise: float, input_range: tuple[float, float],
+          gen: torch.Generator, rows: int | None = None, samples: int = 1,
+          boost: float = 1.0, cuts: str = "top") -> tuple[nn.Module, list[Tensor], str, str]:
+    """The trapped model (a deep copy), the rows of each chain in cut-off order, and the names of the
+    first layer's weight and bias. ``rows``: rows per chain at the top of the measurement (``cuts="top"``)
+    or around its median (``cuts="middle"``: the rows also scaled by ``1 / boost``), the other rows keep
+    their honest weights; None: the whole layer, ``U // chains`` rows per chain."""
+    sent = copy.deepcopy(model)
+    first_name, _, second_name, _ = layers
+    modules = dict(sent.named_modules())
+    first, second = modules[first_name], modules[second_name]
+    units, d = first.out_features, first.in_features
+    k = units // chains if rows is None else min(rows, units // chains)
+    order = torch.randperm(units, generator=gen)
+    chain_rows = []
+    with torch.no_grad():
+        if rows is None:
+            first.weight.zero_()
+            first.bias.fill_(-1.0)  # left-over rows never fire
+        for c in range(chains):
+            m = torch.randn(d, generator=gen, dtype=torch.float64)
+            m /= m.norm()
+            measure = None if aux is None else aux.flatten(1).double() @ m
+            if rows is None:
+                cut = quantile_cuts(measure, k, input_range, m)
+            elif cuts == "middle":
+                cut = middle_cuts(measure, k, samples, input_range, m)
+            else:
+                cut = top_cuts(measure, k, samples, input_range, m)
+            scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+            if rows is not None and cuts == "middle":
+                scale = scale / boost  # half the batch fires these rows: their activations (and logits) stay honest
+            chain = order[c * k:(c + 1) * k]
+            first.weight[chain] = (scale[:, None] * m[None, :]).to(first.weight.dtype)
+            first.bias[chain] = (-scale * cut).to(first.bias.dtype)
+            column = torch.randn(second.out_features, generator=gen, dtype=torch.float64)
+            column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
+            noise = 1 + column_noise * torch.randn(second.out_features, k, generator=gen, dtype=torch.float64)
+            second.weight[:, chain] = (column[:, None] * noise).to(second.weight.dtype)
+            chain_rows.append(chain)
+    return sent, chain_rows, f"{first_name}.weight", f"{first_name}.bias"
+
+
+def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, input_shape: tuple[int, ...],
+            input_range: tuple[float, float], min_mass: float, top_row: bool = True) -> tuple[Tensor, int]:
+    """Candidates from every chain's adjacent row differences (see the module docstring): ``samples``
+    images and the number of bins that held one. ``top_row=False``: a chain's last row is no bin (it
+    holds every sample above it: ``cuts="middle"``)."""
+    parts = [bin_differences(weight[rows], bias[rows]) for rows in chains]
+    if not top_row:
+        parts = [(dw[:-1], db[:-1]) for dw, db in parts]
+    return candidates(torch.cat([dw for dw, _ in parts]), torch.cat([db for _, db in parts]), input_shape, samples,
+                      input_range, min_mass)
+
+
+class TrapWeightsConfig(AttackConfig):
+    chains: int = Field(default=2, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
+    column_noise: float = Field(default=0.0, ge=0, le=1, json_schema_extra={"allowed": "in [0, 1]"})
+    #: rows per chain, cut at the top of the measurement (one sample per bin on average), the rest of the
+    #: layer left honest: a small trap that reads a few samples and stays under a check that counts
+    #: isolated samples against the honest model's; null: the whole layer
+    rows: int | None = Field(default=None, ge=2, le=65536, json_schema_extra={"allowed": "null (the whole layer) or an integer in [2, 65536]"})
+    #: the trapped rows' classifier columns at this many times the honest columns' mean norm: their
+    #: gradients as many times larger, so that a defense that keeps the largest entries of a layer
+    #: (GradPrune, Outpost's pruning) keeps theirs
+    boost: float = Field(default=1.0, ge=1.0, le=1e6, json_schema_extra={"allowed": "in [1, 1e6]"})
+    #: where the ``rows`` cut the measurement: "top" (one sample per bin on average, the top row one sample
+    #: too) or "middle" (around the median: every sample above the lowest cut, about half the batch, sends
+    #: the boosted gradient, so that no one sample dominates the layer: adapted to the D-SNR check)
+    cuts: Literal["top", "middle"] = Field(default="top", json_schema_extra={"allowed": "'top' or 'middle' (with rows)"})
+    min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
+
+    @model_validator(mode="after")
+    def _cuts_need_rows(self) -> "TrapWeightsConfig":
+        if self.cuts != "top" and self.rows is None:
+            raise ValueError(f"cuts: {self.cuts!r} places a small trap's rows, but rows is null (the whole layer is cut at "
+                             "quantiles): set rows, or remove cuts")
+        return self
+
+
+@register
+class TrapWeights(ServerAttack):
+    """Robbing the Fed's bins inside the honest first linear layer, disguised against the weight checks."""
+
+    name = "trap_weights"
+    Config = TrapWeightsConfig
+    capabilities = Capabilities(protocols=frozenset({"fedsgd", "fedavg"}), server="malicious",
+                                threat=frozenset({"labels"}))  # reads the aux data, never bn/defense/fedavg
+    budgets = {"quick": {}, "paper": {}}
+    paper_budget = "analytic (one query), as Robbing the Fed; chains of U / chains bins"
+
+    @classmethod
+    def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
+        found = trap_layers(setting.model, tuple(setting.input_shape))
+        if isinstance(found, str):
+            return found
+        if found[1].out_features // 2 < 2:
+            return f"the first linear layer has {found[1].out_features} units: too few for chains of bins"
+        return None
+
+    def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
+                     gen: torch.Generator) -> Reconstruction:
+        c = self.config
+        shape, n = tuple(setting.input_shape), setting.num_samples
+        layers = trap_layers(setting.model, shape)
+        chains = min(c.chains, layers[1].out_features // 2)
+        aux = None if threat.aux is None else threat.aux.images
+        sent, rows, wname, bname = craft(setting.model, layers, shape, aux, chains, c.column_noise,
+                                         setting.input_range, gen, c.rows, n, c.boost, c.cuts)
+        observation = client(sent)
+        images, found = recover(observation.update[wname], observation.update[bname], rows, n, shape,
+                                setting.input_range, c.min_mass, top_row=c.rows is None or c.cuts == "top")
+        labels, source = server_labels(observation, setting, threat)
+        return Reconstruction(images, labels.cpu(), 0.0, [], {
+            "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in rows), "candidates": found,
+            "layer": wname.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": c.boost, "cuts": c.cuts if c.rows else "quantiles",
+            "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": sent})

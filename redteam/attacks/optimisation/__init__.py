@@ -1,0 +1,1 @@
+"""Optimisation attacks: gradient matching (DLG, iDLG, Inverting Gradients, GradInversion) and their engine."""

@@ -1,0 +1,1 @@
+"""Text attacks: TAG and the embedding read-out."""

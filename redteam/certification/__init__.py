@@ -1,0 +1,1 @@
+"""Certification: the run's recipe, its plan, its batches, the judge and the certificate."""

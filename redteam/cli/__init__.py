@@ -1,0 +1,1 @@
+"""Command lines: ``guardfl redteam`` and ``guardfl sweep``."""

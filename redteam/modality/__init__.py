@@ -1,0 +1,1 @@
+"""What differs between images and text: data, models, metrics."""

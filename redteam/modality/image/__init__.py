@@ -1,0 +1,1 @@
+"""Images: data loaders, models and metrics."""

@@ -1,0 +1,1 @@
+"""Text: corpora, language models, tokenizers and metrics."""

@@ -1,0 +1,348 @@
+"""Threads and worker processes for the red team's jobs: fast on an idle machine, robust on a busy one.
+
+**Threads.** The red team's tensors are small (a LeNet, one 32x32 image, a few restarts). With two
+intra-op threads every operator ends in a barrier, and when another process holds a core the barrier
+waits for a descheduled thread: the same Inverting Gradients run drops from ~100 to ~1.4 iterations/s
+next to one busy process. So a job gets **one intra-op thread** unless its model is large (>=
+``LARGE_MODEL`` parameters, e.g. ResNet-18), where a matmul or convolution is big enough to split; then
+``cores // workers``. Inter-op threads are 1 in workers (jobs are the parallelism).
+
+**Workers.** Independent jobs (a chunk of private batches x attack, and the once-per-setting preparations such as
+training the learned-inversion model) run in ``workers`` spawned processes. The main process builds the
+run (data, client observations, auxiliary data, the attack plan) once and hands it to each worker as one
+pickle, through a pipe that only the worker reads; a worker returns plain records and tensors, and only
+the main process writes the state folder and the certificate. A preparation is a job of its own; the jobs of a prepared attack are queued when it
+finishes, carrying its state. Each job's seed depends only on (config seed, batch, plan), so for the same
+``threads`` a run with N workers gives the same certificate as a sequential run (timings aside); with a
+different thread count, results may differ in the last bits of floating point (reduction order).
+
+**Faults.** The main process never waits on a dead worker: every wait includes each worker's exit
+sentinel, and a write to a dead worker's pipe fails. A worker that dies at any point (starting, loading
+the run, in a job, idle) fails the run with one :class:`WorkerError` line (which worker, its job, its
+signal; finished jobs are in the state folder, so ``--resume`` continues), and the others are ended.
+Workers ignore SIGINT (they are spawned with it ignored, so one still importing prints nothing): a Ctrl-C
+is the main process's, which ends them; a worker whose main process is gone (even SIGKILLed) exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from guardfl.errors import GuardflError
+from guardfl.redteam.runtime.allocator import tune_malloc
+from guardfl.redteam.runtime.limits import LARGE_MODEL  # noqa: F401  (re-exported)
+
+
+class WorkerError(GuardflError, RuntimeError):
+    """A worker process died (killed, out of memory, or user code that ended the process)."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's or taskset's limit)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def default_workers(device: torch.device) -> int:
+    """One worker per available core on the CPU; one process on a GPU (jobs share the device)."""
+    return 1 if device.type == "cuda" else available_cores()
+
+
+def job_threads(model_params: int, workers: int, cores: int | None = None) -> int:
+    """Intra-op threads per job: 1 for small models (robust under load, and as fast idle), else the
+    worker's share of the cores."""
+    cores = cores or available_cores()
+    if model_params < LARGE_MODEL:
+        return 1
+    return max(1, cores // max(1, workers))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run with ``n`` intra-op threads, restoring the caller's setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# -- worker side ------------------------------------------------------------------------------------
+@dataclass
+class RunContext:
+    """What a worker needs, built once by the main process: pickled as bytes and loaded after
+    ``app_dir`` is on the worker's path (a user model class must be importable there)."""
+
+    runner: Any  # certify._AttackRunner (config, setting, aux data, device), without a state folder
+    plans: list[Any]
+    batches: dict[int, tuple[Any, torch.Tensor, torch.Tensor]]  # b -> (observation, inputs, labels)
+
+
+def _exit_with_parent() -> None:
+    """End this worker at once when the main process is gone (killed, even by SIGKILL): its spawn pipe,
+    held open by the main process, then reads end-of-file. A job may run for minutes; nobody would read it."""
+    import multiprocessing
+    import threading
+    from multiprocessing.connection import wait as wait_for
+
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch() -> None:
+        with contextlib.suppress(Exception):
+            wait_for([parent.sentinel])
+        os._exit(0)
+
+    threading.Thread(target=watch, name="guardfl-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn, app_dir: str | None, threads: int) -> None:
+    """A worker's life: the run's pickle (bytes), then tasks until ``None`` or end-of-file. SIGINT is
+    ignored (the main process handles Ctrl-C and ends its workers); any exception of a task is sent back."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
+    tune_malloc()  # a guardfl process: keep the blocks every iteration reuses (allocator.py)
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # only settable before any inter-op work
+        torch.set_num_interop_threads(1)
+    if app_dir is not None:
+        sys.path.insert(0, app_dir)
+    context: RunContext | None = None
+    broken: BaseException | None = None
+    try:
+        context = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return
+    except BaseException as err:  # a user class that does not import here: every task reports it
+        broken = err
+    try:
+        conn.send(("ready", None, None))
+    except (EOFError, OSError):
+        return
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        try:
+            if broken is not None:
+                raise broken
+            reply = ("ok", _run_task(context, task), None)
+        except BaseException as err:  # the job's own error (AttackFailed, ConfigError, sys.exit in user code)
+            reply = ("error", err, "".join(traceback.format_exception(err)))
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except Exception as err:  # an exception that does not pickle: its type and first line
+            line = (str(reply[1]).strip().splitlines() or [""])[0]
+            conn.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {line}" if reply[0] == "error"
+                                             else f"a job's result could not be sent back: {err}"), reply[2]))
+
+
+class RemoteTraceback(GuardflError):
+    """The traceback of a job's error in its worker (the ``__cause__`` of the error raised in the main
+    process, shown by ``--debug``)."""
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.args[0]}\"\"\"" if self.args and self.args[0] else ""
+
+
+def _run_task(ctx: RunContext, task: tuple) -> Any:
+    if task[0] == "prepare":
+        i = task[1]
+        return ctx.runner.prepare_only(i, ctx.plans[i])
+    _, bs, i, prepared = task
+    if prepared:
+        ctx.runner.cache.adopt(prepared)
+    return ctx.runner.run(bs, i, ctx.plans[i], [ctx.batches[b] for b in bs])
+
+
+# -- main side --------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    name: str
+    bs: tuple[int, ...]  # the private batches it attacks (one, or a chunk for attacks that batch samples)
+    i: int
+    prepares: bool  # the plan has a once-per-setting preparation (its jobs wait for it)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while a worker is spawned: the ignored disposition is inherited through exec, so a
+    Ctrl-C that reaches a worker still starting (importing torch) does not print a traceback there. Only
+    the main thread may change handlers; elsewhere this does nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # None: set outside Python
+
+
+class _Worker:
+    """One spawned worker and the main process's end of its pipe. The spawn itself carries only the
+    pipe and two small arguments: the run's pickle goes through the pipe, which the worker alone reads,
+    so a worker killed while reading it makes the write fail instead of blocking forever (a large
+    ``ProcessPoolExecutor`` initializer argument is written to the spawn pipe while the main process
+    still holds its read end: a worker killed before reading it all hung the run)."""
+
+    def __init__(self, mp, number: int, app_dir: str | None, threads: int) -> None:
+        self.number = number
+        self.conn, child = mp.Pipe(duplex=True)
+        self.process = mp.Process(target=_worker_main, args=(child, app_dir, threads),
+                                  name=f"guardfl-worker-{number}", daemon=True)
+        with _sigint_ignored():
+            self.process.start()
+        child.close()
+        self.ready = False  # it has loaded the run
+        self.task: tuple[str, Any] | None = None  # what it runs now
+        self.doing = ""  # the same in words
+
+    def died(self) -> WorkerError:
+        """The one-line error for this worker's death (its exit signal or status when known)."""
+        self.process.join(timeout=2)  # its exit status, once the kernel has it
+        code = self.process.exitcode
+        if code is None:
+            how = "its pipe closed"
+        elif code < 0:
+            with contextlib.suppress(ValueError):
+                code = signal.Signals(-code).name
+            how = f"killed by {code}" if isinstance(code, str) else f"killed by signal {-code}"
+        else:
+            how = f"exit status {code}"
+        stage = self.doing if self.task is not None else "while idle" if self.ready else "while starting"
+        return WorkerError(f"red-team worker {self.number} (pid {self.process.pid}) died {stage} ({how}: a kill, the "
+                           "out-of-memory killer, or code that ended the process); finished jobs are kept: continue "
+                           "with --resume (--workers 1 shows where code ends the process)")
+
+    def stop(self, grace: float) -> None:
+        """Ask it to leave, then end it: SIGTERM after ``grace`` seconds, SIGKILL if that does not do."""
+        with contextlib.suppress(Exception):
+            if self.process.is_alive() and grace > 0:
+                self.conn.send(None)
+        self.process.join(timeout=grace)
+        for end in (self.process.terminate, self.process.kill):
+            if self.process.exitcode is not None:
+                break
+            with contextlib.suppress(Exception):
+                end()
+            self.process.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def run_parallel(
+    context: RunContext,
+    jobs: list[Job],
+    *,
+    workers: int,
+    threads: int,
+    app_dir: str | None,
+    prepared: Callable[[int], dict[str, Any] | None],
+    on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
+    on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None],
+) -> None:
+    """Run ``jobs`` in ``workers`` processes. ``prepared(i)``: plan i's prepared states when the main
+    process has them (a resumed run), else None (a preparation task runs first). ``on_prepared(i, states,
+    info)`` and ``on_done(job, result)`` are called in the main process as results arrive. The first error
+    cancels the rest and is raised here.
+
+    A worker that dies, at any point (starting, loading the run, running a job, idle), raises
+    :class:`WorkerError` naming the worker, its job and its exit signal; the others are ended and the main
+    process never waits on a dead one (every wait includes each worker's exit sentinel). Workers ignore
+    SIGINT: a Ctrl-C is the main process's ``KeyboardInterrupt``, which ends them too."""
+    import multiprocessing
+    from multiprocessing.connection import wait as wait_for
+
+    mp = multiprocessing.get_context("spawn")
+    payload = pickle.dumps(context)
+    states: dict[int, dict[str, Any]] = {}
+    waiting: dict[int, list[Job]] = {}
+    for job in jobs:
+        if job.prepares and job.i not in states:
+            ready = prepared(job.i)
+            if ready is not None:
+                states[job.i] = ready
+            else:
+                waiting.setdefault(job.i, []).append(job)
+    # the long preparations first
+    queue: list[tuple[str, Any]] = [("prepare", i) for i in waiting]
+    queue += [("job", job) for job in jobs if not job.prepares or job.i in states]
+    pool: list[_Worker] = []
+    clean = False
+    try:
+        for number in range(1, workers + 1):
+            pool.append(_Worker(mp, number, app_dir, threads))
+        for worker in pool:
+            try:
+                worker.conn.send_bytes(payload)  # fails, never blocks, once the worker is dead: it alone reads
+            except OSError:
+                raise worker.died() from None
+        while queue or any(w.task for w in pool):
+            for worker in pool:
+                if worker.ready and worker.task is None and queue:
+                    kind, what = worker.task = queue.pop(0)
+                    task = ("prepare", what) if kind == "prepare" else ("job", what.bs, what.i, states.get(what.i))
+                    worker.doing = (f"running job {what.name}" if kind == "job" else
+                                    f"preparing attack {getattr(context.plans[what], 'name', what)} (plan {what})")
+                    try:
+                        worker.conn.send(task)
+                    except OSError:
+                        raise worker.died() from None
+            listening = {}
+            for worker in pool:
+                listening[worker.process.sentinel] = worker
+                if worker.task is not None or not worker.ready:
+                    listening[worker.conn] = worker
+            ready = wait_for(list(listening), timeout=30)
+            # messages first: a worker that sent its result and then died is reported after it is recorded
+            for handle in sorted(ready, key=lambda h: isinstance(h, int)):
+                worker = listening[handle]
+                if isinstance(handle, int):  # its exit sentinel
+                    raise worker.died()
+                try:
+                    status, result, remote = worker.conn.recv()
+                except (EOFError, OSError):
+                    raise worker.died() from None
+                if status == "ready":
+                    worker.ready = True
+                    continue
+                kind, what = worker.task
+                worker.task = None
+                if status == "error":
+                    raise result from RemoteTraceback(remote)
+                if kind == "prepare":
+                    saved, info = result
+                    states[what] = saved
+                    on_prepared(what, saved, info)
+                    queue[:0] = [("job", job) for job in waiting.pop(what)]
+                else:
+                    on_done(what, result)
+            for worker in pool:  # a death its sentinel has not shown yet
+                if worker.process.exitcode is not None:
+                    raise worker.died()
+        clean = True
+    finally:
+        for worker in pool:
+            worker.stop(grace=10 if clean else 0)

@@ -1,0 +1,153 @@
+"""Trap weights (the adaptive malicious server of issue 34): Robbing the Fed's bins inside the honest first
+layer, disguised against inspect_model's weight checks; the client's inspection in ClientQuery."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from guardfl.inspect import inspect_model
+from guardfl.redteam.modality.image import metrics
+from guardfl.redteam.attacks import Setting, get
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.client.simulate import ClientQuery, FedSGD, ModelRefused
+from guardfl.redteam.modality.image.models import FC2, LeNetZhu
+from guardfl.redteam.threat import ThreatModel
+
+SHAPE = (3, 32, 32)
+
+
+def batch(n=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, *SHAPE, generator=g), torch.arange(n) % 10
+
+
+def setup(n=32):
+    torch.manual_seed(0)
+    model = FC2()
+    aux = AuxData(batch(512, seed=9)[0], torch.zeros(512, dtype=torch.long))
+    return model, Setting(model, FedSGD(), n, SHAPE, 10, (0.0, 1.0), None), ThreatModel(server="malicious", labels="known", aux=aux)
+
+
+def exact(rec, x):
+    return sum(row["ssim"] > 0.9 for row in metrics.evaluate(rec, x)["per_image"])
+
+
+def test_applicable_to_a_first_linear_layer_only_with_the_reason_elsewhere():
+    _, setting, threat = setup()
+    assert get("trap_weights").applicable(setting, threat) is None
+    lenet = Setting(LeNetZhu(), FedSGD(), 4, SHAPE, 10, (0.0, 1.0), None)
+    assert "first layer is Conv2d" in get("trap_weights").applicable(lenet, threat)
+    assert "threat.server: malicious" in get("trap_weights").applicable(setting, ThreatModel())
+
+
+def test_reads_most_of_an_undefended_batch_exactly():
+    model, setting, threat = setup()
+    x, y = batch()
+    rec = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert exact(rec, x) >= 16 and rec.info["queries"] == 1 and rec.info["refused_queries"] == 0
+
+
+def test_the_crafted_model_passes_the_weight_checks_it_was_built_against():
+    model, setting, threat = setup()
+    x, y = batch()
+    rec = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    sent = rec.info["malicious_model"]
+    assert list(sent.state_dict()) == list(model.state_dict())  # the honest architecture
+    assert inspect_model(sent.state_dict(), model).ok  # no imprint, duplicate, fishing or architecture reason
+
+
+def test_an_inspecting_client_refuses_the_whole_layer_trap_and_sends_nothing():
+    model, setting, threat = setup()
+    x, y = batch()
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
+    rec = get("trap_weights", seed=0).interrogate(client, setting, threat)
+    assert rec.info["refused"].startswith("isolation:") and rec.info["refused_queries"] == 1
+    assert exact(rec, x) == 0 and torch.allclose(rec.inputs, torch.full_like(rec.inputs, 0.5))
+
+
+def test_a_small_trap_passes_the_inspection_and_still_reads_samples():
+    """The construction adapted to the isolation check: a few rows at the top of one measurement."""
+    model, setting, threat = setup()
+    x, y = batch()
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
+    rec = get("trap_weights", seed=0, chains=1, rows=4).interrogate(client, setting, threat)
+    assert "refused" not in rec.info and rec.info["candidates"] >= 1
+    assert metrics.evaluate(rec, x)["per_image"] and max(r["ssim"] for r in metrics.evaluate(rec, x)["per_image"]) > 0.9
+
+
+def test_small_trap_keeps_the_honest_rows():
+    model, setting, threat = setup()
+    x, y = batch()
+    rec = get("trap_weights", seed=0, chains=1, rows=4).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    sent = rec.info["malicious_model"].state_dict()["net.1.weight"]
+    same = (sent == model.state_dict()["net.1.weight"]).all(dim=1)
+    assert int(same.sum()) == 256 - 4
+
+
+def test_inspection_needs_a_reference():
+    x, y = batch(4)
+    with pytest.raises(Exception, match="reference"):
+        ClientQuery(x, y, None, FedSGD(), inspect=True)
+
+
+def test_model_refused_names_the_reasons():
+    err = ModelRefused(["isolation: a", "architecture: b"])
+    assert err.reasons == ["isolation: a", "architecture: b"] and "isolation: a; architecture: b" in str(err)
+
+
+# -- adapted to SEER's D-SNR check (cuts: middle) ---------------------------------------------------------------
+PRUNE = {"kind": "gradprune", "ratio": 0.9}
+
+
+def dsnr_of(kw, seed, x, y, model, setting, threat):
+    rec = get("trap_weights", seed=seed, **kw).interrogate(ClientQuery(x, y, PRUNE, FedSGD()), setting, threat)
+    found = inspect_model(rec.info["malicious_model"], model, batch=(x, y), disaggregation=True)
+    return found.checks["disaggregation"]["max"], found
+
+
+def test_boosted_rows_at_the_top_let_one_sample_dominate_and_around_the_median_they_do_not():
+    """Boosted trap rows at the top of the measurement send a few samples' gradients 1000x: one of them can
+    carry more than twice all the others' (D-SNR > 2, refused); around the median half the batch fires the
+    boosted rows and no sample dominates (measured on FC-2 / CIFAR-10 batches of 64: 0.05-0.21)."""
+    model, setting, threat = setup()
+    setting = replace(setting, defense_config=PRUNE)
+    x, y = batch()
+    top = [dsnr_of(dict(chains=4, rows=2, boost=1000), s, x, y, model, setting, threat)[0] for s in range(3)]
+    middle = [dsnr_of(dict(chains=1, rows=4, boost=1000, cuts="middle"), s, x, y, model, setting, threat)[0] for s in range(3)]
+    assert max(top) > 2 and max(middle) < 0.5
+
+
+def test_the_middle_trap_passes_every_check_d_snr_included_and_reads_samples_through_gradprune():
+    model, setting, threat = setup()
+    setting = replace(setting, defense_config=PRUNE)
+    x, y = batch()
+    client = ClientQuery(x, y, PRUNE, FedSGD(), inspect=True, reference=model, disaggregation=True)
+    rec = get("trap_weights", seed=0, chains=1, rows=4, boost=1000, cuts="middle").interrogate(client, setting, threat)
+    assert "refused" not in rec.info and rec.info["cuts"] == "middle" and exact(rec, x) >= 1
+    sent = rec.info["malicious_model"].state_dict()["net.1.weight"]
+    assert int((sent == model.state_dict()["net.1.weight"]).all(dim=1).sum()) == 256 - 4  # the rest honest
+
+
+def test_the_middle_trap_reads_no_candidate_from_its_top_row():
+    """Its top row holds every sample above the highest cut (half the batch, less the bins): no bin."""
+    from guardfl.redteam.attacks.malicious.trap_weights import recover
+
+    w = torch.tensor([[3.0, 3.0], [2.0, 2.0], [1.0, 1.0]])  # rows in cut-off order: sums over nested sets
+    b = torch.tensor([3.0, 2.0, 1.0])
+    _, with_top = recover(w, b, [torch.arange(3)], 3, (2,), (0.0, 1.0), 1e-6)
+    _, without = recover(w, b, [torch.arange(3)], 3, (2,), (0.0, 1.0), 1e-6, top_row=False)
+    assert (with_top, without) == (3, 2)
+
+
+def test_cuts_need_rows_and_name_the_field():
+    with pytest.raises(ValueError, match=r"cuts: 'middle' places a small trap's rows, but rows is null"):
+        get("trap_weights", cuts="middle")
+    with pytest.raises(ValueError, match="cuts"):
+        get("trap_weights", rows=4, cuts="bottom")
+
+
+def test_a_client_query_with_dsnr_needs_inspection():
+    x, y = batch(4)
+    with pytest.raises(Exception, match="^client.inspect_disaggregation: true adds a check"):
+        ClientQuery(x, y, None, FedSGD(), disaggregation=True)

@@ -1,0 +1,154 @@
+"""A malicious server in the certificate: ``threat.server: malicious`` runs the attacks that send the
+client a model of their own making; an honest-server certificate lists them as not applicable."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from guardfl.cli import main
+from guardfl.redteam.certification.certify import certify
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def test_robbing_the_fed_breaks_the_undefended_client_and_adapts_to_gradprune():
+    plain = certify(str(CONFIGS / "malicious-rtf.yaml"))
+    assert plain.status == "NOT CERTIFIED"
+    (record,) = plain.results
+    assert record["attack"] == "robbing_the_fed" and record["threat"]["server"] == "malicious"
+    assert record["recovered"]["exact"] >= 40 and record["info"]["queries"] == "1"
+    assert record["info"]["malicious_model"] == "Imprinted"  # the crafted model, named in the record
+    assert record["info"]["pad"] == "0" and record["info"]["boost"] == "1.0"  # nothing to adapt to
+    # GradPrune 0.9 certified against the published construction; the server that knows it pads the
+    # imprint layer with dead rows, and the per-layer pruning keeps every bin row (issue 34)
+    pruned = certify(str(CONFIGS / "malicious-rtf-gradprune.yaml"))
+    assert pruned.status == "NOT CERTIFIED" and pruned.results[0]["recovered"]["exact"] >= 40
+    assert int(pruned.results[0]["info"]["pad"]) > 0
+
+
+@pytest.mark.parametrize("defense, holds", [
+    ({"kind": "gaussian", "sigma": 0.01}, False),   # boosted gradients drown fixed-scale noise
+    ({"kind": "sign"}, True),                        # no magnitude left to boost
+])
+def test_the_adaptive_imprint_against_noise_and_sign(defense, holds):
+    cfg = yaml.safe_load((CONFIGS / "malicious-rtf.yaml").read_text())
+    cfg["defense"] = defense
+    cert = certify(cfg)
+    assert (cert.status == "CERTIFIED") == holds
+    assert float(cert.results[0]["info"]["boost"]) == (1.0 if holds else 1e5)
+
+
+def test_fishing_breaks_the_undefended_client_in_train_mode():
+    cfg = yaml.safe_load((CONFIGS / "malicious-fishing.yaml").read_text())
+    cfg["attacks"][0]["budget"] = {"iterations": 300, "restarts": 2}
+    cert = certify(cfg)
+    assert cert.status == "NOT CERTIFIED" and cert.evidence["leaked_samples"]
+    assert {r["info"]["queries"] for r in cert.results} == {"2"}
+    assert all(r["info"]["client_mode"] == "train" for r in cert.results)
+
+
+def test_attacks_all_is_the_honest_server_certificate_and_lists_it_as_not_applicable():
+    import torch
+
+    from guardfl.redteam import simulate_client
+    from guardfl.redteam.attacks import Setting
+    from guardfl.redteam.certification.certify import plan_attacks
+    from guardfl.redteam.config import load_config
+    from guardfl.redteam.modality.image.models import LeNetZhu
+
+    cfg = load_config({"model": {"name": "lenet"}, "data": {"source": "lfw-faces"}, "client": {"batch_size": 1},
+                       "certify": {"batches": 1}})
+    setting = Setting.of(simulate_client(LeNetZhu((1, 25, 25), 10), torch.rand(1, 1, 25, 25), torch.tensor([0])))
+    plans, listing = plan_attacks(cfg, setting, "quick", None)
+    line = next(a for a in listing if a["attack"] == "robbing_the_fed")
+    assert line["status"] == "not applicable" and "threat.server: malicious" in line["reason"]
+    assert all(p.threat.server == "honest" for p in plans)
+
+
+@pytest.mark.parametrize("threat,expect", [
+    ({"server": "evil"}, "server"),
+])
+def test_bad_threat_server_is_one_line(tmp_path, capsys, threat, expect):
+    cfg = yaml.safe_load((CONFIGS / "malicious-rtf.yaml").read_text())
+    cfg["attacks"][0]["threat"] = threat
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expect in err and "'honest' or 'malicious'" in err
+
+
+def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(tmp_path):
+    """configs/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
+    fishing and the whole-layer trap (nothing sent: no leak, the reasons on record); the small traps built
+    against the isolation check and against pruning pass it and leak without a defense; DP-SGD holds."""
+    inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
+    assert inspecting.status == "NOT CERTIFIED"
+    page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
+    assert "3 of 6 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
+    by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
+    for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "isolation:"),
+                        (("fishing", None, False), "class fishing:")):
+        assert by[key]["info"]["refused"].startswith(reason) and by[key]["recovered"]["above_max_ssim"] == 0
+    for key in (("trap_weights", 8, False), ("trap_weights", 2, False), ("fishing", None, True)):
+        assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
+    assert max(by[key]["recovered"]["above_max_ssim"] for key in (("trap_weights", 8, False), ("fishing", None, True))) > 0
+    defended = certify(str(CONFIGS / "malicious-adaptive.yaml"))
+    assert defended.status == "CERTIFIED"
+    assert all(r["recovered"]["above_max_ssim"] == 0 for r in defended.results)
+
+
+def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishing_only():
+    import torch
+
+    from guardfl.inspect import inspect_model
+    from guardfl.redteam.attacks.malicious.fishing import FishingConfig, fishing_model
+    from guardfl.redteam.modality.image.models import LeNetZhu
+
+    torch.manual_seed(0)
+    model = LeNetZhu((1, 25, 25), 10)
+    assert not inspect_model(fishing_model(model, 10, 3, 50.0), model).ok
+    assert inspect_model(fishing_model(model, 10, 3, 50.0, disguise=True), model).ok
+    with pytest.raises(ValueError, match="set strategy: class"):
+        FishingConfig(disguise=True)
+    with pytest.raises(ValueError, match="beta"):
+        FishingConfig(disguise=True, strategy="class", beta=1000.0)
+
+
+def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_it(tmp_path, capsys):
+    """configs/malicious-adaptive-dsnr.yaml: a client that inspects with SEER's D-SNR check on
+    (client.inspect_disaggregation) and prunes its gradient; the certificate states the check, the boosted
+    trap at the top of the measurement is refused by it, the boosted trap around the median passes every
+    check and reads faces exactly through GradPrune 0.9."""
+    assert main(["redteam", "--config", str(CONFIGS / "malicious-adaptive-dsnr.yaml"), "--out", str(tmp_path),
+                 "--quiet", "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "[info] the client inspects every received model" in out and "disaggregation (SEER's D-SNR" not in out
+    assert "the disaggregation check (SEER's D-SNR (Garov et al. 2024), train mode: refused above 2" in out
+    cert = __import__("json").loads((tmp_path / "certificate.json").read_text())
+    assert cert["verdict"] == "NOT CERTIFIED" and cert["config"]["client"]["inspect_disaggregation"] is True
+    assert cert["client"]["inspection"]["disaggregation"] and "disaggregation" in cert["client"]["inspection"]["checks"]
+    by = {(r["attack"], r["budget"].get("cuts", "top")): r for r in cert["results"]}
+    assert by[("robbing_the_fed", "top")]["info"]["refused"].startswith("architecture:")
+    assert by[("trap_weights", "top")]["info"]["refused"].startswith("disaggregation:")
+    middle = by[("trap_weights", "middle")]
+    assert "refused" not in middle["info"] and middle["recovered"]["exact"] >= 1
+    assert "disaggregation" in (tmp_path / "report.html").read_text()
+
+
+def test_without_dsnr_the_certificate_says_it_was_not_run():
+    from guardfl.redteam.certification.certify import inspection_summary
+
+    off = inspection_summary(False)
+    assert "disaggregation" not in off["checks"] and off["not_run"][0].startswith("disaggregation (SEER's D-SNR, opt-in")
+
+
+def test_inspect_disaggregation_without_inspection_is_one_line(tmp_path, capsys):
+    cfg = yaml.safe_load((CONFIGS / "malicious-adaptive-dsnr.yaml").read_text())
+    cfg["client"]["inspect"] = False
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "inspect_disaggregation: true adds a check" in err and "set inspect: true" in err
