@@ -44,7 +44,7 @@ def skip_reason(path: Path) -> str | None:
     import torch
 
     from guardfl.redteam.config import load_config
-    from guardfl.redteam.modality.image.data import TORCHVISION
+    from guardfl.redteam.modality import SOURCES
     from guardfl.yamlio import load_yaml
 
     raw = load_yaml(path)
@@ -59,7 +59,7 @@ def skip_reason(path: Path) -> str | None:
     for field, section in sections:
         if section is None or getattr(section, "source", None) is None:
             continue
-        if section.source in TORCHVISION:
+        if SOURCES[section.source].torchvision:
             missing = _torchvision_missing(section.source, section.root)
             if missing:
                 return f"{field}: {section.source} not on disk under {section.root} ({missing}); no downloads here"
@@ -72,10 +72,10 @@ def skip_reason(path: Path) -> str | None:
 def _torchvision_missing(source: str, root: str | None) -> str | None:
     import torchvision
 
-    from guardfl.redteam.modality.image.data import TORCHVISION
+    from guardfl.redteam.modality import SOURCES
 
     try:
-        getattr(torchvision.datasets, TORCHVISION[source])(root=os.path.expanduser(root or "."), train=True, download=False)
+        getattr(torchvision.datasets, SOURCES[source].torchvision)(root=os.path.expanduser(root or "."), train=True, download=False)
     except Exception as err:  # torchvision raises RuntimeError for a dataset that is not there
         return str(err).splitlines()[0][:120]
     return None

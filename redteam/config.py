@@ -13,6 +13,8 @@ from pydantic import Field, field_validator, model_validator
 from guardfl.config import StrictModel, validate
 from guardfl.defenses.registry import parse_config
 from guardfl.errors import ConfigError
+from guardfl.redteam import modality
+from guardfl.redteam.modality import DATA_SOURCES
 from guardfl.yamlio import load_yaml
 
 
@@ -48,14 +50,9 @@ class ModelSection(StrictModel):
         return shape
 
 
-#: text sources: ``text`` (a plain-text file or folder, or the built-in text: windows of ``seq_len`` tokens
-#: for a causal LM), ``labelled-text`` (a TSV of labelled sentences, or built-in sentences with synthetic
-#: labels, for a classifier), ``wikitext`` / ``cola`` (the ``datasets`` names, when cached locally)
-TEXT_SOURCES = ("text", "labelled-text", "wikitext", "cola")
-SOURCES = ("lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz", *TEXT_SOURCES)
-SourceName = Literal["lfw-faces", "lfw-nonfaces", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz",
-                     "text", "labelled-text", "wikitext", "cola"]
-_SOURCE_HELP = {"allowed": ", ".join(SOURCES)}
+#: the data sources (``modality.SOURCES``, the one table: images, then text)
+SourceName = Literal[DATA_SOURCES]  # type: ignore[valid-type]
+_SOURCE_HELP = {"allowed": ", ".join(DATA_SOURCES)}
 
 
 class _Source(StrictModel):
@@ -352,27 +349,25 @@ class RedTeamConfig(StrictModel):
 
     @property
     def modality(self) -> str:
-        """``text`` when the private data is text (token ids), else ``image``."""
-        return "text" if self.data.source in TEXT_SOURCES else "image"
+        """The name of the private data's modality (``text``: token ids; ``image``): ``modality.SOURCES``."""
+        return modality.for_source(self.data.source).name
 
     @model_validator(mode="after")
     def _modality_match(self) -> "RedTeamConfig":
         """A built-in model, the data and the auxiliary data must be of one modality."""
-        from guardfl.redteam.modality.text.models import TEXT_MODELS
-
-        text = self.modality == "text"
-        name = self.model.name
-        if ":" not in name and (name in TEXT_MODELS) != text:
-            kind = "a text model" if name in TEXT_MODELS else "an image model"
-            raise ValueError(f"model.name: {name} is {kind}, but data.source {self.data.source!r} is "
-                             f"{'text' if text else 'images'}; text models: {', '.join(sorted(TEXT_MODELS))}")
-        if self.aux is not None and self.aux.source is not None and (self.aux.source in TEXT_SOURCES) != text:
-            raise ValueError(f"aux.source: {self.aux.source!r} is {'text' if not text else 'images'} but the client's data is "
-                             f"{'text' if text else 'images'}")
-        if text and self.aux is not None and self.aux.ood is not None:
-            raise ValueError("aux.ood: OOD pseudo-data (LTI-OOD's DCT images) is for images; remove it for a text client")
-        if text and self.target is not None:
-            raise ValueError("target: certifying the user's own client code is for image models yet; simulate the text "
+        kind, name = modality.for_source(self.data.source), self.model.name
+        if ":" not in name and modality.for_model(name) is not kind:
+            text_models = ", ".join(sorted(modality.get("text").models))
+            raise ValueError(f"model.name: {name} is {modality.for_model(name).model_kind}, but data.source "
+                             f"{self.data.source!r} is {kind.noun}; text models: {text_models}")
+        if self.aux is not None and self.aux.source is not None and modality.for_source(self.aux.source) is not kind:
+            raise ValueError(f"aux.source: {self.aux.source!r} is {modality.for_source(self.aux.source).noun} but the "
+                             f"client's data is {kind.noun}")
+        if not kind.ood and self.aux is not None and self.aux.ood is not None:
+            raise ValueError("aux.ood: OOD pseudo-data (LTI-OOD's DCT images) is for images; remove it for a "
+                             f"{kind.name} client")
+        if not kind.targets and self.target is not None:
+            raise ValueError(f"target: certifying the user's own client code is for image models yet; simulate the {kind.name} "
                              "client (remove the target section)")
         return self
 
@@ -380,12 +375,9 @@ class RedTeamConfig(StrictModel):
     def _text_bounded(self) -> "RedTeamConfig":
         """A text file (or folder) named by data.path / aux.path is bounded by its size before anything
         reads it (hashing it for the resume key included): ``textdata.MAX_TEXT_BYTES``."""
-        from guardfl.redteam.modality.text.data import check_text_size
-
-        if self.data.source in TEXT_SOURCES:
-            check_text_size(self.data.path, "data.path")
-        if self.aux is not None and self.aux.source in TEXT_SOURCES:
-            check_text_size(self.aux.path, "aux.path")
+        modality.for_source(self.data.source).check_path(self.data.path, "data.path")
+        if self.aux is not None and self.aux.source is not None:
+            modality.for_source(self.aux.source).check_path(self.aux.path, "aux.path")
         return self
 
     @model_validator(mode="after")
@@ -419,8 +411,9 @@ class RedTeamConfig(StrictModel):
         classifier, a simulated client, and at least one attack under ``threat.server: malicious``."""
         if not self.client.inspect:
             return self
-        if self.modality == "text":
-            raise ValueError("client.inspect: the inspection checks image classifiers (class labels); remove it for a text client")
+        if not modality.of(self).inspection:
+            raise ValueError("client.inspect: the inspection checks image classifiers (class labels); remove it for a "
+                             f"{self.modality} client")
         if self.target is not None:
             raise ValueError("client.inspect: a target's own code decides whether it inspects (guardfl_flower.train("
                              "..., inspect=True)); remove client.inspect")

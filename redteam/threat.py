@@ -18,6 +18,7 @@ from torch import Tensor
 
 from guardfl.config import StrictModel
 from guardfl.errors import ConfigError
+from guardfl.redteam import modality
 from guardfl.redteam.auxdata import AuxData, content_hashes
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, bn_layers
 
@@ -85,7 +86,7 @@ class ThreatModel(StrictModel):
         if self.aux is not None and observation.side.input_hashes:
             shared = set(observation.side.input_hashes) & set(content_hashes(self.aux.images, observation.input_range))
             if shared:
-                what = "sequence" if getattr(observation, "modality", "image") == "text" else "image"
+                what = modality.get(getattr(observation, "modality", modality.DEFAULT)).unit
                 raise ConfigError(f"threat.aux: {len(shared)} auxiliary {what}(s) are private {what}s of this client; the "
                                   "attacker's auxiliary data must be disjoint from the client's")
         protocol = observation.protocol

@@ -24,6 +24,7 @@ from guardfl.errors import ConfigError, GuardflError
 from guardfl.inspect import inspect_model
 from guardfl.integrations.round import FedAvg, FedSGD, Protocol, bn_layers, client_round
 from guardfl.protect import split_stages
+from guardfl.redteam import modality as modalities
 from guardfl.redteam.auxdata import content_hashes
 
 
@@ -169,7 +170,7 @@ def simulate_client(
         raise ValueError(f"inputs/labels: need the same non-zero batch size (got {inputs.shape[0]} and {labels.shape[0]})")
     defense_obj = Identity() if defense is None else (defense if isinstance(defense, Defense) else from_config(defense))
     _, encodings, _ = split_stages(defense_obj)
-    if encodings and modality == "text":  # before guardfl.protect, whose checks speak of images
+    if encodings and not modalities.get(modality).encodings:  # before guardfl.protect, whose checks speak of images
         raise ConfigError(f"defense: {encodings[0].config.kind} mixes images (convex combinations of inputs); it cannot "
                           "encode token ids: use a gradient defense or DP-SGD for a text model")
 

@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw
 
 from guardfl.redteam.reports import text as report_text
 from guardfl.redteam.certification.certify import Certificate
-from guardfl.redteam.config import TEXT_SOURCES
+from guardfl.redteam import modality
 from guardfl.redteam.modality.text.tokenizer import load_tokenizer
 from guardfl.redteam.runtime.files import atomic_write
 
@@ -125,7 +125,7 @@ def _evidence_html(cert: Certificate) -> str:
         return ""
     if pop:
         source = f"{html.escape(str(pop['source']))}{' (' + html.escape(str(pop['path'])) + ')' if pop.get('path') else ''}"
-        unit = "sequences" if cert.config.get("data", {}).get("source") in TEXT_SOURCES else "images"
+        unit = modality.of(cert.config).units
         population = (f"{rate['samples']} private samples drawn uniformly at random (seed {pop['seed']}) from a population "
                       f"of {pop['size']} {unit}: {source} from index {pop['offset']}.")
     else:
@@ -163,7 +163,7 @@ def write_report(cert: Certificate, out: Path) -> None:
     """``report.html`` and ``grid-batch<b>.png`` (originals, then one row per attack) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     sections = []
-    text = cert.config.get("data", {}).get("source") in TEXT_SOURCES
+    text = modality.of(cert.config).tokenized
     tokenizer = load_tokenizer(cert.config["data"]["tokenizer"]) if text else None
     for b, originals in sorted(cert.originals.items()):
         if text:

@@ -31,6 +31,8 @@ from pydantic import Field, field_validator, model_validator
 from guardfl.config import StrictModel, validate
 from guardfl.defenses.registry import parse_config
 from guardfl.errors import ConfigError
+from guardfl.redteam import modality
+from guardfl.redteam.modality import SOURCES, UTILITY_SOURCES
 from guardfl.yamlio import load_yaml
 
 #: which way each known defense parameter makes the defense stronger (more private): what autotune bisects
@@ -48,12 +50,6 @@ STRONGER: dict[tuple[str, str], str] = {
     ("mixup", "k"): "higher",
     ("instahide", "k"): "higher",
 }
-
-#: utility sources: every labelled red-team source, and ``lfw-detection`` (built in: LFW's 100 faces vs
-#: its 100 non-face patches, real labels); lfw-faces / lfw-nonfaces alone carry synthetic labels
-UTILITY_SOURCES = ("lfw-detection", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder", "npz",
-                   "text", "labelled-text", "wikitext", "cola")
-
 
 #: a sweep's settings (values summed over its axes): at most ``max_points`` (default DEFAULT_MAX_POINTS,
 #: never more than MAX_POINTS): checked when the sweep config is loaded, before any point is validated or run
@@ -156,7 +152,7 @@ class UtilitySection(StrictModel):
     @field_validator("source")
     @classmethod
     def _source(cls, source: str) -> str:
-        if source in ("lfw-faces", "lfw-nonfaces"):
+        if source in SOURCES and SOURCES[source].synthetic_labels:
             raise ValueError(f"{source} carries synthetic labels (i % num_classes), so accuracy on it measures nothing; "
                              f"the built-in labelled task is lfw-detection (faces vs non-faces); allowed: {', '.join(UTILITY_SOURCES)}")
         if source not in UTILITY_SOURCES:
@@ -301,17 +297,13 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
     except ConfigError as err:
         raise ConfigError(f"sweep.base: {err}") from None
     _known_model(base["model"]["name"])
-    from guardfl.redteam.config import TEXT_SOURCES
-
-    text_base, text_task = base["data"]["source"] in TEXT_SOURCES, cfg.utility.source in TEXT_SOURCES
-    if text_base != text_task:
-        raise ConfigError(f"sweep.utility.source: {cfg.utility.source!r} is {'text' if text_task else 'images'} but the "
-                          f"base's data ({base['data']['source']!r}) is {'text' if text_base else 'images'}; the utility "
+    kind_base, kind_task = modality.of(base), modality.for_source(cfg.utility.source)
+    if kind_base is not kind_task:
+        raise ConfigError(f"sweep.utility.source: {cfg.utility.source!r} is {kind_task.noun} but the "
+                          f"base's data ({base['data']['source']!r}) is {kind_base.noun}; the utility "
                           "task trains the base's model, so it needs data of the same kind")
-    if text_task and cfg.utility.path is not None:
-        from guardfl.redteam.modality.text.data import check_text_size
-
-        check_text_size(cfg.utility.path, "sweep.utility.path")  # read whole by every point's training
+    if cfg.utility.path is not None:
+        kind_task.check_path(cfg.utility.path, "sweep.utility.path")  # read whole by every point's training
     if base.get("target") is not None:
         raise ConfigError("sweep.base: a target (the user's own client code) cannot be swept: guardfl cannot change "
                           "the defense inside it; describe the client instead (model, data, client sections)")

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from guardfl.errors import ConfigError
+from guardfl.redteam import modality
 from guardfl.redteam.sweep import autotune
 from guardfl.redteam.runtime.files import atomic_write
 from guardfl.redteam.sweep.config import Point, SweepPlan, UtilitySection, load_sweep
@@ -36,10 +37,6 @@ from guardfl.redteam.runtime.workers import available_cores
 
 #: the files of a finished sweep (deleted when a new sweep starts in the same folder)
 SWEEP_JSON, PLOT, REPORT, CHOSEN = "sweep.json", "tradeoff.png", "report.html", "chosen-defense.yaml"
-
-#: the metric the plot shows per modality, in order of preference (the first the base config thresholds)
-PLOT_METRICS = {"image": [("ssim", "max_ssim"), ("psnr", "max_psnr"), ("lpips", "min_lpips")],
-                "text": [("rouge1", "max_rouge1"), ("rouge2", "max_rouge2"), ("token_acc", "max_token_acc")]}
 
 
 @dataclass
@@ -259,9 +256,7 @@ def _baseline(points: list[dict], warnings: list[str]) -> dict[str, Any]:
 def plot_metric(base: dict[str, Any]) -> tuple[str, float | None]:
     """The reconstruction metric the plot shows and its threshold: the first of the modality's that
     the base config thresholds (SSIM for images, ROUGE-1 for text by default)."""
-    from guardfl.redteam.config import TEXT_SOURCES
-
-    options = PLOT_METRICS["text" if base["data"]["source"] in TEXT_SOURCES else "image"]
+    options = modality.of(base).plot_metrics
     for metric, field in options:
         if base["certify"].get(field) is not None:
             return metric, base["certify"][field]

@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from guardfl.errors import ConfigError
+from guardfl.redteam import modality
 
 
 def lfw_detection() -> tuple[Tensor, Tensor]:
@@ -40,30 +41,27 @@ def lfw_detection() -> tuple[Tensor, Tensor]:
     return x, y
 
 
+def _text_task(utility, red: dict[str, Any]) -> str:
+    """The task of the base's model, which must be a text model to train on the text source ``utility.source``."""
+    from guardfl.redteam.modality.text.models import is_text_model
+
+    model = build(red, (), utility.seed)
+    if not is_text_model(model):
+        raise ConfigError(f"sweep.utility.source: {utility.source!r} is text but the model {red['model']['name']!r} "
+                          "is not a text model (get_input_embeddings and a task)")
+    return model.task
+
+
 def load_task(utility, red: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(train inputs, train targets, test inputs, test targets): ``utility``'s data shuffled with its seed
     and split into disjoint ``train`` / ``test`` parts; ``red``: the red-team config (model, tokenizer)."""
-    from guardfl.redteam.modality.image import data as data_mod
-    from guardfl.redteam.config import TEXT_SOURCES
-
     need = utility.train + utility.test
     if utility.source == "lfw-detection":
         x, y = lfw_detection()
-    elif utility.source in TEXT_SOURCES:
-        from guardfl.redteam.modality.text.models import is_text_model
-
-        model = build(red, (), utility.seed)
-        if not is_text_model(model):
-            raise ConfigError(f"sweep.utility.source: {utility.source!r} is text but the model {red['model']['name']!r} "
-                              "is not a text model (get_input_embeddings and a task)")
-        task = model.task
-        x, y = data_mod.load_text_data(utility.source, path=utility.path, seq_len=utility.seq_len or red["data"]["seq_len"],
-                                       tokenizer=red["data"]["tokenizer"], task=task,
-                                       num_classes=red["model"]["num_classes"], split=utility.split,
-                                       field="sweep.utility")
-    else:
-        x, y = data_mod.load(utility.source, root=utility.root, path=utility.path, download=utility.download,
-                             image_size=utility.image_size, num_classes=red["model"]["num_classes"])
+    else:  # a text model's task is the model's (built only when the source is text)
+        x, y = modality.for_source(utility.source).load(
+            utility, num_classes=red["model"]["num_classes"], field="sweep.utility", task=lambda: _text_task(utility, red),
+            seq_len=utility.seq_len or red["data"]["seq_len"], tokenizer=red["data"]["tokenizer"])
     if len(x) < need:
         raise ConfigError(f"sweep.utility: {utility.source} has {len(x)} samples; train + test = {need} (lower them)")
     if y.dim() == 1 and (int(y.min()) < 0 or int(y.max()) >= red["model"]["num_classes"]):

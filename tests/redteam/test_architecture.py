@@ -169,7 +169,6 @@ KNOWN_LONG = {
     "guardfl.redteam.cli.redteam:run",
     "guardfl.redteam.client.simulate:simulate_client",
     "guardfl.redteam.client.target:observe",
-    "guardfl.redteam.modality.image.data:load",
     "guardfl.redteam.reports.certificate:write_report",
     "guardfl.redteam.reports.sweep:plot",
     "guardfl.redteam.reports.sweep:write_report",

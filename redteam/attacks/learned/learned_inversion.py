@@ -98,7 +98,7 @@ from guardfl.redteam.attacks.base import (
 from guardfl.redteam.attacks.analytic.encoded import public_set
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter
-from guardfl.redteam.attacks.learned.learned_inversion_text import invert_text, prepare_text, text_refusal
+from guardfl.redteam.attacks.learned.learned_inversion_text import TEXT_MATHS
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.client.transmit import TransmitSimulator, flatten_update
 from guardfl.redteam.auxdata import random_flips, training_pool
@@ -219,8 +219,8 @@ class LearnedInversion(Attack):
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         if isinstance(setting.protocol, FedAvg) and threat.fedavg == "unknown":
             return "needs the FedAvg local hyperparameters to simulate the deltas (threat fedavg='unknown')"
-        if setting.modality == "text":
-            return text_refusal(setting, threat)
+        if setting.modality in TEXT_MATHS:
+            return TEXT_MATHS[setting.modality].refusal(setting, threat)
         if tuple(threat.aux.shape) != tuple(setting.input_shape):
             return f"auxiliary images have shape {tuple(threat.aux.shape)}, the client's {tuple(setting.input_shape)}"
         return None
@@ -234,8 +234,9 @@ class LearnedInversion(Attack):
 
     # -- preparation: train the inverter --------------------------------------------------------------
     def _prepare(self, setting: Setting, threat: ThreatModel, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
-        if setting.modality == "text":
-            return prepare_text(self.config, self.name, setting, threat, device, gen)
+        """The inverter of the setting's modality (images here; text: ``learned_inversion_text.prepare_text``)."""
+        if setting.modality in TEXT_MATHS:
+            return TEXT_MATHS[setting.modality].prepare(self.config, self.name, setting, threat, device, gen)
         c = self.config
         t0 = time.time()
         b = setting.num_samples
@@ -314,8 +315,8 @@ class LearnedInversion(Attack):
         """The inverter's answer for observations of the prepared setting (already on ``device``)."""
         state = self._prepared[1]
         setting = Setting.of(observations[0])
-        if setting.modality == "text":
-            return invert_text(self.config, state, observations, knowledges, device)
+        if setting.modality in TEXT_MATHS:
+            return TEXT_MATHS[setting.modality].invert(self.config, state, observations, knowledges, device)
         dim_in, hidden, b = state["dims"]
         net = Inverter(dim_in, hidden, b, setting.input_shape, setting.input_range).to(device)
         net.load_state_dict(state["net"])

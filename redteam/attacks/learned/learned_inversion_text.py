@@ -60,7 +60,7 @@ Deviations and choices, stated:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -371,3 +371,15 @@ def invert_text(config, state: dict[str, Any], observations: list, knowledges: l
             "labels": source, "token_rows": alloweds[i] is not None,
             "objective": "the inverter's held-out auxiliary cross-entropy per token (no private data)"}))
     return out
+
+
+class TextMaths(NamedTuple):
+    """The attack's maths for a modality other than images: refusal, preparation, inversion."""
+
+    refusal: Any
+    prepare: Any
+    invert: Any
+
+
+#: the learned-inversion maths by ``Setting.modality`` for token-id clients (images: ``LearnedInversion``'s own)
+TEXT_MATHS = {"text": TextMaths(text_refusal, prepare_text, invert_text)}

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils import _pytree as pytree
 
-from guardfl.protect import soft_cross_entropy
+from guardfl.redteam import modality
 from guardfl.redteam.attacks.optimisation import objectives as obj
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, bn_layers, sgd_step
 from guardfl.redteam.attacks.optimisation.factored import ConvTaps, choose_taps, conv_dot, conv_square
@@ -178,12 +178,10 @@ class Replica:
 
     # -- the client's computation ----------------------------------------------------------------------
     def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        if self.obs.modality == "text":  # x: token embeddings (TAG's variables), fed past the lookup
-            logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (), {"inputs_embeds": x},
-                                     tie_weights=False)
-            return soft_cross_entropy(logits, y)
-        logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), (x,), tie_weights=False)
-        return F.cross_entropy(logits, y)
+        kind = modality.get(self.obs.modality)  # text: x are token embeddings (TAG's variables), fed past the lookup
+        args, kwargs = kind.model_inputs(x)
+        logits = functional_call(self.model, ({**self.frozen, **params}, self.buffers), args, kwargs, tie_weights=False)
+        return kind.loss(logits, y)
 
     def _clipped_gradient(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """DP-SGD's batch gradient without its noise: each sample's gradient clipped to the known norm C

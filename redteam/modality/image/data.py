@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from guardfl.data import DataError, from_array  # noqa: F401  (re-exported)
+from guardfl.redteam.modality.sources import SOURCES
 
-TORCHVISION = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 #: the largest single tensor a red-team run builds from its inputs (the population at ``image_size``, an
 #: npz's decoded array, Robbing the Fed's imprint block): at most this, and at most half the RAM
 MAX_TENSOR_BYTES = 8 << 30
@@ -56,25 +56,84 @@ def _npz_shape(path: str, name: str) -> tuple[tuple[int, ...], int] | None:
         return None
 
 
+def _lfw_subset(rows: slice, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Rows ``rows`` of ``skimage.data.lfw_subset()`` (25x25 grey) as ``(N, 1, 25, 25)`` floats, with synthetic
+    labels ``i % num_classes``."""
+    import skimage.data
+
+    images = skimage.data.lfw_subset()[rows]
+    x = torch.from_numpy(np.ascontiguousarray(images)).float().unsqueeze(1)
+    return x, torch.arange(len(x)) % num_classes
+
+
 def lfw_faces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
     """The 100 face images of ``skimage.data.lfw_subset()`` (25x25 grey, shipped with scikit-image).
     The subset carries no identities, so labels are synthetic class ids ``i % num_classes``: the
     attacker still has to recover (or is granted) them like any label."""
-    import skimage.data
-
-    faces = skimage.data.lfw_subset()[:100]
-    x = torch.from_numpy(np.ascontiguousarray(faces)).float().unsqueeze(1)
-    return x, torch.arange(len(x)) % num_classes
+    return _lfw_subset(slice(0, 100), num_classes)
 
 
 def lfw_nonfaces(num_classes: int = 10) -> tuple[Tensor, Tensor]:
     """The 100 NON-face images of ``skimage.data.lfw_subset()`` (25x25 grey patches of LFW backgrounds):
     out-of-distribution data for an attacker targeting faces. Labels are synthetic (``i % num_classes``)."""
-    import skimage.data
+    return _lfw_subset(slice(100, 200), num_classes)
 
-    patches = skimage.data.lfw_subset()[100:200]
-    x = torch.from_numpy(np.ascontiguousarray(patches)).float().unsqueeze(1)
-    return x, torch.arange(len(x)) % num_classes
+
+def _torchvision(source: str, root: str | None, download: bool) -> tuple[Tensor, Tensor]:
+    """A ``torchvision.datasets`` training set (the class the source table names) under ``root``."""
+    import torchvision
+
+    cls = getattr(torchvision.datasets, SOURCES[source].torchvision)
+    root = str(Path(root).expanduser()) if root else str(Path.home() / ".cache" / "guardfl" / "data")
+    try:
+        ds = cls(root=root, train=True, download=download)
+    except RuntimeError as err:
+        hint = "set download: true (needs internet)" if not download else "check the network or point root at a copy"
+        raise DataError(f"data: {source} not available at {root} ({err}); {hint}") from None
+    except Exception as err:  # offline download
+        raise DataError(f"data: could not download {source} to {root}: {err}") from None
+    return from_array(np.asarray(ds.data), np.asarray(ds.targets))
+
+
+def _npz(path: str | None, limit: int | None) -> tuple[Tensor, Tensor]:
+    """Arrays ``x`` (images) and ``y`` (labels) of the npz at ``path``, bounded by its header first."""
+    if not path or not Path(path).is_file():
+        raise DataError(f"data.path: npz file not found: {path!r}")
+    header = _npz_shape(path, "x")
+    if header is not None:  # np.load decodes the whole array, whatever the limit
+        shape, itemsize = header
+        _check_bytes(int(np.prod(shape, dtype=np.float64)) * max(itemsize, 4), f"its array 'x' {list(shape)} (as float32)",
+                     "data.path", "give a smaller file (the red team reads it whole)")
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            if "x" not in d or "y" not in d:
+                raise DataError(f"data.path: {path} must hold arrays 'x' (images) and 'y' (labels); has {list(d.keys())}")
+            xa, ya = d["x"], d["y"]
+    except DataError:
+        raise
+    except Exception as err:  # object arrays (would need pickle), not a zip, truncated
+        raise DataError(f"data.path: {path} is not an npz of numeric arrays ({str(err).splitlines()[0][:160]})") from None
+    if xa.dtype.kind not in "biuf" or ya.dtype.kind not in "biu":
+        raise DataError(f"data.path: {path}: 'x' must be numeric and 'y' integer (got {xa.dtype}, {ya.dtype})")
+    return from_array(xa[:limit] if limit else xa, ya[:limit] if limit else ya)
+
+
+def _imagefolder(path: str | None, image_size: int | None, limit: int | None) -> tuple[Tensor, Tensor]:
+    """A ``torchvision.datasets.ImageFolder`` at ``path`` (a class per subfolder), resized while read."""
+    import torchvision
+
+    if not path or not Path(path).is_dir():
+        raise DataError(f"data.path: image folder not found: {path!r}")
+    tf = [torchvision.transforms.ToTensor()]
+    if image_size:
+        tf.insert(0, torchvision.transforms.Resize((image_size, image_size)))
+    ds = torchvision.datasets.ImageFolder(path, transform=torchvision.transforms.Compose(tf))
+    n = min(len(ds), limit or len(ds))
+    if image_size:
+        _check_bytes(n * 3 * image_size * image_size * 4, f"{n} images at {image_size}x{image_size}", "data.image_size",
+                     "set data.limit or a smaller image_size")
+    items = [ds[i] for i in range(n)]
+    return torch.stack([a for a, _ in items]), torch.tensor([b for _, b in items])
 
 
 def load(source: str, *, root: str | None = None, path: str | None = None, download: bool = False,
@@ -84,54 +143,12 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
         x, y = lfw_faces(num_classes)
     elif source == "lfw-nonfaces":
         x, y = lfw_nonfaces(num_classes)
-    elif source in TORCHVISION:
-        import torchvision
-
-        cls = getattr(torchvision.datasets, TORCHVISION[source])
-        root = str(Path(root).expanduser()) if root else str(Path.home() / ".cache" / "guardfl" / "data")
-        try:
-            ds = cls(root=root, train=True, download=download)
-        except RuntimeError as err:
-            hint = "set download: true (needs internet)" if not download else "check the network or point root at a copy"
-            raise DataError(f"data: {source} not available at {root} ({err}); {hint}") from None
-        except Exception as err:  # offline download
-            raise DataError(f"data: could not download {source} to {root}: {err}") from None
-        x, y = from_array(np.asarray(ds.data), np.asarray(ds.targets))
+    elif source in SOURCES and SOURCES[source].torchvision:
+        x, y = _torchvision(source, root, download)
     elif source == "npz":
-        if not path or not Path(path).is_file():
-            raise DataError(f"data.path: npz file not found: {path!r}")
-        header = _npz_shape(path, "x")
-        if header is not None:  # np.load decodes the whole array, whatever the limit
-            shape, itemsize = header
-            _check_bytes(int(np.prod(shape, dtype=np.float64)) * max(itemsize, 4), f"its array 'x' {list(shape)} (as float32)",
-                         "data.path", "give a smaller file (the red team reads it whole)")
-        try:
-            with np.load(path, allow_pickle=False) as d:
-                if "x" not in d or "y" not in d:
-                    raise DataError(f"data.path: {path} must hold arrays 'x' (images) and 'y' (labels); has {list(d.keys())}")
-                xa, ya = d["x"], d["y"]
-        except DataError:
-            raise
-        except Exception as err:  # object arrays (would need pickle), not a zip, truncated
-            raise DataError(f"data.path: {path} is not an npz of numeric arrays ({str(err).splitlines()[0][:160]})") from None
-        if xa.dtype.kind not in "biuf" or ya.dtype.kind not in "biu":
-            raise DataError(f"data.path: {path}: 'x' must be numeric and 'y' integer (got {xa.dtype}, {ya.dtype})")
-        x, y = from_array(xa[:limit] if limit else xa, ya[:limit] if limit else ya)
+        x, y = _npz(path, limit)
     elif source == "imagefolder":
-        import torchvision
-
-        if not path or not Path(path).is_dir():
-            raise DataError(f"data.path: image folder not found: {path!r}")
-        tf = [torchvision.transforms.ToTensor()]
-        if image_size:
-            tf.insert(0, torchvision.transforms.Resize((image_size, image_size)))
-        ds = torchvision.datasets.ImageFolder(path, transform=torchvision.transforms.Compose(tf))
-        n = min(len(ds), limit or len(ds))
-        if image_size:
-            _check_bytes(n * 3 * image_size * image_size * 4, f"{n} images at {image_size}x{image_size}", "data.image_size",
-                         "set data.limit or a smaller image_size")
-        items = [ds[i] for i in range(n)]
-        x, y = torch.stack([a for a, _ in items]), torch.tensor([b for _, b in items])
+        x, y = _imagefolder(path, image_size, limit)
     else:
         raise DataError(f"data.source: unknown source {source!r}")
     if limit:
@@ -144,38 +161,14 @@ def load(source: str, *, root: str | None = None, path: str | None = None, downl
     return x, y
 
 
-def load_text_data(source: str, *, path: str | None, seq_len: int, tokenizer: str, task: str, num_classes: int,
-                   split: str = "test", limit: int | None = None, field: str = "data") -> tuple[Tensor, Tensor]:
-    """Text samples for a text model: token ids ``(N, seq_len)`` and the client's targets for them.
+def load_section(section, *, num_classes: int, limit: int | None = None, image_size: int | None = None,
+                 **_text: object) -> tuple[Tensor, Tensor]:
+    """:func:`load` of a source section (``source``, ``root``, ``path``, ``download``, ``image_size``);
+    ``image_size``: the size when the section gives none; the text options are not an image's."""
+    return load(section.source, root=section.root, path=section.path, download=section.download,
+                image_size=section.image_size or image_size, num_classes=num_classes, limit=limit)
 
-    ``task`` is the model's: ``causal-lm`` trains on windows of ``seq_len`` tokens of a plain text
-    (``text``: ``path`` a file or a folder of .txt files, None the built-in text; ``wikitext``), its
-    targets the next tokens ``(N, seq_len)`` (-100 on the last position); ``classification`` on labelled
-    sentences (``labelled-text``: a TSV at ``path``, None the built-in sentences with synthetic labels;
-    ``cola``), truncated or padded to ``seq_len``, its targets the classes ``(N,)``."""
-    from guardfl.redteam.modality.text import data as textdata
-    from guardfl.redteam.modality.text.models import next_token_labels
-    from guardfl.redteam.modality.text.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(tokenizer)
-    if task == "causal-lm":
-        if source not in ("text", "wikitext"):
-            raise DataError(f"{field}.source: {source!r} is labelled sentences; a causal language model trains on "
-                            "plain text: 'text' (a file, a folder, or the built-in text) or 'wikitext'")
-        text = textdata.load_named("wikitext", split) if source == "wikitext" else textdata.load_text(path)
-        x = textdata.sequences(text, tok, seq_len, limit=limit)
-        return x, next_token_labels(x)
-    if source not in ("labelled-text", "cola"):
-        raise DataError(f"{field}.source: {source!r} is plain text; a classifier trains on labelled sentences: "
-                        "'labelled-text' (a TSV, or the built-in sentences) or 'cola'")
-    if source == "cola":
-        texts, labels = textdata.load_named("cola", split)
-    elif path is None:
-        texts, labels = textdata.builtin_labelled(num_classes)
-    else:
-        texts, labels = textdata.load_labelled(path)
-    if labels and (min(labels) < 0 or max(labels) >= num_classes):
-        raise DataError(f"{field}: labels {min(labels)}..{max(labels)} do not fit model.num_classes={num_classes} "
-                        "(CoLA's test split is unlabelled: use split 'validation' or 'train')")
-    x, y = textdata.classification_sequences(texts, labels, tok, seq_len)
-    return (x[:limit], y[:limit]) if limit else (x, y)
+# certification.certify still reads text through this module; after issue 38's certify split it reads
+# ``modality.for_source(source).load(section, ...)`` (or ``modality.text.data.load_text_data``) and this goes
+from guardfl.redteam.modality.text.data import load_text_data  # noqa: E402,F401

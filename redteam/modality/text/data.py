@@ -9,6 +9,7 @@ Sources (every error is one line naming the config field):
 * :func:`load_named`: ``"wikitext"`` (wikitext-2-raw-v1) or ``"cola"`` (GLUE CoLA) from the ``datasets``
   package's local cache only (``data.source``).
 * :func:`load_labelled` / :func:`builtin_labelled`: sentences with class labels, for a text classifier.
+* :func:`load_text_data` / :func:`load_section`: a source's samples for the client's model task.
 
 :func:`sequences` turns a text into causal-LM samples: consecutive non-overlapping windows of exactly
 ``seq_len`` tokens of the text's token stream (the tail is dropped), each distinct window once, as the
@@ -28,7 +29,11 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from guardfl.data import DataError
 from guardfl.errors import ConfigError
+from guardfl.redteam.modality.sources import SOURCES
+from guardfl.redteam.modality.text.models import next_token_labels
+from guardfl.redteam.modality.text.tokenizer import load_tokenizer
 
 #: the text is encoded in pieces of about this many characters, cut where the pre-tokeniser always cuts
 CHUNK_CHARS = 1 << 16
@@ -347,3 +352,52 @@ def load_named(name: str, split: str = "train") -> str | tuple[list[str], list[i
     if name == "wikitext":
         return "".join(ds["text"])
     return [str(s) for s in ds["sentence"]], [int(v) for v in ds["label"]]
+
+
+# ------------------------------------------------------------------------------ a source, for a model task
+def _task_of(source: str) -> str | None:
+    """The model task a source's samples feed (the source table): ``causal-lm``, ``classification``, None."""
+    entry = SOURCES.get(source)
+    return entry.task if entry is not None else None
+
+
+def load_text_data(source: str, *, path: str | None, seq_len: int, tokenizer: str, task: str, num_classes: int,
+                   split: str = "test", limit: int | None = None, field: str = "data") -> tuple[torch.Tensor, torch.Tensor]:
+    """Text samples for a text model: token ids ``(N, seq_len)`` and the client's targets for them.
+
+    ``task`` is the model's: ``causal-lm`` trains on windows of ``seq_len`` tokens of a plain text
+    (``text``: ``path`` a file or a folder of .txt files, None the built-in text; ``wikitext``), its
+    targets the next tokens ``(N, seq_len)`` (-100 on the last position); ``classification`` on labelled
+    sentences (``labelled-text``: a TSV at ``path``, None the built-in sentences with synthetic labels;
+    ``cola``), truncated or padded to ``seq_len``, its targets the classes ``(N,)``."""
+    tok = load_tokenizer(tokenizer)
+    if task == "causal-lm":
+        if _task_of(source) != "causal-lm":
+            raise DataError(f"{field}.source: {source!r} is labelled sentences; a causal language model trains on "
+                            "plain text: 'text' (a file, a folder, or the built-in text) or 'wikitext'")
+        text = load_named("wikitext", split) if source == "wikitext" else load_text(path)
+        x = sequences(text, tok, seq_len, limit=limit)
+        return x, next_token_labels(x)
+    if _task_of(source) != "classification":
+        raise DataError(f"{field}.source: {source!r} is plain text; a classifier trains on labelled sentences: "
+                        "'labelled-text' (a TSV, or the built-in sentences) or 'cola'")
+    if source == "cola":
+        texts, labels = load_named("cola", split)
+    elif path is None:
+        texts, labels = builtin_labelled(num_classes)
+    else:
+        texts, labels = load_labelled(path)
+    if labels and (min(labels) < 0 or max(labels) >= num_classes):
+        raise DataError(f"{field}: labels {min(labels)}..{max(labels)} do not fit model.num_classes={num_classes} "
+                        "(CoLA's test split is unlabelled: use split 'validation' or 'train')")
+    x, y = classification_sequences(texts, labels, tok, seq_len)
+    return (x[:limit], y[:limit]) if limit else (x, y)
+
+
+def load_section(section, *, num_classes: int, seq_len: int, tokenizer: str, task: Any = None, limit: int | None = None,
+                 field: str = "data", **_image: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`load_text_data` of a source section (``source``, ``path``, ``split``). ``task``: the model's
+    (a callable giving it is called first); None: the task the source's samples feed (the source table)."""
+    task = task() if callable(task) else task or _task_of(section.source)
+    return load_text_data(section.source, path=section.path, seq_len=seq_len, tokenizer=tokenizer, task=task,
+                          num_classes=num_classes, split=section.split, limit=limit, field=field)
