@@ -42,6 +42,8 @@ class Modality:
     model_inputs: Callable[[Any], tuple[tuple, dict]]
     #: the client's training loss on the model's logits and (possibly soft) targets
     loss: Callable[[Any, Any], Any]
+    #: the tokenizer's vocabulary size a built-in model is made for (``data.tokenizer`` -> int; images: None)
+    vocab_size: Callable[[str], Any]
     #: (path, field) -> None, or a one-line ConfigError when the file at ``path`` is too large to read whole
     check_path: Callable[[Any, str], None]
     #: what only images support: OOD pseudo-data (LTI-OOD's DCT images), the user's own client code as a

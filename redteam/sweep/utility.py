@@ -84,11 +84,7 @@ def build(red: dict[str, Any], in_shape: tuple[int, ...], seed: int) -> torch.nn
     loaded from its checkpoint when ``model.state`` is a path."""
     from guardfl.redteam.modality.image.models import build_model, set_model_state
 
-    vocab = None
-    if red["data"]["source"] in ("text", "labelled-text", "wikitext", "cola"):
-        from guardfl.redteam.modality.text.tokenizer import load_tokenizer
-
-        vocab = load_tokenizer(red["data"]["tokenizer"]).vocab_size
+    vocab = modality.of(red).vocab_size(red["data"]["tokenizer"])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(red["model"]["name"], in_shape, red["model"]["num_classes"], vocab_size=vocab)

@@ -131,7 +131,8 @@ class Replica:
         cosine of a FedSGD image update that the known defense neither signs, clips nor masks (then the
         distance needs only <dW, O> and |dW|^2 of each layer); None otherwise, or when no layer pays."""
         if (self.weights.distance != "cosine" or not isinstance(self.protocol, FedSGD) or self.signed
-                or self.known.clip_norm is not None or self.masks is not None or self.obs.modality != "image"):
+                or self.known.clip_norm is not None or self.masks is not None
+                or modality.get(self.obs.modality).tokenized):
             return None
         example = torch.zeros(self.n, *self.obs.input_shape, device=self.device)
         taps = choose_taps(self.model, self.names, example)

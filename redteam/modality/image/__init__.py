@@ -16,6 +16,10 @@ def _model_inputs(x):
     return (x,), {}
 
 
+def _no_vocabulary(tokenizer: str) -> None:
+    """An image model has no vocabulary."""
+
+
 def _no_check(path, field: str) -> None:
     """Image files are bounded as they are read (``data._check_bytes``)."""
 
@@ -23,5 +27,5 @@ def _no_check(path, field: str) -> None:
 IMAGE = register(Modality(
     name="image", unit="image", units="images", noun="images", model_kind="an image model",
     thresholds=IMAGE_THRESHOLDS, models=frozenset(models.MODELS), tokenized=False, loader=data.load_section,
-    model_inputs=_model_inputs, loss=F.cross_entropy, check_path=_no_check,
+    model_inputs=_model_inputs, loss=F.cross_entropy, vocab_size=_no_vocabulary, check_path=_no_check,
 ))
