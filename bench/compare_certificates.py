@@ -94,7 +94,9 @@ def pinned(path: Path, seed: int):
 
 def run_one(path: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Certify one config; its untimed certificate under ``out``. The index entry."""
-    from guardfl.redteam.certification.certify import CERTIFICATE, certify, untimed
+    from guardfl.redteam.runtime.files import CERTIFICATE
+    from guardfl.redteam.certification.run import certify
+    from guardfl.redteam.certification.certificate import untimed
 
     name = path.stem
     reason = skip_reason(path)
