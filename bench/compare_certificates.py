@@ -3,9 +3,9 @@
     python bench/compare_certificates.py --out before [--samples 2] [--workers 1] [configs/x.yaml ...]
     python bench/compare_certificates.py --compare before after [configs/x.yaml ...]
 
-The first form runs ``guardfl redteam`` (``redteam.certify.certify``, a state folder and report under
+The first form runs ``guardfl redteam`` (``certification.run.certify``, a state folder and report under
 ``<out>/runs/<name>/`` as the command writes them) on each config (default: every ``configs/*.yaml``) and
-writes ``<out>/<name>.json``: the written ``certificate.json`` passed through ``certify.untimed`` (no
+writes ``<out>/<name>.json``: the written ``certificate.json`` passed through ``certificate.untimed`` (no
 ``wall_time_s``, no ``*seconds``), keys sorted. The defense seed is pinned (``defense.seed`` set to
 ``--seed``, 0 by default, when the config leaves it unset), so that two runs of one config give one
 certificate. A config that cannot run here is skipped with the reason printed and written to
