@@ -19,7 +19,7 @@ and 0.99, batch 1 and 16. InstaHide rows need the data-side defenses (issue 3) a
 
 ``redteam``: the privacy half of the privacy-utility table. Each defense row of ``bench_utility.py`` (Soteria,
 GradDefense, DP-SGD at noise 0.5 and 1.0, InstaHide k=4 + GradPrune 0.9, and no defense) is certified by the
-full red team (``guardfl.redteam.certification.certify``: every applicable attack at the device's strength, defense-aware
+full red team (``guardfl.redteam.certification.run.certify``: every applicable attack at the device's strength, defense-aware
 objectives, demixing for encodings), and the row reports the verdict and the worst-case SSIM over attacks,
 batches and images (the certificate's own number, no oracle). The client is LeNet (Zhu) in its wide-init
 worst case on the CIFAR-10 sample, FedSGD; batch 1 for the gradient defenses and DP-SGD (the easiest case
@@ -191,7 +191,7 @@ def redteam_config(batch: int, defense: dict | None, batches: int, device: str) 
 
 
 def run_redteam(args, device) -> dict:
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
 
     keys = [k.strip().lower() for k in args.rows.split(",")] if args.rows else None
     rows = []

@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--label", default="after", help="names the JSON (e.g. before / after)")
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args()
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
 
     aux, pop = split_data()
     keys = [k.strip().lower() for k in args.rows.split(",")] if args.rows else None

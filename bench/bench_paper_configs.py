@@ -126,7 +126,7 @@ def summarise(cert) -> dict[str, Any]:
 def run_one(path: Path, args) -> dict[str, Any]:
     import torch
 
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
     from guardfl.yamlio import load_yaml
 
     cfg = load_yaml(path)

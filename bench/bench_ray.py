@@ -48,7 +48,7 @@ def config(batches: int, iterations: int) -> dict[str, Any]:
 
 
 def _untimed(cert) -> str:
-    from guardfl.redteam.certification.certify import untimed
+    from guardfl.redteam.certification.certificate import untimed
 
     return json.dumps(untimed(cert.to_dict(), ignore=("environment",)), sort_keys=True, default=str)
 
@@ -70,7 +70,7 @@ def measure(args) -> dict[str, Any]:
 
     import ray
 
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
     from guardfl.redteam.runtime.ray_backend import RayJobs
 
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -116,12 +116,12 @@ def measure(args) -> dict[str, Any]:
         row["speedup"] = base / row["seconds"]
         row["same_certificate"] = _untimed(certs[row["row"]]) == _untimed(certs[rows[0]["row"]])
     # what per-task pickling of the run would have cost: the context every task would carry
-    from guardfl.redteam.certification import certify as certify_mod
+    from guardfl.redteam.certification.plan import CHUNK
 
     context_bytes = next((r["put_bytes"] for r in rows if "put_bytes" in r and r.get("puts") == 1), None)
     return {"config": cfg, "load_average": os.getloadavg(), "cores": os.cpu_count(), "rows": rows,
             "context_bytes": context_bytes, "note": "busy shared machine: timings are noisy",
-            "chunk": certify_mod.CHUNK, "pickle_protocol": pickle.DEFAULT_PROTOCOL}
+            "chunk": CHUNK, "pickle_protocol": pickle.DEFAULT_PROTOCOL}
 
 
 # -- projection --------------------------------------------------------------------------------------

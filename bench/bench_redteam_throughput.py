@@ -50,7 +50,7 @@ while os.getppid() == parent:
 
 
 def _untimed(cert: dict) -> str:
-    from guardfl.redteam.certification.certify import untimed
+    from guardfl.redteam.certification.certificate import untimed
 
     chosen = {k: cert[k] for k in ("certified", "status", "checks", "evidence", "results", "preparations", "client")}
     return json.dumps(untimed(chosen, ignore=("environment", "started")), sort_keys=True)

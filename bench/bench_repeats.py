@@ -29,7 +29,7 @@ RESULTS = ROOT / "bench" / "results" / "repeats.json"
 
 
 def run(config: Path, out: Path, workers: int, defense_seed: int) -> None:
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
 
     cfg = yaml.safe_load(config.read_text())
     if cfg.get("defense"):

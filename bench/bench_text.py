@@ -40,7 +40,7 @@ import torch
 
 from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.certification.certify import prior_guess
+from guardfl.redteam.certification.batches import prior_guess
 from guardfl.redteam.modality.text.data import builtin_text, sequences
 from guardfl.redteam.modality.text.metrics import evaluate_text
 from guardfl.redteam.modality.text.models import TEXT_MODELS, next_token_labels

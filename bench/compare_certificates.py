@@ -3,9 +3,9 @@
     python bench/compare_certificates.py --out before [--samples 2] [--workers 1] [configs/x.yaml ...]
     python bench/compare_certificates.py --compare before after [configs/x.yaml ...]
 
-The first form runs ``guardfl redteam`` (``redteam.certify.certify``, a state folder and report under
+The first form runs ``guardfl redteam`` (``certification.run.certify``, a state folder and report under
 ``<out>/runs/<name>/`` as the command writes them) on each config (default: every ``configs/*.yaml``) and
-writes ``<out>/<name>.json``: the written ``certificate.json`` passed through ``certify.untimed`` (no
+writes ``<out>/<name>.json``: the written ``certificate.json`` passed through ``certificate.untimed`` (no
 ``wall_time_s``, no ``*seconds``), keys sorted. The defense seed is pinned (``defense.seed`` set to
 ``--seed``, 0 by default, when the config leaves it unset), so that two runs of one config give one
 certificate. A config that cannot run here is skipped with the reason printed and written to
@@ -94,7 +94,9 @@ def pinned(path: Path, seed: int):
 
 def run_one(path: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Certify one config; its untimed certificate under ``out``. The index entry."""
-    from guardfl.redteam.certification.certify import CERTIFICATE, certify, untimed
+    from guardfl.redteam.runtime.files import CERTIFICATE
+    from guardfl.redteam.certification.run import certify
+    from guardfl.redteam.certification.certificate import untimed
 
     name = path.stem
     reason = skip_reason(path)

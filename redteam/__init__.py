@@ -9,7 +9,8 @@ Subpackages (the architecture): ``certification`` (the run's recipe, plan, batch
 """
 
 from guardfl.redteam import attacks
-from guardfl.redteam.certification.certify import Certificate, certify
+from guardfl.redteam.certification.certificate import Certificate
+from guardfl.redteam.certification.run import certify
 from guardfl.redteam.client.capture import TrainingCapture
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, SideKnowledge, simulate_client
 from guardfl.redteam.client.target import TargetError

@@ -66,7 +66,7 @@ def positive_int(flag: str, bounded: bool = False):
         if value < 1:
             raise argparse.ArgumentTypeError(f"{flag}: expected an integer >= 1 (got {text!r})")
         if bounded:
-            from guardfl.redteam.certification.certify import THREADS_PER_CORE, max_threads
+            from guardfl.redteam.certification.plan import THREADS_PER_CORE, max_threads
             from guardfl.redteam.runtime.workers import available_cores
 
             if value > max_threads():
@@ -140,7 +140,7 @@ def guarded(call, debug: bool, what: str):
 
 def run(args: argparse.Namespace) -> int:
     from guardfl.redteam.runtime.allocator import tune_malloc
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
 
     tune_malloc()  # the command's own process (workers tune theirs): see allocator.py
     if args.gpus_per_job is not None and args.ray_address is None:

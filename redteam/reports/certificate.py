@@ -13,7 +13,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from guardfl.redteam.reports import text as report_text
-from guardfl.redteam.certification.certify import Certificate
+from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam import modality
 from guardfl.redteam.modality.text.tokenizer import load_tokenizer
 from guardfl.redteam.runtime.files import atomic_write

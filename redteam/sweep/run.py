@@ -90,7 +90,7 @@ def sweep(config: str | Path | dict, *, out: str | Path = "sweep-out", backend: 
     plan = load_sweep(config)
     workers = _positive(workers, "workers") or available_cores()
     threads = _positive(threads, "threads") or 1
-    from guardfl.redteam.certification.certify import THREADS_PER_CORE, max_threads
+    from guardfl.redteam.certification.plan import THREADS_PER_CORE, max_threads
 
     if threads > max_threads():
         raise ConfigError(f"threads: expected an integer in [1, {max_threads()}] ({THREADS_PER_CORE} x the "
@@ -283,7 +283,7 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
     task, base = _TASKS[cache_key]
     record: dict[str, Any] = {k: spec[k] for k in ("id", "key", "axis", "index", "value", "label", "defense")}
     if spec["redteam"]:
-        from guardfl.redteam.certification.certify import certify
+        from guardfl.redteam.certification.run import certify
 
         marker = Path(spec["out"]) / "sweep-point.key"  # whose red-team state the folder holds
         try:  # at most the key's length plus one byte: a stray file there (binary, huge) is simply not this key

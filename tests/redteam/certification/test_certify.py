@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guardfl.cli import main
-from guardfl.redteam.certification import certify as certify_mod
+from guardfl.redteam.certification.run import certify
 from guardfl.redteam.config import load_config
 from tests.claims import LOOSE_CLAIM
 
@@ -59,14 +59,13 @@ def test_outputs_hold_what_a_reviewer_needs(tmp_path):
 def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, kill_attack_at, count_attack_runs):
     cfg = {**TINY, "attacks": [{"name": "dlg", "budget": {"iterations": 20}}, {"name": "idlg", "budget": {"iterations": 20}}]}
     path = _write(tmp_path, cfg)
-    restore = kill_attack_at(2)  # the run is killed while the second attack starts
+    attacks = kill_attack_at(2)  # the run is killed while the second attack starts
     with pytest.raises(KeyboardInterrupt):
-        certify_mod.certify(path, out=tmp_path / "r")
-    restore()
+        certify(path, out=tmp_path / "r", attacks=attacks)
     first = tmp_path / "r" / "state" / "b0-0-dlg.json"
     stamp = first.stat().st_mtime_ns
     calls = count_attack_runs()
-    cert = certify_mod.certify(path, out=tmp_path / "r", resume=True)
+    cert = certify(path, out=tmp_path / "r", resume=True)
     assert calls == ["idlg"]  # only the unfinished attack ran
     assert first.stat().st_mtime_ns == stamp
     assert [r["attack"] for r in cert.results] == ["dlg", "idlg"]
@@ -155,5 +154,5 @@ def test_the_certificate_warns_about_layers_the_defense_never_changes(tmp_path, 
     cert = json.loads((tmp_path / "o" / "certificate.json").read_text())
     assert len(cert["warnings"]) == 1 and "body.0.weight" in cert["warnings"][0] and "soteria" in cert["warnings"][0]
     assert "[warn]" in out and "Warning" in (tmp_path / "o" / "report.html").read_text()
-    pruned = certify_mod.certify({**cfg, "defense": {"kind": "gradprune", "ratio": 0.5}})
+    pruned = certify({**cfg, "defense": {"kind": "gradprune", "ratio": 0.5}})
     assert pruned.warnings == []

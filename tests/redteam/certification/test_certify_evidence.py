@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification.certify import certify
+from guardfl.redteam.certification.run import certify
 from guardfl.redteam.config import load_config
 from guardfl.redteam.certification.evidence import upper_bound
 

@@ -7,7 +7,9 @@ import pytest
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification import certify as certify_mod
+from guardfl.redteam.certification import judge
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.plan import plan_attacks, resolve_strength
 from guardfl.redteam.attacks import ATTACKS, AttackFailed, LearnedInversion, Setting
 from guardfl.redteam.client.simulate import FedSGD, simulate_client
 from guardfl.redteam.config import load_config
@@ -40,7 +42,7 @@ def _setting(n=1):
 
 def test_attacks_all_lists_every_registered_attack_with_a_status():
     cfg = load_config({"attacks": "all", "client": {"batch_size": 2}})
-    plans, listing = certify_mod.plan_attacks(cfg, _setting(2), "quick", aux=None)
+    plans, listing = plan_attacks(cfg, _setting(2), "quick", aux=None)
     assert {a["attack"] for a in listing} == set(ATTACKS)
     status = {a["attack"]: a for a in listing}
     assert status["learned_inversion"]["status"] == "not applicable"
@@ -61,7 +63,7 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
         assert line["budget"] == cls.budget_for("quick") and line["paper_budget"] == cls.budget_for("paper")
         assert line["paper_reference"]
     # iDLG's own default threat (labels inferred) at n=1
-    _, listing = certify_mod.plan_attacks(load_config({"attacks": "all"}), _setting(1), "paper", aux=None)
+    _, listing = plan_attacks(load_config({"attacks": "all"}), _setting(1), "paper", aux=None)
     idlg = next(a for a in listing if a["attack"] == "idlg")
     assert idlg["threat"]["labels"] == "inferred" and idlg["budget"]["iterations"] == 6000
 
@@ -82,7 +84,7 @@ def test_the_inverter_is_trained_once_and_a_resume_never_retrains_it(tmp_path, m
 
     monkeypatch.setattr(LearnedInversion, "_prepare", counting)
     path = _write(tmp_path, BASE)
-    cert = certify_mod.certify(path, out=tmp_path / "r", strength="quick")
+    cert = certify(path, out=tmp_path / "r", strength="quick")
     assert len(calls) == 1  # two private batches, one training
     (prep,) = cert.preparations.values()
     assert prep["cached"] is False and prep["aux_images"] == 60 + 20 + 40
@@ -93,7 +95,7 @@ def test_the_inverter_is_trained_once_and_a_resume_never_retrains_it(tmp_path, m
     assert saved["priors"]["0"][0]["ssim"] is not None
     # a killed run: the second batch's LTI job is missing; the resume re-attacks it with the cached inverter
     (tmp_path / "r" / "state" / "b1-0-learned_inversion.json").unlink()
-    cert = certify_mod.certify(path, out=tmp_path / "r", resume=True, strength="quick")
+    cert = certify(path, out=tmp_path / "r", resume=True, strength="quick")
     assert len(calls) == 1  # the inverter came from the state folder
     (prep,) = cert.preparations.values()
     assert prep == trained  # the certificate says how it was prepared: as the uninterrupted run's does
@@ -114,7 +116,7 @@ def test_a_failing_attack_fails_the_run(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ATTACKS["dlg"], "_reconstruct", broken)
     with pytest.raises(AttackFailed, match="attack dlg failed on client batch 0: RuntimeError: out of memory"):
-        certify_mod.certify({**BASE, "attacks": [{"name": "dlg", "budget": {"iterations": 5}}]})
+        certify({**BASE, "attacks": [{"name": "dlg", "budget": {"iterations": 5}}]})
     path = _write(tmp_path, {**BASE, "attacks": [{"name": "dlg", "budget": {"iterations": 5}}]})
     assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert "attack dlg failed" in capsys.readouterr().err
@@ -123,11 +125,11 @@ def test_a_failing_attack_fails_the_run(tmp_path, monkeypatch, capsys):
 
 def test_strength_sets_the_budgets_and_configured_budgets_override_it(tmp_path):
     cfg = load_config({**BASE, "attacks": [{"name": "dlg", "budget": {"restarts": 2}}]})
-    plans, listing = certify_mod.plan_attacks(cfg, _setting(1), "paper", aux=None)
+    plans, listing = plan_attacks(cfg, _setting(1), "paper", aux=None)
     assert plans[0].budget == {"iterations": 6000, "restarts": 2}
     with pytest.raises(ValueError, match="strength"):
-        certify_mod.resolve_strength("huge", __import__("torch").device("cpu"))
-    assert certify_mod.resolve_strength("auto", __import__("torch").device("cpu")) == "quick"
+        resolve_strength("huge", __import__("torch").device("cpu"))
+    assert resolve_strength("auto", __import__("torch").device("cpu")) == "quick"
     assert cfg.digest("quick") != cfg.digest("paper")
 
 
@@ -135,10 +137,10 @@ def test_prior_margin_lets_a_reconstruction_match_the_prior_but_not_beat_it():
     cfg = load_config({"certify": {"max_ssim": 0.4, "prior_margin": 0.05}})
     row = lambda ssim: {"batch": 0, "attack": "a", "metrics": {"per_image": [{"index": 0, "ssim": ssim}], "summary": {}}}  # noqa: E731
     priors = {0: [{"ssim": 0.5, "psnr": 10.0}]}
-    leaked = lambda ssim, prior: certify_mod._sample_leaks(cfg, [row(ssim)], prior)[(0, 0)]  # noqa: E731
+    leaked = lambda ssim, prior: judge.sample_leaks(cfg, [row(ssim)], prior)[(0, 0)]  # noqa: E731
     assert not leaked(0.54, priors)                                   # within the margin of the prior
     (hit,) = leaked(0.56, priors)
     assert hit["attack"] == "a" and hit["limit"] == pytest.approx(0.55)
     assert leaked(0.54, None)                                         # no aux: absolute threshold
-    (worst,) = certify_mod._worst_images(cfg, [row(0.56)], priors)
+    (worst,) = judge.worst_images(cfg, [row(0.56)], priors)
     assert worst["exceeds"] and worst["where"]["threshold_here"] == pytest.approx(0.55)

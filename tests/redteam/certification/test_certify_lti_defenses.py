@@ -3,7 +3,7 @@ inversion as ran (the defense simulated as augmentation), at tiny budgets."""
 
 import pytest
 
-from guardfl.redteam.certification import certify as certify_mod
+from guardfl.redteam.certification.run import certify
 from tests.claims import LOOSE_CLAIM
 
 LTI_TINY = {"hidden": 32, "epochs": 2, "batch": 32, "lr": 1e-3, "refresh_every": 1}
@@ -24,7 +24,7 @@ BASE = {
     ({"kind": "graddefense"}, 1),
 ], ids=["dpsgd", "mixup", "instahide", "soteria", "graddefense"])
 def test_learned_inversion_ran_under_the_defense(defense, batch):
-    cert = certify_mod.certify({**BASE, "defense": defense, "client": {"batch_size": batch}})
+    cert = certify({**BASE, "defense": defense, "client": {"batch_size": batch}})
     status = {a["attack"]: a for a in cert.attacks}
     assert status["learned_inversion"]["status"] == "ran"
     (result,) = [r for r in cert.results if r["attack"] == "learned_inversion"]
@@ -42,5 +42,5 @@ def test_inter_instahide_trains_with_the_attackers_images_as_partners(tmp_path):
     path = tmp_path / "public.npz"
     np.savez(path, x=(np.random.default_rng(0).random((8, 25, 25)) * 255).astype(np.uint8))
     defense = {"kind": "instahide", "k": 2, "mode": "inter", "public": str(path)}
-    cert = certify_mod.certify({**BASE, "defense": defense, "client": {"batch_size": 1}})
+    cert = certify({**BASE, "defense": defense, "client": {"batch_size": 1}})
     assert {a["attack"]: a["status"] for a in cert.attacks}["learned_inversion"] == "ran"

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification.certify import certify
+from guardfl.redteam.certification.run import certify
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -53,7 +53,7 @@ def test_attacks_all_is_the_honest_server_certificate_and_lists_it_as_not_applic
 
     from guardfl.redteam import simulate_client
     from guardfl.redteam.attacks import Setting
-    from guardfl.redteam.certification.certify import plan_attacks
+    from guardfl.redteam.certification.plan import plan_attacks
     from guardfl.redteam.config import load_config
     from guardfl.redteam.modality.image.models import LeNetZhu
 
@@ -138,7 +138,7 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
 
 
 def test_without_dsnr_the_certificate_says_it_was_not_run():
-    from guardfl.redteam.certification.certify import inspection_summary
+    from guardfl.redteam.certification.batches import inspection_summary
 
     off = inspection_summary(False)
     assert "disaggregation" not in off["checks"] and off["not_run"][0].startswith("disaggregation (SEER's D-SNR, opt-in")

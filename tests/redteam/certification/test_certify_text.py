@@ -21,7 +21,8 @@ from guardfl.cli import main
 from guardfl.errors import ConfigError
 from guardfl.redteam.attacks import ATTACKS
 from guardfl.redteam.attacks.text.tag import TAG
-from guardfl.redteam.certification.certify import certify, untimed
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.certificate import untimed
 from guardfl.redteam.config import load_config
 
 TEXT_METRICS = {"token_acc", "bag", "rouge1", "rouge2", "rougeL", "text", "recon_text"}
@@ -98,10 +99,9 @@ def test_report_and_certificate_show_the_sentences(leak_run):
 
 def test_a_resumed_text_certificate_is_the_uninterrupted_one(leak_run, tmp_path, kill_attack_at):
     whole, whole_out = leak_run
-    restore = kill_attack_at(2)  # killed as the second client update's attack starts
+    attacks = kill_attack_at(2)  # killed as the second client update's attack starts
     with pytest.raises(KeyboardInterrupt):
-        certify(LEAK, out=tmp_path / "r", threads=1)
-    restore()
+        certify(LEAK, out=tmp_path / "r", threads=1, attacks=attacks)
     assert (tmp_path / "r" / "state" / "b0-0-tag.json").is_file()
     assert not (tmp_path / "r" / "certificate.json").exists()
     resumed = certify(LEAK, out=tmp_path / "r", resume=True, threads=1)

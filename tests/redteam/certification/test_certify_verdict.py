@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification import certify as certify_mod
+from guardfl.redteam.certification.run import certify
 from tests.claims import LOOSE_CLAIM
 
 TINY = {
@@ -59,9 +59,9 @@ def test_a_run_failing_in_user_code_leaves_no_earlier_certificate(tmp_path, monk
 
 def test_a_killed_run_leaves_no_earlier_certificate(tmp_path, monkeypatch, kill_attack_at):
     out = _certified(tmp_path)
-    kill_attack_at(2)
+    attacks = kill_attack_at(2)
     with pytest.raises(KeyboardInterrupt):
-        certify_mod.certify(_write(tmp_path, TINY), out=out)
+        certify(_write(tmp_path, TINY), out=out, attacks=attacks)
     assert _no_verdict(out, "interrupted")["status"] == "interrupted"
 
 
@@ -70,7 +70,7 @@ def test_a_system_exit_from_user_code_leaves_no_certificate(tmp_path, monkeypatc
     ref = _factory(tmp_path, monkeypatch, "factory_that_exits", "sys.exit(0)")
     cfg = {**TINY, "model": {"name": ref, "input_shape": [1, 25, 25]}}
     with pytest.raises((SystemExit, Exception)):
-        certify_mod.certify(cfg, out=out)
+        certify(cfg, out=out)
     assert _no_verdict(out, "failed")["status"] == "failed"
 
 

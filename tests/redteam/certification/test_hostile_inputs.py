@@ -64,7 +64,7 @@ def test_attacks_all_records_unread_threat_fields_at_their_defaults():
     """The strongest threat grants bn exact on a BatchNorm model; an attack that never reads it is
     listed (and recorded) with bn: none, what it was run with."""
     from guardfl.redteam.attacks import Setting
-    from guardfl.redteam.certification.certify import plan_attacks
+    from guardfl.redteam.certification.plan import plan_attacks
     from guardfl.redteam.client.simulate import FedSGD
     from guardfl.redteam.modality.image.models import build_model
 
@@ -251,7 +251,7 @@ def test_check_reads_a_redteam_configs_classes_without_replacing_them(tmp_path, 
 # a sweep's --workers are not bounded by this machine's cores: they may be Ray tasks on a cluster
 @pytest.mark.parametrize("command, flag", [("redteam", "--threads"), ("redteam", "--workers"), ("sweep", "--threads")])
 def test_threads_and_workers_are_bounded(tmp_path, capsys, command, flag):
-    from guardfl.redteam.certification.certify import max_threads
+    from guardfl.redteam.certification.plan import max_threads
 
     with pytest.raises(SystemExit) as exit_:
         main([command, "--config", str(tmp_path / "c.yaml"), flag, "10000"])
@@ -261,7 +261,8 @@ def test_threads_and_workers_are_bounded(tmp_path, capsys, command, flag):
 
 
 def test_certify_and_sweep_bound_threads_from_python(tmp_path):
-    from guardfl.redteam.certification.certify import certify, max_threads
+    from guardfl.redteam.certification.run import certify
+    from guardfl.redteam.certification.plan import max_threads
     from guardfl.redteam.sweep.run import sweep
 
     with pytest.raises(ConfigError, match=rf"threads: expected an integer in \[1, {max_threads()}\]"):

@@ -57,7 +57,7 @@ def test_public_data_known_is_refused_where_it_tests_nothing(files, attack, thre
 
 def test_public_data_parses_and_attacks_all_grant_it_where_it_means_something(files):
     from guardfl.redteam.attacks import ATTACKS, Setting
-    from guardfl.redteam.certification.certify import plan_attacks
+    from guardfl.redteam.certification.plan import plan_attacks
     from guardfl.redteam.modality.image.models import build_model
 
     cfg = load_config(_cfg(files, [{"name": "dlg", "threat": {"public_data": "known"}}]))
@@ -107,7 +107,7 @@ def test_a_certification_with_the_public_set_known_recovers_more(files):
     the same gradient attack (Inverting Gradients, whose FC-2 encodings of one sample come back at SSIM
     ~0.98 here), its reconstructed encodings decoded with the public set and without (measured: 0.79 and
     0.86 against 0.36 and 0.40)."""
-    from guardfl.redteam.certification.certify import certify
+    from guardfl.redteam.certification.run import certify
 
     attacks = [{"name": "inverting_gradients", "budget": {"iterations": 200}, "threat": {"labels": "known", "public_data": "known"}},
                {"name": "inverting_gradients", "budget": {"iterations": 200}, "threat": {"labels": "known"}}]

@@ -9,10 +9,10 @@ import torch
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification import certify as certify_mod
+from guardfl.redteam.certification.run import certify
 from guardfl.redteam.certification import repeats
 from guardfl.redteam.attacks import ATTACKS, get
-from guardfl.redteam.certification.certify import untimed
+from guardfl.redteam.certification.certificate import untimed
 from guardfl.redteam.client.simulate import FedSGD, simulate_client
 from guardfl.redteam.config import AttackSection
 from guardfl.redteam.modality.image.data import lfw_faces
@@ -152,7 +152,7 @@ def test_the_certificate_names_the_reused_attack_and_loses_no_leak(tmp_path, mon
 def test_reuse_does_not_depend_on_the_worker_count(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({**CFG, "certify": {**CFG["certify"], "batches": 2}}))
-    one = certify_mod.certify(path, workers=1).to_dict()
-    two = certify_mod.certify(path, workers=2).to_dict()
+    one = certify(path, workers=1).to_dict()
+    two = certify(path, workers=2).to_dict()
     assert [r.get("reused", {}).get("from") for r in two["results"]] == [None, "b0-0-dlg", None, "b1-0-dlg"]
     assert untimed(one["results"]) == untimed(two["results"]) and untimed(one["attacks"]) == untimed(two["attacks"])

@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification import certify as certify_mod
-from guardfl.redteam.certification.certify import untimed
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.certificate import untimed
 
 TINY = {
     "model": {"name": "lenet", "state": "wide-init"},
@@ -64,13 +64,12 @@ def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, c
         pytest.importorskip("flwr")
         monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     path = _write(tmp_path, cfg)
-    whole = certify_mod.certify(path, out=tmp_path / "whole")
-    restore = kill_attack_at(kill_at)
+    whole = certify(path, out=tmp_path / "whole")
+    attacks = kill_attack_at(kill_at)
     with pytest.raises(KeyboardInterrupt):
-        certify_mod.certify(path, out=tmp_path / "resumed")
-    restore()
+        certify(path, out=tmp_path / "resumed", attacks=attacks)
     assert not (tmp_path / "resumed" / "certificate.json").exists()
-    resumed = certify_mod.certify(path, out=tmp_path / "resumed", resume=True)
+    resumed = certify(path, out=tmp_path / "resumed", resume=True)
     a, b = (json.loads((tmp_path / d / "certificate.json").read_text()) for d in ("whole", "resumed"))
     assert sorted(b["client"]["batches"]) == [str(i) for i in range(cfg["certify"]["batches"])]
     if cfg is LTI:
@@ -91,10 +90,9 @@ def test_resume_refuses_a_data_file_replaced_after_the_kill(tmp_path, monkeypatc
     _npz(data, 0)
     path = _write(tmp_path, {**TINY, "data": {"source": "npz", "path": str(data)}})
     out = tmp_path / "r"
-    restore = kill_attack_at(2)
+    attacks = kill_attack_at(2)
     with pytest.raises(KeyboardInterrupt):
-        certify_mod.certify(path, out=out)
-    restore()
+        certify(path, out=out, attacks=attacks)
     written = sorted(p.name for p in (out / "state").iterdir())
     _npz(data, 1)  # another dataset under the same name
     capsys.readouterr()
@@ -115,7 +113,7 @@ def test_resume_refuses_a_data_file_replaced_after_the_kill(tmp_path, monkeypatc
 def test_resume_never_unpickles_objects_from_the_state(tmp_path, capsys, cfg, planted, rerun):
     path = _write(tmp_path, cfg)
     out = tmp_path / "r"
-    certify_mod.certify(path, out=out)
+    certify(path, out=out)
     state = out / "state"
     if planted == "prepared":
         (planted_path,) = (state / "prepared").iterdir()
@@ -135,12 +133,12 @@ def test_resume_never_unpickles_objects_from_the_state(tmp_path, capsys, cfg, pl
 def test_resume_ignores_files_guardfl_did_not_list(tmp_path):
     path = _write(tmp_path, {**TINY, "certify": {**TINY["certify"], "batches": 1}})
     out = tmp_path / "r"
-    first = certify_mod.certify(path, out=out)
+    first = certify(path, out=out)
     record = json.loads((out / "state" / "b0-0-dlg.json").read_text())
     (out / "state" / "b0-0-dlg.json").unlink()
     # a planted "finished job" with harmless metrics under a name guardfl did not list
     (out / "state" / "b0-1-dlg.json").write_text(json.dumps({**record, "job": "b0-1-dlg"}))
-    resumed = certify_mod.certify(path, out=out, resume=True)
+    resumed = certify(path, out=out, resume=True)
     assert [r["job"] for r in resumed.results] == ["b0-0-dlg"]
     assert untimed(resumed.to_dict()) == untimed(first.to_dict())
 
@@ -148,10 +146,10 @@ def test_resume_ignores_files_guardfl_did_not_list(tmp_path):
 def test_a_new_run_removes_only_what_guardfl_wrote(tmp_path, capsys):
     path = _write(tmp_path, {**TINY, "certify": {**TINY["certify"], "batches": 1}})
     out = tmp_path / "r"
-    certify_mod.certify(path, out=out)
+    certify(path, out=out)
     state = out / "state"
     (state / "notes.txt").write_text("the user's")
-    certify_mod.certify(path, out=out)
+    certify(path, out=out)
     assert (state / "notes.txt").read_text() == "the user's"
     assert {"manifest.json", "observation-b0.pt", "b0-0-dlg.json", "b0-0-dlg.pt"} <= {p.name for p in state.iterdir()}
     # a state folder guardfl did not write (no manifest) is refused, with or without --resume, and left alone

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from guardfl.redteam.certification.certify import max_threads
+from guardfl.redteam.certification.plan import max_threads
 from guardfl.redteam.cli.redteam import positive_int
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from guardfl.errors import ConfigError
-from guardfl.redteam.certification.certify import certify
+from guardfl.redteam.certification.run import certify
 from guardfl.redteam.client.simulate import FedAvg, simulate_client
 from guardfl.redteam.config import load_config
 from guardfl.redteam.client.target import TargetError, load_object, observe, on_path, run_clientapp

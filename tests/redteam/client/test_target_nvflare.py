@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("nvflare")
 
 from guardfl.errors import ConfigError  # noqa: E402
-from guardfl.redteam.certification.certify import certify  # noqa: E402
+from guardfl.redteam.certification.run import certify  # noqa: E402
 from guardfl.redteam.client.simulate import FedAvg, simulate_client  # noqa: E402
 from guardfl.redteam.config import load_config  # noqa: E402
 from guardfl.redteam.client.target import TargetError, load_object, nvflare_result_filters, observe, on_path, run_nvflare  # noqa: E402

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from guardfl.cli import main
-from guardfl.redteam.certification.certify import certify
+from guardfl.redteam.certification.run import certify
 from guardfl.redteam.modality.image.data import lfw_faces
 from guardfl.redteam.modality.image.models import build_model, set_model_state
 from guardfl.redteam.modality.text.tokenizer import load_tokenizer

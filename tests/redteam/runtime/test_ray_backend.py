@@ -10,9 +10,10 @@ import torch
 
 from guardfl.cli import main
 from guardfl.errors import ConfigError
-from guardfl.redteam.certification import certify as certify_mod
+from guardfl.redteam.certification import run as run_mod
 from guardfl.redteam.attacks.base import AttackFailed
-from guardfl.redteam.certification.certify import certify, untimed
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.certificate import untimed
 from guardfl.redteam.runtime.ray_backend import RayJobs, as_backend
 from guardfl.redteam.runtime.workers import Job, RunContext, WorkerError
 from tests.redteam.runtime.test_workers import LTI_AND_OPTIMISATION, _FailingRunner
@@ -60,15 +61,14 @@ def test_ray_gives_the_local_certificate(ray_local, whole, tmp_path):
 
 
 def test_a_local_run_killed_midway_resumes_on_ray(ray_local, whole, tmp_path, kill_attack_at):
-    restore = kill_attack_at(3)
+    attacks = kill_attack_at(3)
     with pytest.raises(KeyboardInterrupt):
-        certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=1)
-    restore()
+        certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=1, attacks=attacks)
     _same(certify(LTI_AND_OPTIMISATION, out=tmp_path, backend="ray", resume=True), whole)
 
 
 def test_a_ray_run_interrupted_midway_resumes_locally(ray_local, whole, tmp_path, monkeypatch):
-    real_save, saved = certify_mod._save_job, []
+    real_save, saved = run_mod.save_job, []
 
     def save(state, job, record, rec):  # the driver is interrupted as it records its second result
         saved.append(job)
@@ -76,10 +76,10 @@ def test_a_ray_run_interrupted_midway_resumes_locally(ray_local, whole, tmp_path
             raise KeyboardInterrupt
         real_save(state, job, record, rec)
 
-    monkeypatch.setattr(certify_mod, "_save_job", save)
+    monkeypatch.setattr(run_mod, "save_job", save)
     with pytest.raises(KeyboardInterrupt):
         certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=2, backend="ray")
-    monkeypatch.setattr(certify_mod, "_save_job", real_save)
+    monkeypatch.setattr(run_mod, "save_job", real_save)
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"
     _same(certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=1, resume=True), whole)
 

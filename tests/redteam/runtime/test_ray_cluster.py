@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from guardfl.redteam.certification.certify import certify, untimed
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.certificate import untimed
 from guardfl.redteam.runtime.ray_backend import RayJobs
 
 ray = pytest.importorskip("ray")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guardfl.redteam.certification.certify import certify, untimed
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.certificate import untimed
 
 # four short DLG jobs (one per private batch), then one longer Inverting Gradients job (it batches samples)
 CONFIG = {

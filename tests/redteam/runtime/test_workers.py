@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from guardfl.redteam.certification import certify as certify_mod
 from guardfl.redteam.attacks.base import AttackFailed
-from guardfl.redteam.certification.certify import certify, untimed
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.certification.certificate import untimed
 from guardfl.redteam.runtime.workers import LARGE_MODEL, Job, RunContext, WorkerError, available_cores, job_threads, run_parallel
 
 LTI_AND_OPTIMISATION = {
@@ -52,10 +52,9 @@ def test_two_workers_give_the_sequential_certificate():
 
 def test_a_sequential_run_killed_midway_resumes_with_workers(tmp_path, monkeypatch, kill_attack_at):
     whole = certify(LTI_AND_OPTIMISATION, workers=1)
-    restore = kill_attack_at(3)
+    attacks = kill_attack_at(3)
     with pytest.raises(KeyboardInterrupt):
-        certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=1)
-    restore()
+        certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=1, attacks=attacks)
     resumed = certify(LTI_AND_OPTIMISATION, out=tmp_path, workers=2, resume=True)
     assert _untimed(resumed) == _untimed(whole)
     for key, tensor in whole.reconstructions.items():

@@ -1,0 +1,287 @@
+"""The batches a run certifies: the private samples drawn from the population, the client that trains on
+them (guardfl's simulation, or the user's ClientApp / train_fn / NVFlare job), and the observation it
+transmits, saved under ``OUT/state`` so that a resumed run attacks the very update the first run saw; with
+the attacker's auxiliary data (refused when it overlaps the private batches) and prior guess.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from guardfl.defenses import from_config
+from guardfl.errors import ConfigError
+from guardfl.inspect import DSNR_MIN_BATCH, DSNR_THRESHOLD
+from guardfl.redteam.attacks.base import Setting
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.certification.sampling import Population
+from guardfl.redteam.certification.state import pack_observation, unpack_observation
+from guardfl.redteam.client import privacy
+from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, simulate_client
+from guardfl.redteam.client.target import (flower_run_config, load_object, nvflare_result_filters, observe, run_clientapp,
+                                           run_nvflare, run_train_fn)
+from guardfl.redteam.config import RedTeamConfig
+from guardfl.redteam.modality.image import data as data_mod
+from guardfl.redteam.modality.image.models import build_model, set_model_state
+from guardfl.redteam.runtime.files import StateFolder
+
+
+def load_aux(cfg: RedTeamConfig) -> AuxData | None:
+    """The attacker's auxiliary data from the config's ``aux`` section (None without one)."""
+    a = cfg.aux
+    if a is None:
+        return None
+    k = cfg.model.num_classes
+
+    def take(section, limit):
+        need = section.offset + limit if limit else None
+        if cfg.modality == "text":  # the client's tokenizer and sequence length; the task the source's
+            d = cfg.data
+            task = "causal-lm" if section.source in ("text", "wikitext") else "classification"
+            x, y = data_mod.load_text_data(section.source, path=section.path, seq_len=d.seq_len, tokenizer=d.tokenizer,
+                                           task=task, num_classes=k, split=section.split, limit=need, field="aux")
+            x, y = x[section.offset : need], y[section.offset : need]
+            if not len(x):
+                raise ConfigError(f"aux: {section.source} has no sequences from offset {section.offset}")
+            return x, y
+        x, y = data_mod.load(section.source, root=section.root, path=section.path, download=section.download,
+                             image_size=section.image_size or cfg.data.image_size, num_classes=k, limit=need)
+        x, y = x[section.offset : need], y[section.offset : need]
+        if not len(x):
+            raise ConfigError(f"aux: {section.source} has no images from offset {section.offset}")
+        return x, y
+
+    images, labels = (take(a, a.limit) if a.source is not None else (torch.zeros(0), torch.zeros(0, dtype=torch.long)))
+    ood = take(a.ood, a.ood.limit)[0] if a.ood is not None else None
+    if len(labels) and cfg.modality == "image" and int(labels.max()) >= k:
+        raise ConfigError(f"aux: {a.source} has label {int(labels.max())} but model.num_classes={k}")
+    return AuxData(images, labels, ood=ood, ood_samples=a.ood.samples if a.ood is not None else 0,
+                   name=f"{a.source or ''}{'+ood:' + a.ood.source if a.ood else ''}")
+
+
+def _protocol(cfg: RedTeamConfig):
+    """The configured client's protocol (FedSGD, or FedAvg with its hyperparameters)."""
+    c = cfg.client
+    if c.protocol == "fedsgd":
+        return FedSGD()
+    return FedAvg(epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+
+
+def prior_guess(aux: AuxData | None) -> torch.Tensor | None:
+    """The attacker's best guess without looking at the update: the mean auxiliary image (in-distribution
+    images when it has them, else its OOD images). None without auxiliary data."""
+    if aux is None:
+        return None
+    if not aux.images.is_floating_point():  # token ids: the most frequent auxiliary token at each position
+        return aux.images.mode(0).values if len(aux.images) else None
+    return (aux.images if len(aux.images) else aux.ood).mean(0)
+
+
+class BatchSource:
+    """Where each certified batch comes from: the simulated client (``simulate_client`` on the data
+    section's images), or the user's ``target`` (a ClientApp fed the global model, or a train_fn fed the
+    data section's images). Each batch's observation and ground truth are saved under ``OUT/state`` so a
+    resumed run attacks the very update the first run saw. Auxiliary data that shares an image with any
+    private batch is refused (content hashes): up front for simulated clients, per batch for targets."""
+
+    def __init__(self, cfg: RedTeamConfig, state: StateFolder | None, aux: AuxData | None = None) -> None:
+        self.cfg, self.state, self.aux = cfg, state, aux
+        self.target = cfg.target
+        #: the configured defense with DP-SGD's noise resolved for the deployment, and its accounting
+        self.defense_config, self.privacy = privacy.resolve(cfg.defense, cfg.client.batch_size, cfg.client.dataset_size)
+        self._cache: dict[int, tuple[Observation, torch.Tensor, torch.Tensor]] = {}
+        self._runs: dict[int, dict[str, Any]] = {}
+        self.x_all = self.y_all = None
+        #: the population the certificate speaks for, and the drawn samples (indices into x_all)
+        self.population: dict[str, Any] = {}
+        self.drawn: list[int] = []
+        #: a text client's tokenizer (None for images)
+        self.tokenizer = None
+        if cfg.modality == "text":
+            self._open_text(aux)
+        else:
+            self._open_image(aux)
+
+    def _open_text(self, aux: AuxData | None) -> None:
+        """A text client: its model (``_text_model``), then the population of sequences for the model's task
+        and the drawn samples, which the auxiliary data must not share."""
+        cfg = self.cfg
+        self.model = self._text_model()
+        self._load_data(task=self.model.task)
+        set_model_state(self.model, cfg.model.state, seed=cfg.seed)
+        if aux is not None:
+            aux.check_disjoint(self.x_all[self.drawn])
+
+    def _open_image(self, aux: AuxData | None) -> None:
+        """An image client: the population and drawn samples (unless a ClientApp / NVFlare target brings its
+        own data: then the model's input shape is declared), the model, and a target's client code."""
+        cfg = self.cfg
+        if self.target is not None and (self.target.clientapp is not None or self.target.nvflare is not None):
+            in_shape = tuple(cfg.model.input_shape) if cfg.model.input_shape else None
+            if in_shape is None and ":" not in cfg.model.name:
+                raise ConfigError("model.input_shape: needed with a target.clientapp / target.nvflare and a built-in model "
+                                  "(or use model.name 'module:callable', the app's own model factory)")
+        else:
+            self._load_data()
+            in_shape = tuple(self.x_all.shape[1:])
+            if aux is not None:
+                aux.check_disjoint(self.x_all[self.drawn])
+        self.model = build_model(cfg.model.name, in_shape, cfg.model.num_classes)
+        set_model_state(self.model, cfg.model.state, seed=cfg.seed)
+        if self.target is not None:
+            self._client = self._load_client()
+
+    def _text_model(self) -> torch.nn.Module:
+        """The text model: built for the tokenizer's vocabulary, checked against the protocol, the
+        vocabulary and the sequence length (one-line errors naming the field)."""
+        from guardfl.redteam.modality.text.models import is_text_model
+        from guardfl.redteam.modality.text.tokenizer import load_tokenizer
+
+        d, name = self.cfg.data, self.cfg.model.name
+        self.tokenizer = load_tokenizer(d.tokenizer)
+        model = build_model(name, (d.seq_len,), self.cfg.model.num_classes, self.tokenizer.vocab_size)
+        if not is_text_model(model):
+            raise ConfigError(f"model.name: {name} is not a text model (it needs .task 'causal-lm' or 'classification', "
+                              "get_input_embeddings() and forward(tokens) / forward(inputs_embeds=...))")
+        vocab = model.get_input_embeddings().num_embeddings
+        if vocab != self.tokenizer.vocab_size:
+            raise ConfigError(f"data.tokenizer: {d.tokenizer!r} has {self.tokenizer.vocab_size} tokens, the model's "
+                              f"embedding {vocab}; use the model's own tokenizer")
+        context = getattr(model, "context", None)
+        if context is not None and d.seq_len > context:
+            raise ConfigError(f"data.seq_len: {d.seq_len} tokens is longer than the model's context ({context}); "
+                              f"allowed: 2..{context}")
+        return model
+
+    def _load_data(self, task: str | None = None) -> None:
+        """The population (the data section's images from ``offset``, ``limit`` of them; a text model's
+        sequences, ``textdata``) and the ``batches x n`` private samples drawn from it at random
+        (``sampling``)."""
+        cfg = self.cfg
+        d = cfg.data
+        n = cfg.client.n
+        need = cfg.certify.batches * n
+        limit = d.offset + d.limit if d.limit else None
+        if task is not None:
+            x, y = data_mod.load_text_data(d.source, path=d.path, seq_len=d.seq_len, tokenizer=d.tokenizer, task=task,
+                                           num_classes=cfg.model.num_classes, split=d.split, limit=limit)
+        else:
+            x, y = data_mod.load(d.source, root=d.root, path=d.path, download=d.download, image_size=d.image_size,
+                                 num_classes=cfg.model.num_classes, limit=limit)
+        self.x_all, self.y_all = x[d.offset :], y[d.offset :]
+        population = Population(d.source, d.offset, len(self.x_all), d.path)
+        if population.size < need:
+            raise ConfigError(f"data: {d.source} has {population.size} images from offset {d.offset}"
+                              f"{f' (limit {d.limit})' if d.limit else ''}; certify.batches={cfg.certify.batches} x "
+                              f"{n} samples needs {need} distinct ones (fewer batches, or a larger population)")
+        if task is None and int(self.y_all.max()) >= cfg.model.num_classes:
+            raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(self.y_all.max())}")
+        self.drawn = population.draw(need, cfg.seed)
+        self.population = population.describe(self.drawn, cfg.seed)
+
+    def _load_client(self):
+        t = self.target
+        if t.clientapp is not None:
+            return load_object(t.clientapp, "target.clientapp")
+        if t.nvflare is not None:
+            self._result_filters = nvflare_result_filters(t.job, t.result_filters)
+            return load_object(t.nvflare, "target.nvflare")
+        return load_object(t.train_fn, "target.train_fn")
+
+    def _private(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.cfg.client.n
+        rows = self.drawn[b * n : (b + 1) * n]
+        return self.x_all[rows], self.y_all[rows]
+
+    def batch(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
+        if b in self._cache:
+            return self._cache[b]
+        name = f"observation-b{b}.pt"
+        saved = self.state.load_tensors(name) if self.state is not None else None
+        if saved is not None:
+            self._runs[b] = saved["run"]
+            self._cache[b] = (unpack_observation(saved["observation"], self.model), saved["inputs"], saved["labels"])
+            return self._cache[b]
+        cfg = self.cfg
+        if self.target is None:
+            x, y = self._private(b)
+            defense = from_config(self.defense_config) if self.defense_config is not None else None
+            obs = simulate_client(self.model, x, y, defense, _protocol(cfg), train_mode=cfg.client.train_mode)
+            self._runs[b] = {"kind": "simulated", "samples": int(x.shape[0])}
+        else:
+            obs, x, y = self._run_target(b)
+            if self.aux is not None:
+                self.aux.check_disjoint(x, obs.input_range)
+        self._runs[b] = json.loads(json.dumps(self._runs[b], default=str))  # as a resume reads it back
+        if self.state is not None:
+            self.state.save_tensors(name, {"observation": pack_observation(obs), "inputs": x, "labels": y,
+                                           "run": self._runs[b]})
+        self._cache[b] = (obs, x, y)
+        return self._cache[b]
+
+    def _run_target(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
+        t, cfg = self.target, self.cfg
+        protocol = _protocol(cfg)
+        if t.clientapp is not None:
+            node_config = dict(t.node_config)
+            if t.partition_key:
+                node_config.setdefault(t.partition_key, b)
+            run_config = flower_run_config(t.app_dir, t.run_config)
+            returned, steps = run_clientapp(self._client, self.model, config=t.config, node_config=node_config,
+                                            run_config=run_config)
+            field_name, extra = "target.clientapp", {"node_config": node_config}
+        elif t.nvflare is not None:
+            site = f"site-{b + 1}"
+            returned, steps = run_nvflare(self._client, self.model, site=site, kwargs=t.run_config,
+                                          filters=self._result_filters)
+            field_name = "target.nvflare"
+            extra = {"site": site, "result_filters": [type(f).__name__ for f in self._result_filters]}
+        else:
+            x, y = self._private(b)
+            returned, steps = run_train_fn(self._client, self.model, x, y, cfg.client.batch_size)
+            field_name, extra = "target.train_fn", {}
+        declared = cfg.client.samples if "samples" in cfg.client.model_fields_set else None
+        run = observe(self.model, returned, steps, protocol, cfg.defense, field_name, declared)
+        self._runs[b] = {"kind": field_name.split(".")[1], "ref": t.clientapp or t.train_fn or t.nvflare, "samples": int(run.inputs.shape[0]),
+                         "steps": run.steps, "batch_sizes": run.batch_sizes, **extra}
+        return run.observation, run.inputs, run.labels
+
+    def setting(self) -> Setting:
+        """What every batch shares (model, protocol, geometry, the defense as configured): from batch 0."""
+        obs = self.batch(0)[0]
+        return Setting.of(obs)
+
+    def describe(self) -> dict[str, Any]:
+        if self.target is None:
+            kind = "simulated"
+            note = ("the red team ran guardfl's client simulation with the configured defense"
+                    if self.cfg.defense is not None else "the red team ran guardfl's client simulation without a defense (defense: null)")
+        else:
+            kind = "clientapp" if self.target.clientapp else "nvflare" if self.target.nvflare else "train_fn"
+            note = ("the red team ran the user's own client code; the configured defense is what the attacker "
+                    "is told the client runs (the client applies its own)")
+        out = {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn or self.target.nvflare), "note": note,
+               "batches": {str(b): r for b, r in sorted(self._runs.items())}}
+        if self.target is None and self.cfg.client.inspect:
+            out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation)
+        return out
+
+
+def inspection_summary(disaggregation: bool) -> dict[str, Any]:
+    """What an inspecting simulated client runs on every model a malicious server sends (the certificate's
+    ``client.inspection``): ``inspect_model``, strict, with the honest global model as the reference and its
+    own first batch; the checks, and the opt-in check left out when it is."""
+    checks = ["architecture", "imprint", "class_fishing", "gradient_concentration", "isolation"]
+    summary: dict[str, Any] = {"function": "guardfl.inspect_model", "strict": True,
+                               "reference": "the honest global model", "batch": "the client's first batch",
+                               "disaggregation": disaggregation}
+    if disaggregation:
+        checks.append("disaggregation")
+        summary["disaggregation_rule"] = (f"SEER's D-SNR (Garov et al. 2024), train mode: refused above {DSNR_THRESHOLD:g} "
+                                          f"on batches of {DSNR_MIN_BATCH} or more")
+    else:
+        summary["not_run"] = ["disaggregation (SEER's D-SNR, opt-in: client.inspect_disaggregation: true)"]
+    summary["checks"] = checks
+    return summary

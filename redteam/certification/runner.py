@@ -1,0 +1,164 @@
+"""The attack runner: one job (an attack against one or more private batches) from budget to record:
+build the attack, prepare it once per plan (from the cache when a killed run already did), reconstruct,
+measure, and write the record the certificate lists.
+
+Any error of the attack is an ``AttackFailed`` (the run fails), never a skipped row.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Mapping
+
+import torch
+
+from guardfl.errors import GuardflError
+from guardfl.redteam import attacks as attack_registry
+from guardfl.redteam.attacks.analytic.encoded import attack_view, decode, public_set
+from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting
+from guardfl.redteam.attacks.malicious.server import ServerAttack
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.certification.measure import encoding_metrics, measure, recovered
+from guardfl.redteam.certification.plan import record_name
+from guardfl.redteam.certification.state import StateCache
+from guardfl.redteam.client.simulate import ClientQuery, Observation
+from guardfl.redteam.config import AttackSection, RedTeamConfig
+from guardfl.redteam.runtime.files import StateFolder
+from guardfl.redteam.threat import ThreatModel, inter_instahide
+
+
+class AttackRunner:
+    """Runs one (batch, attack) job: builds the attack with its budget, prepares it once per plan (from
+    the cache when a killed run already did), reconstructs, measures. Any error of the attack is an
+    ``AttackFailed`` (the run fails), never a skipped row. ``attacks``: name -> attack class (default: the
+    registry)."""
+
+    def __init__(self, cfg: RedTeamConfig, setting: Setting, aux: AuxData | None, device: torch.device,
+                 progress: bool, state: StateFolder | None, attacks: Mapping[str, type] | None = None) -> None:
+        self.cfg, self.setting, self.aux, self.device, self.progress = cfg, setting, aux, device, progress
+        self.state = state
+        self.attacks = attack_registry.ATTACKS if attacks is None else attacks
+        self.cache = StateCache(state)
+        self.preparations: dict[str, Any] = {}
+
+    def _prepared(self, key: str, info: dict[str, Any]) -> None:
+        """A plan's preparation, as the run that made it recorded it (saved in the state), so that a
+        resumed certificate says what the uninterrupted one says."""
+        if key in self.preparations:
+            return
+        info = json.loads(json.dumps(info, default=str))
+        if self.state is not None:
+            saved = self.state.load_json(f"preparation-{key}.json")
+            if saved is None:
+                self.state.save_json(f"preparation-{key}.json", info)
+            else:
+                info = saved
+        self.preparations[key] = info
+
+    def complete(self, plans: list[AttackSection]) -> None:
+        """After the jobs: the preparations of plans whose every job a killed run finished (this run did
+        not prepare them) come from the state; all in plan order."""
+        for i, plan in enumerate(plans):
+            key = f"{i}-{plan.name}"
+            if key not in self.preparations and self.state is not None:
+                saved = self.state.load_json(f"preparation-{key}.json")
+                if saved is not None:
+                    self.preparations[key] = saved
+        order = {f"{i}-{plan.name}": i for i, plan in enumerate(plans)}
+        self.preparations = dict(sorted(self.preparations.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+    def prepare_only(self, i: int, plan: AttackSection) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Plan i's once-per-setting preparation alone (a worker's task): its prepared states (memory
+        cache entries) and what it reported."""
+        attack, _ = self._attack(plan, i, 0)
+        cache, info = PreparedCache(), {}
+        try:
+            attack.prepare(self.setting, ThreatModel(**plan.threat.model_dump(), aux=self.aux), cache=cache,
+                           on_done=info.update)
+        except (KeyboardInterrupt, GuardflError):
+            raise
+        except Exception as err:
+            raise AttackFailed(f"attack {plan.name} failed while preparing: {type(err).__name__}: {err}") from err
+        return cache.entries(), info
+
+    def adopt_preparation(self, i: int, plan: AttackSection, saved: dict[str, Any], info: dict[str, Any]) -> None:
+        """A worker prepared plan i: keep its states (in the state folder too) and its record."""
+        self.cache.adopt(saved)
+        self._prepared(f"{i}-{plan.name}", info)
+
+    def seed_of(self, cls: type, b: int) -> int:
+        """Batch b's seed: a prepared attack keeps one seed for every batch (its preparation is shared);
+        the others get a different seed per batch (different restarts)."""
+        return self.cfg.seed if cls.capabilities.prepares else self.cfg.seed + b
+
+    def _attack(self, plan: AttackSection, i: int, b: int):
+        cls = self.attacks[plan.name]
+        budget = {"seed": self.seed_of(cls, b), **plan.budget, "device": str(self.device), "progress": self.progress}
+        return cls(**budget), budget
+
+    def run(self, bs: tuple[int, ...], i: int, plan: AttackSection,
+            items: list[tuple[Observation, torch.Tensor, torch.Tensor]]) -> list[tuple[dict, torch.Tensor]]:
+        """Plan i against private batches ``bs`` (their observation, inputs, labels) in one
+        ``reconstruct_many`` call: one (record, reconstruction) per batch, each seeded by its batch."""
+        attack, budget = self._attack(plan, i, bs[0])
+        seeds = [self.seed_of(type(attack), b) for b in bs]
+        threat = ThreatModel(**plan.threat.model_dump(), aux=self.aux)
+        where = f"client batch {bs[0]}" if len(bs) == 1 else f"client batches {bs[0]}-{bs[-1]}"
+        t0 = time.time()
+        out = []
+        try:
+            if attack.capabilities.prepares:
+                # the first preparation of a plan is the one that trained (or loaded a killed run's state);
+                # later batches reuse it from memory
+                attack.prepare(self.setting, threat, cache=self.cache,
+                               on_done=lambda info: self._prepared(f"{i}-{plan.name}", info))
+            known = threat.defense == "known"
+            if isinstance(attack, ServerAttack):
+                # a malicious server queries each client with models of its own making
+                views = [None] * len(items)
+                recs = [attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seed)
+                        for (obs, x, y), seed in zip(items, seeds)]
+            elif attack.capabilities.inverts_encodings:  # answers with the private images of an encoding client
+                views = [None] * len(items)
+                recs = attack.reconstruct_many([obs for obs, _, _ in items], threat, seeds)
+            else:
+                views = [attack_view(obs, known) for obs, _, _ in items]  # an input encoding: attack the encodings
+                recs = attack.reconstruct_many(views, threat, seeds)
+            seconds = (time.time() - t0) / len(bs)
+            for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
+                public = self.public_set() if view is not None and threat.public_data == "known" else None
+                rec, encodings = decode(raw, obs, known, public=public) if view is not None else (raw, None)
+                m = measure(self.cfg, rec, x, y, obs.input_range)
+                record: dict[str, Any] = {
+                    "job": record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
+                    "budget": {k: v for k, v in {**budget, "seed": seed}.items() if k != "progress"}}
+                if encodings is not None:
+                    record["encodings"] = encoding_metrics(encodings, obs, view)
+                record["recovered"] = recovered(m, self.cfg)
+                info = {k: (type(v).__name__ if isinstance(v, torch.nn.Module) else str(v)) for k, v in rec.info.items()}
+                record.update(metrics=m, objective=rec.objective, restart_objectives=rec.restart_objectives,
+                              info=info, seconds=seconds, batched_with=len(bs))
+                # as the state file holds it: a job read back by a resume is this very record
+                out.append((json.loads(json.dumps(record, default=str)), rec.inputs.detach().cpu()))
+        except (KeyboardInterrupt, GuardflError) as err:
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            raise AttackFailed(f"attack {plan.name} failed on {where}: {err}") from err
+        except Exception as err:
+            raise AttackFailed(f"attack {plan.name} failed on {where}: {type(err).__name__}: {err}") from err
+        return out
+
+    def public_set(self) -> torch.Tensor:
+        """Inter-InstaHide's public set, as the defense's configuration names it (read once per runner): what
+        an attacker under ``threat.public_data: known`` holds."""
+        if getattr(self, "_public", None) is None:
+            self._public = public_set(inter_instahide(self.setting.defense_config))
+        return self._public
+
+    def _client_query(self, obs: Observation, x: torch.Tensor, y: torch.Tensor) -> ClientQuery:
+        """The simulated client of this batch as a malicious server reaches it (its private batch, the
+        configured defense, the protocol and mode it was observed with)."""
+        return ClientQuery(x, y, self.setting.defense_config, obs.protocol, input_range=obs.input_range,
+                           train_mode=obs.train_mode, inspect=self.cfg.client.inspect, reference=self.setting.model,
+                           disaggregation=self.cfg.client.inspect_disaggregation)
