@@ -159,7 +159,7 @@ def write_report(result, png: bytes, path) -> None:
     warnings = "".join(f"<p class=warn><b>Warning</b>: {html.escape(w)}</p>" for w in result.warnings)
     chosen_html = ""
     if chosen is not None:
-        from guardfl.redteam.sweep.run import CHOSEN
+        from guardfl.redteam.sweep.results import CHOSEN
 
         chosen_html = (f"<h2>The chosen defense</h2><p>Saved as <code>{CHOSEN}</code>; use it with "
                        "<code>guardfl.protect</code>, <code>local_update</code> or the Flower mod.</p>"

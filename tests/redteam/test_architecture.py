@@ -42,13 +42,9 @@ LAYERS = {
 #: debts of the restructuring (issue 38), each to be paid and removed; nothing may be added here
 KNOWN_UP = {
     "guardfl.redteam.certification.certify -> guardfl.redteam.reports.certificate",
-    "guardfl.redteam.client.transmit -> guardfl.redteam.attacks.hashing",
-    "guardfl.redteam.reports.sweep -> guardfl.redteam.sweep.run",
-    "guardfl.redteam.runtime.ray_backend -> guardfl.redteam.sweep.backends",
 }
 KNOWN_CYCLES = [
     ["guardfl.redteam.certification.certify", "guardfl.redteam.reports.certificate"],
-    ["guardfl.redteam.reports.sweep", "guardfl.redteam.sweep.run"],
 ]
 KNOWN_BIG = {"guardfl.redteam.attacks.base", "guardfl.redteam.attacks.optimisation.engine",
              "guardfl.redteam.certification.certify", "guardfl.redteam.client.transmit", "guardfl.redteam.config"}
