@@ -162,7 +162,6 @@ KNOWN_LONG = {
     "guardfl.redteam.attacks.learned.learned_inversion:_prepare",
     "guardfl.redteam.attacks.learned.learned_inversion_text:prepare_text",
     "guardfl.redteam.certification.certify:_certify",
-    "guardfl.redteam.cli.redteam:run",
     "guardfl.redteam.client.simulate:simulate_client",
     "guardfl.redteam.client.target:observe",
     "guardfl.redteam.modality.image.data:load",

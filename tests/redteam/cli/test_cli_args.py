@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from guardfl.redteam.certification.certify import max_threads
-from guardfl.redteam.cli.redteam import positive_int
+from guardfl.redteam.cli.common import positive_int
 
 
 def test_positive_int_takes_integers_from_one_and_bounded_ones_up_to_max_threads():
