@@ -56,6 +56,6 @@ def test_the_users_allocator_settings_are_kept(env, says):
 
 def test_importing_guardfl_leaves_the_allocator_alone():
     """Only the commands (and the worker processes they spawn) tune it: a library never retunes its host."""
-    code = "import guardfl, guardfl.redteam.certification.certify, guardfl.redteam.sweep.run; from guardfl.redteam import allocator; print(allocator.state())"
+    code = "import guardfl, guardfl.redteam.certification.certify, guardfl.redteam.sweep.run; from guardfl.redteam.runtime import allocator; print(allocator.state())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
     assert out.strip() == "untouched"
