@@ -1,4 +1,4 @@
-"""The red-team command's argument types (redteam/cli/redteam.py; named apart from tests/guardfl/test_cli.py: test modules need unique basenames)."""
+"""The red-team command's argument types (redteam/cli/common.py; named apart from tests/guardfl/test_cli.py: test modules need unique basenames)."""
 
 from __future__ import annotations
 
