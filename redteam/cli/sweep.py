@@ -8,7 +8,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from guardfl.redteam.cli.redteam import positive_int
+    from guardfl.redteam.cli.common import positive_int
 
     p = sub.add_parser(
         "sweep", help="sweep defense settings: the least accuracy loss that still certifies",
@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from guardfl.redteam.runtime.allocator import tune_malloc
-    from guardfl.redteam.cli.redteam import guarded
+    from guardfl.redteam.cli.common import guarded
     from guardfl.redteam.sweep.run import sweep
 
     tune_malloc()  # the command's own process (workers tune theirs): see allocator.py

@@ -81,7 +81,7 @@ from guardfl.redteam.client.simulate import FedAvg, FedSGD, bn_layers, sgd_step
 from guardfl.redteam.threat import unseeded  # noqa: F401  (re-exported: the attacker's view of a defense config)
 
 if TYPE_CHECKING:
-    from guardfl.redteam.attacks.hashing import CountSketch
+    from guardfl.redteam.client.hashing import CountSketch
 
 
 def defense_leaves(config: dict | None) -> list[type[Defense]]:

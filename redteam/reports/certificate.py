@@ -1,10 +1,9 @@
-"""The human-readable report: one self-contained HTML page (images embedded) and PNG grids."""
+"""The certificate's page (``report.html``): its sections composed in the page shell (``page``), and the
+PNG grids of the reconstructions it embeds."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from pathlib import Path
 
@@ -16,7 +15,12 @@ from guardfl.redteam.reports import text as report_text
 from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam import modality
 from guardfl.redteam.modality.text.tokenizer import load_tokenizer
+from guardfl.redteam.reports.page import document, fmt, img_tag, json_pre, png_bytes, verdict_colour, warnings_html
 from guardfl.redteam.runtime.files import atomic_write
+from guardfl.redteam.certification.evidence import INSUFFICIENT, NOT_CERTIFIED
+
+#: the certificate page's own CSS: the pictures' pixels shown as they are
+IMAGE_CSS = "img { image-rendering: pixelated; border: 1px solid #ddd; }\n"
 
 
 def _to_pil(images: torch.Tensor, scale: int) -> list[Image.Image]:
@@ -73,14 +77,8 @@ def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]
                     marked.add((a, j))
             rows.append(torch.stack(cells))
         caption = f"samples {lo + 1}-{lo + len(chunk)} (batches {chunk[0][0]}-{chunk[-1][0]}); rows: original / {' / '.join(attacks)}"
-        pictures.append((caption, _png(grid(rows, max_cols=per_picture, marked=marked))))
+        pictures.append((caption, png_bytes(grid(rows, max_cols=per_picture, marked=marked))))
     return pictures
-
-
-def _png(img: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def inspection_line(cert) -> str:
@@ -94,18 +92,10 @@ def inspection_line(cert) -> str:
             f"was among the reasons of {len(dsnr)} refused run(s)")
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return "inf" if v == float("inf") else f"{v:.3f}"
-    return html.escape(str(v))
-
-
 def _where(where: dict | None) -> str:
     if not where:
         return "n/a"
-    limit = f', limit there {_fmt(where["threshold_here"])}' if where.get("threshold_here") is not None else ""
+    limit = f', limit there {fmt(where["threshold_here"])}' if where.get("threshold_here") is not None else ""
     return (f'<a href="#batch-{int(where["batch"])}">batch {int(where["batch"])}</a>, sample {html.escape(str(where.get("image")))}, '
             f'{html.escape(str(where.get("attack")))}{limit}')
 
@@ -134,18 +124,18 @@ def _evidence_html(cert: Certificate) -> str:
              f"With {rate['confidence']:.0%} confidence the population's leak rate is below "
              f"<b>{rate['upper_bound']:.3g}</b> (one-sided Clopper-Pearson bound); the claim asks for below "
              f"{rate['max_leak_rate']:g}: <b>{html.escape(rate['status'])}</b>.")
-    if rate["status"] == "INSUFFICIENT EVIDENCE":
+    if rate["status"] == INSUFFICIENT:
         claim += f" Nothing leaked, but {rate['samples']} samples cannot support the claim: {rate['samples_needed']} are needed."
-    elif rate["status"] == "NOT CERTIFIED" and rate.get("samples_needed"):
+    elif rate["status"] == NOT_CERTIFIED and rate.get("samples_needed"):
         claim += f" At the observed rate, about {rate['samples_needed']} samples could support it."
     attacks = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{a['leaked']} of {a['of']}</td><td>{_fmt(a['upper_bound'])}</td>"
+        f"<tr><td>{html.escape(name)}</td><td>{a['leaked']} of {a['of']}</td><td>{fmt(a['upper_bound'])}</td>"
         f"<td>{html.escape(', '.join(f'{m}: {k}' for m, k in a['by_metric'].items()))}</td></tr>"
         for name, a in ev.get("per_attack", {}).items()
     )
     classes = "".join(
         f"<tr class={'fail' if c['leaked'] else ''}><td>{c['class']}</td><td>{c['leaked']} of {c['samples']}</td>"
-        f"<td>{_fmt(c['observed_rate'])}</td><td>{_fmt(c['upper_bound'])}</td></tr>"
+        f"<td>{fmt(c['observed_rate'])}</td><td>{fmt(c['upper_bound'])}</td></tr>"
         for c in ev.get("per_class", [])
     )
     leaky = [c for c in ev.get("per_class", []) if c["leaked"]]
@@ -172,47 +162,67 @@ def write_report(cert: Certificate, out: Path) -> None:
             ignore = (tokenizer.eos_id,) if classifier and tokenizer.eos_id is not None else ()
             sections.append((b, report_text.batch_section(cert, b, originals, tokenizer, ignore)))
             continue
-        rows, labels = [originals], ["original"]
-        if cert.reconstructions.get(f"b{b}-prior") is not None:
-            rows.append(cert.reconstructions[f"b{b}-prior"])
-            labels.append("prior guess (mean aux image, no update: a baseline, not an attack)")
-        for r in cert.results:
-            if r["batch"] == b and cert.reconstructions.get(r["job"]) is not None:
-                rows.append(cert.reconstructions[r["job"]])
-                labels.append(r["attack"])
-        picture = grid(rows)
-        png = _png(picture)
-        atomic_write(out / f"grid-batch{b}.png", png)
-        img_tag = f'<img alt="batch {b}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        legend = " / ".join(html.escape(x) for x in labels)
-        table = ["<tr><th>attack</th><th>threat</th><th>SSIM mean</th><th>SSIM best</th><th>PSNR best</th>"
-                 "<th>LPIPS best</th><th>label acc</th><th>images above max SSIM</th><th>time (s)</th></tr>"]
-        prior = cert.priors.get(str(b))
-        if prior:
-            ssims = [p["ssim"] for p in prior]
-            table.append(f"<tr><td><i>prior guess</i></td><td>no update used</td><td>{_fmt(sum(ssims) / len(ssims))}</td>"
-                         f"<td>{_fmt(max(ssims))}</td><td>{_fmt(max(p['psnr'] for p in prior))}</td><td colspan=3>baseline: "
-                         "what the attacker's auxiliary data alone gives</td><td></td></tr>")
-        for r in cert.results:
-            if r["batch"] != b:
-                continue
-            threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
-            if r.get("info", {}).get("decode"):
-                threat += f"; decoded: {r['info']['decode']}"
-            if r.get("info", {}).get("refused"):
-                reason = r["info"]["refused"]
-                threat += f"; REFUSED by the client's inspection (nothing sent): {reason[:160]}{'...' if len(reason) > 160 else ''}"
-            rec_ = r.get("recovered") or {}
-            recovered = f"{rec_['above_max_ssim']} of {rec_['of']}" if rec_ else ""
-            s = r["metrics"]["summary"]
-            get = lambda k, f: None if s.get(k) is None else s[k][f]  # noqa: E731
-            table.append(
-                f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td><td>{_fmt(get('ssim', 'mean'))}</td>"
-                f"<td>{_fmt(get('ssim', 'best'))}</td><td>{_fmt(get('psnr', 'best'))}</td><td>{_fmt(get('lpips', 'best'))}</td>"
-                f"<td>{_fmt(s.get('label_acc'))}</td><td>{recovered}</td><td>{_fmt(r.get('seconds'))}</td></tr>"
-            )
-        section = f"<h2 id=batch-{b}>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag}<table>{''.join(table)}</table>"
-        sections.append((b, section))
+        sections.append((b, _image_batch_section(cert, b, originals, out)))
+    evidence = _evidence_html(cert) + (_overview_html(cert) if cert.originals and not text else "")
+    body = "\n".join([
+        _setting_html(cert, text),
+        warnings_html(cert.warnings) + _privacy_html(cert) + _encoding_html(cert) + _malicious_html(cert),
+        evidence, _checks_html(cert), _worst_html(cert, text), _batches_html(cert, sections),
+        _attacks_html(cert), _preparations_html(cert), _run_html(cert),
+    ])
+    banner = f"{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small>"
+    css = IMAGE_CSS + (report_text.STYLE if text else "")
+    page = document(f"guardfl red team: {cert.verdict}", banner, verdict_colour(cert.verdict), body, css)
+    atomic_write(out / "report.html", page)
+
+
+def _image_batch_section(cert: Certificate, b: int, originals: torch.Tensor, out: Path) -> str:
+    """Client batch ``b`` of images: the grid (originals, the prior guess, one row per attack; also saved as
+    ``grid-batch<b>.png``) and a table row per attack."""
+    rows, labels = [originals], ["original"]
+    if cert.reconstructions.get(f"b{b}-prior") is not None:
+        rows.append(cert.reconstructions[f"b{b}-prior"])
+        labels.append("prior guess (mean aux image, no update: a baseline, not an attack)")
+    for r in cert.results:
+        if r["batch"] == b and cert.reconstructions.get(r["job"]) is not None:
+            rows.append(cert.reconstructions[r["job"]])
+            labels.append(r["attack"])
+    png = png_bytes(grid(rows))
+    atomic_write(out / f"grid-batch{b}.png", png)
+    legend = " / ".join(html.escape(x) for x in labels)
+    table = ["<tr><th>attack</th><th>threat</th><th>SSIM mean</th><th>SSIM best</th><th>PSNR best</th>"
+             "<th>LPIPS best</th><th>label acc</th><th>images above max SSIM</th><th>time (s)</th></tr>"]
+    prior = cert.priors.get(str(b))
+    if prior:
+        ssims = [p["ssim"] for p in prior]
+        table.append(f"<tr><td><i>prior guess</i></td><td>no update used</td><td>{fmt(sum(ssims) / len(ssims))}</td>"
+                     f"<td>{fmt(max(ssims))}</td><td>{fmt(max(p['psnr'] for p in prior))}</td><td colspan=3>baseline: "
+                     "what the attacker's auxiliary data alone gives</td><td></td></tr>")
+    table += [_image_result_row(r) for r in cert.results if r["batch"] == b]
+    return (f"<h2 id=batch-{b}>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag(png, f'batch {b}')}"
+            f"<table>{''.join(table)}</table>")
+
+
+def _image_result_row(r: dict) -> str:
+    """One attack on one client batch of images: its threat (and what decoding or a refusal did), metrics, time."""
+    threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
+    if r.get("info", {}).get("decode"):
+        threat += f"; decoded: {r['info']['decode']}"
+    if r.get("info", {}).get("refused"):
+        reason = r["info"]["refused"]
+        threat += f"; REFUSED by the client's inspection (nothing sent): {reason[:160]}{'...' if len(reason) > 160 else ''}"
+    rec_ = r.get("recovered") or {}
+    recovered = f"{rec_['above_max_ssim']} of {rec_['of']}" if rec_ else ""
+    s = r["metrics"]["summary"]
+    get = lambda k, f: None if s.get(k) is None else s[k][f]  # noqa: E731
+    return (f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td><td>{fmt(get('ssim', 'mean'))}</td>"
+            f"<td>{fmt(get('ssim', 'best'))}</td><td>{fmt(get('psnr', 'best'))}</td><td>{fmt(get('lpips', 'best'))}</td>"
+            f"<td>{fmt(s.get('label_acc'))}</td><td>{recovered}</td><td>{fmt(r.get('seconds'))}</td></tr>")
+
+
+def _batches_html(cert: Certificate, sections: list[tuple[int, str]]) -> str:
+    """The client batches' sections: those where a sample leaked or the worst image is (all of them up to
+    four), the others folded."""
     leaked_batches = {row["batch"] for row in cert.evidence.get("leaked_samples", [])}
     leaked_batches |= {w["where"]["batch"] for w in cert.worst if w.get("where")}
     shown = "".join(sec for b, sec in sections if b in leaked_batches or len(sections) <= 4)
@@ -220,29 +230,103 @@ def write_report(cert: Certificate, out: Path) -> None:
     if rest:
         shown += (f"<details><summary>{len(rest)} more client batches (no sample leaked, not the worst image)</summary>"
                   f"{''.join(rest)}</details>")
+    return shown
 
-    checks = "".join(
-        f"<tr class={'pass' if c['passed'] else 'fail'}><td>{html.escape(c['metric'])}</td><td>{html.escape(c.get('rule', ''))}</td>"
-        f"<td>{_fmt(c.get('worst'))}</td><td>{html.escape(json.dumps(c['where'])) if c.get('where') else ''}</td>"
-        f"<td>{'pass' if c['passed'] else 'FAIL'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
-        for c in cert.checks
-    )
-    worst = "".join(
-        f"<tr class={'fail' if w['exceeds'] else 'pass'}><td>{html.escape(w['metric'])}</td><td>{html.escape(w['rule'])}</td>"
-        f"<td>{_fmt(w.get('worst'))}</td><td>{_where(w.get('where'))}</td>"
-        f"<td>{'past its limit' if w['exceeds'] else 'within'}</td></tr>"
-        for w in cert.worst
-    )
-    evidence_html = _evidence_html(cert)
-    if cert.originals and not text:
-        evidence_html += "<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
-        evidence_html += "".join(f'<p class=legend>{html.escape(caption)}</p><img alt="{html.escape(caption)}" '
-                                 f'src="data:image/png;base64,{base64.b64encode(png).decode()}">' for caption, png in overview(cert))
-    color = {"CERTIFIED": "#1b7f3b", "INSUFFICIENT EVIDENCE": "#9a6700"}.get(cert.verdict, "#b3261e")
+
+def _overview_html(cert: Certificate) -> str:
+    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
+            + "".join(f"<p class=legend>{html.escape(caption)}</p>{img_tag(png, caption)}" for caption, png in overview(cert)))
+
+
+def _setting_html(cert: Certificate, text: bool) -> str:
+    """What was attacked: the client (the user's code or guardfl's simulation), the defense, the model."""
     defense = cert.config.get("defense")
     client = cert.client or {}
     attacked = (f"the user's {client.get('kind')} <code>{html.escape(str(client.get('ref')))}</code>"
                 if client.get("kind") in ("clientapp", "train_fn", "nvflare") else "guardfl's client simulation")
+    best = ('"best" = the most leaking sample; text metrics per sample after matching.' if text else
+            '"best" = the most leaking image. LPIPS: ' + ('available' if cert.lpips['available'] else
+                                                          'unavailable (' + html.escape(cert.lpips['reason']) + ')') + '.')
+    return f"""<p>Attacked: {attacked}. {html.escape(client.get('note', '')[:1].upper() + client.get('note', '')[1:])}.<br>
+Defense: <code>{html.escape(json.dumps(defense))}</code><br>
+Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
+{best}</p>"""
+
+
+def _privacy_html(cert: Certificate) -> str:
+    if not cert.privacy:
+        return ""
+    pv = cert.privacy
+    eps = "not accounted (" + html.escape(pv.get("note", "")) + ")" if pv.get("epsilon") is None else f"epsilon = {pv['epsilon']:.3g} at delta = {pv['delta']:g}"
+    return (f"<p><b>DP-SGD</b>: {eps}; noise multiplier {fmt(pv.get('noise_multiplier'))}, clipping norm "
+            f"{fmt(pv.get('max_grad_norm'))}, sample rate {fmt(pv.get('sample_rate'))}, epochs {pv.get('epochs')} "
+            f"({html.escape(str(pv.get('accountant', '')))} accountant, Opacus).</p>")
+
+
+def _encoding_html(cert: Certificate) -> str:
+    """When the client encodes its inputs (MixUp / InstaHide): what the attacks reconstructed and decoded."""
+    if not any(r.get("info", {}).get("decode") for r in cert.results):
+        return ""
+    out = ("<p>The client encodes its inputs (MixUp / InstaHide): every attack reconstructed the encodings the "
+           "client trained on, then demixed them blind (k and the coefficient bound known, never the partners "
+           "or coefficients); the images shown and measured are the estimates of the PRIVATE images.</p>")
+    if any("known public set" in str(r.get("info", {}).get("decode", "")) for r in cert.results):
+        out += ("<p>Inter-InstaHide, <b>public set known</b> (threat public_data: known): those attacks' "
+                "encodings were decoded by identifying each encoding's public partners in the public set "
+                "and subtracting them (never given the partners, coefficients or sign masks).</p>")
+    return out
+
+
+def _malicious_html(cert: Certificate) -> str:
+    """The malicious-server attacks: the models the server sent, and what the client's inspection refused."""
+    server = sorted({r["attack"] for r in cert.results if r.get("threat", {}).get("server") == "malicious"})
+    if not server:
+        return ""
+    queries = sorted({str(r.get("info", {}).get("queries")) for r in cert.results if r["attack"] in server})
+    out = (f"<p><b>A malicious server</b> ({html.escape(', '.join(server))}): the server sent the client "
+           f"models of its own making ({html.escape(', '.join(sorted({str(r['info']['malicious_model']) for r in cert.results if r['attack'] in server and r.get('info', {}).get('malicious_model')})) or 'refused before training')}; "
+           f"{html.escape('/'.join(queries))} quer{'y' if queries == ['1'] else 'ies'} per client update) and "
+           "attacked what the client sent back; an honest-server certificate does not cover this.</p>")
+    tried = [r for r in cert.results if r["attack"] in server]
+    refused = [r for r in tried if r.get("info", {}).get("refused")]
+    if (cert.config.get("client") or {}).get("inspect"):
+        names = sorted({r["attack"] + (f" (rows {r['budget']['rows']})" if r["budget"].get("rows") else "")
+                        + (f" (cuts {r['budget']['cuts']})" if r["budget"].get("cuts") else "")
+                        + (" (disguised)" if r["budget"].get("disguise") else "") for r in refused})
+        out += (f"<p><b>The client inspects</b> every model it receives (<code>guardfl.inspect_model</code>, "
+                f"strict, with its own batch and model; {html.escape(inspection_line(cert))}): {len(refused)} of "
+                f"{len(tried)} malicious-server attack runs refused (nothing sent"
+                f"{': ' + html.escape(', '.join(names)) if names else ''}); the others "
+                "passed the inspection and were attacked (their rows in the tables below).</p>")
+    return out
+
+
+def _checks_html(cert: Certificate) -> str:
+    checks = "".join(
+        f"<tr class={'pass' if c['passed'] else 'fail'}><td>{html.escape(c['metric'])}</td><td>{html.escape(c.get('rule', ''))}</td>"
+        f"<td>{fmt(c.get('worst'))}</td><td>{html.escape(json.dumps(c['where'])) if c.get('where') else ''}</td>"
+        f"<td>{'pass' if c['passed'] else 'FAIL'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
+        for c in cert.checks
+    )
+    return ("<h2>Requirements of the verdict</h2>\n"
+            f"<table><tr><th>requirement</th><th>rule</th><th>measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>")
+
+
+def _worst_html(cert: Certificate, text: bool) -> str:
+    worst = "".join(
+        f"<tr class={'fail' if w['exceeds'] else 'pass'}><td>{html.escape(w['metric'])}</td><td>{html.escape(w['rule'])}</td>"
+        f"<td>{fmt(w.get('worst'))}</td><td>{_where(w.get('where'))}</td>"
+        f"<td>{'past its limit' if w['exceeds'] else 'within'}</td></tr>"
+        for w in cert.worst
+    )
+    return f"""<h2>Worst single {'sample' if text else 'image'}</h2>
+<p>Per threshold, the one reconstruction that leaked most over every attack and sample (its limit accounts for the
+attacker's prior guess on that image). Shown for inspection; the verdict is the population claim above.</p>
+<table><tr><th>metric</th><th>rule</th><th>worst</th><th>where</th><th>result</th></tr>{worst}</table>"""
+
+
+def _attacks_html(cert: Certificate) -> str:
+    """Every attack of the plan: ran, not applicable (why) or reused, its budget and the paper's."""
     attack_rows = "".join(
         f"<tr class={'pass' if a['status'] == 'ran' else ''}><td>{html.escape(a['attack'])}</td>"
         f"<td>{html.escape(a['status'])}{(': ' + html.escape(a['reason'])) if a.get('reason') else ''}"
@@ -252,78 +336,21 @@ def write_report(cert: Certificate, out: Path) -> None:
         f"<td>{html.escape(a.get('paper_reference', ''))}</td></tr>"
         for a in cert.attacks
     )
-    warnings_html = "".join(f"<p class=warn><b>Warning</b>: {html.escape(w)}</p>" for w in cert.warnings)
-    privacy_html = ""
-    if cert.privacy:
-        pv = cert.privacy
-        eps = "not accounted (" + html.escape(pv.get("note", "")) + ")" if pv.get("epsilon") is None else f"epsilon = {pv['epsilon']:.3g} at delta = {pv['delta']:g}"
-        privacy_html = (f"<p><b>DP-SGD</b>: {eps}; noise multiplier {_fmt(pv.get('noise_multiplier'))}, clipping norm "
-                        f"{_fmt(pv.get('max_grad_norm'))}, sample rate {_fmt(pv.get('sample_rate'))}, epochs {pv.get('epochs')} "
-                        f"({html.escape(str(pv.get('accountant', '')))} accountant, Opacus).</p>")
-    encoding_html = ""
-    if any(r.get("info", {}).get("decode") for r in cert.results):
-        encoding_html = ("<p>The client encodes its inputs (MixUp / InstaHide): every attack reconstructed the encodings the "
-                         "client trained on, then demixed them blind (k and the coefficient bound known, never the partners "
-                         "or coefficients); the images shown and measured are the estimates of the PRIVATE images.</p>")
-        if any("known public set" in str(r.get("info", {}).get("decode", "")) for r in cert.results):
-            encoding_html += ("<p>Inter-InstaHide, <b>public set known</b> (threat public_data: known): those attacks' "
-                              "encodings were decoded by identifying each encoding's public partners in the public set "
-                              "and subtracting them (never given the partners, coefficients or sign masks).</p>")
-    server = sorted({r["attack"] for r in cert.results if r.get("threat", {}).get("server") == "malicious"})
-    if server:
-        queries = sorted({str(r.get("info", {}).get("queries")) for r in cert.results if r["attack"] in server})
-        encoding_html += (f"<p><b>A malicious server</b> ({html.escape(', '.join(server))}): the server sent the client "
-                          f"models of its own making ({html.escape(', '.join(sorted({str(r['info']['malicious_model']) for r in cert.results if r['attack'] in server and r.get('info', {}).get('malicious_model')})) or 'refused before training')}; "
-                          f"{html.escape('/'.join(queries))} quer{'y' if queries == ['1'] else 'ies'} per client update) and "
-                          "attacked what the client sent back; an honest-server certificate does not cover this.</p>")
-        tried = [r for r in cert.results if r["attack"] in server]
-        refused = [r for r in tried if r.get("info", {}).get("refused")]
-        if (cert.config.get("client") or {}).get("inspect"):
-            names = sorted({r["attack"] + (f" (rows {r['budget']['rows']})" if r["budget"].get("rows") else "")
-                            + (f" (cuts {r['budget']['cuts']})" if r["budget"].get("cuts") else "")
-                            + (" (disguised)" if r["budget"].get("disguise") else "") for r in refused})
-            encoding_html += (f"<p><b>The client inspects</b> every model it receives (<code>guardfl.inspect_model</code>, "
-                              f"strict, with its own batch and model; {html.escape(inspection_line(cert))}): {len(refused)} of "
-                              f"{len(tried)} malicious-server attack runs refused (nothing sent"
-                              f"{': ' + html.escape(', '.join(names)) if names else ''}); the others "
-                              "passed the inspection and were attacked (their rows in the tables below).</p>")
-    prep_html = ""
-    if cert.preparations:
-        prep_html = ("<h2>Prepared attacks</h2><p>Once-per-setting preparations (e.g. the inverter trained on auxiliary "
-                     "data with the defense as augmentation); held-out figures are on auxiliary data, never on the "
-                     "client's.</p><pre>" + html.escape(json.dumps(cert.preparations, indent=2, default=str)) + "</pre>")
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>guardfl red team: {cert.verdict}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-.banner {{ background: {color}; color: white; padding: 1em 1.5em; font-size: 1.6em; border-radius: 6px; }}
-table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 0.9em; }}
-tr.fail td {{ background: #fde7e7; }} tr.pass td {{ background: #e8f5ea; }}
-img {{ image-rendering: pixelated; border: 1px solid #ddd; }} .legend {{ color: #555; }} .warn {{ background: #fff4d6; border-left: 4px solid #d9a400; padding: 6px; }}
-pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
-{report_text.STYLE if text else ""}
-</style></head><body>
-<div class="banner">{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small></div>
-<p>Attacked: {attacked}. {html.escape(client.get('note', '')[:1].upper() + client.get('note', '')[1:])}.<br>
-Defense: <code>{html.escape(json.dumps(defense))}</code><br>
-Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
-{'"best" = the most leaking sample; text metrics per sample after matching.' if text else '"best" = the most leaking image. LPIPS: ' + ('available' if cert.lpips['available'] else 'unavailable (' + html.escape(cert.lpips['reason']) + ')') + '.'}</p>
-{warnings_html}{privacy_html}{encoding_html}
-{evidence_html}
-<h2>Requirements of the verdict</h2>
-<table><tr><th>requirement</th><th>rule</th><th>measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>
-<h2>Worst single {'sample' if text else 'image'}</h2>
-<p>Per threshold, the one reconstruction that leaked most over every attack and sample (its limit accounts for the
-attacker's prior guess on that image). Shown for inspection; the verdict is the population claim above.</p>
-<table><tr><th>metric</th><th>rule</th><th>worst</th><th>where</th><th>result</th></tr>{worst}</table>
-{shown}
-<h2>Attacks ({html.escape(cert.strength)} strength)</h2>
-<table><tr><th>attack</th><th>status</th><th>budget</th><th>paper budget</th><th>source of the paper budget</th></tr>{attack_rows}</table>
-{prep_html}
-<h2>Client runs</h2><pre>{html.escape(json.dumps(client.get('batches', {}), indent=2))}</pre>
-<h2>Run</h2>
-<pre>{html.escape(json.dumps({'config_hash': cert.config_hash, 'environment': cert.environment, 'wall_time_s': round(cert.wall_time_s, 1)}, indent=2))}</pre>
-<h2>Config</h2><pre>{html.escape(json.dumps(cert.config, indent=2))}</pre>
-</body></html>
-"""
-    atomic_write(out / "report.html", page)
+    return (f"<h2>Attacks ({html.escape(cert.strength)} strength)</h2>\n"
+            f"<table><tr><th>attack</th><th>status</th><th>budget</th><th>paper budget</th><th>source of the paper budget</th></tr>{attack_rows}</table>")
+
+
+def _preparations_html(cert: Certificate) -> str:
+    if not cert.preparations:
+        return ""
+    return ("<h2>Prepared attacks</h2><p>Once-per-setting preparations (e.g. the inverter trained on auxiliary "
+            "data with the defense as augmentation); held-out figures are on auxiliary data, never on the "
+            "client's.</p>" + json_pre(cert.preparations, default=str))
+
+
+def _run_html(cert: Certificate) -> str:
+    """How the client ran, the run's hash and environment, and the whole config."""
+    run = {'config_hash': cert.config_hash, 'environment': cert.environment, 'wall_time_s': round(cert.wall_time_s, 1)}
+    return (f"<h2>Client runs</h2>{json_pre((cert.client or {}).get('batches', {}))}\n"
+            f"<h2>Run</h2>\n{json_pre(run)}\n"
+            f"<h2>Config</h2>{json_pre(cert.config)}")

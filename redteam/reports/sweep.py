@@ -10,7 +10,6 @@ certified, a hollow one did not; the chosen setting is a star.
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 import json
@@ -18,8 +17,15 @@ from typing import Any
 
 import yaml
 
+from guardfl.redteam.reports.page import (FAIL_COLOUR, PASS_COLOUR, document, escape, fmt, img_tag, json_pre,
+                                          warnings_html)
+from guardfl.redteam.sweep.results import CHOSEN
+
 #: colours of the series (matplotlib's tab10, colour-blind friendly enough for a handful of axes)
 _MARKERS = "osD^vP*Xh<>"
+
+#: the sweep page's own CSS: the plot fits the window
+PLOT_CSS = "img { max-width: 100%; }\n"
 
 
 def plot(result) -> bytes:
@@ -33,40 +39,9 @@ def plot(result) -> bytes:
     base = result.plan.base["certify"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for a, points in enumerate(result.plan.axes):
-        rows = sorted((p for p in result.points if p["axis"] == a and p.get("verdict")), key=lambda p: p["index"])
-        if not rows:
-            continue
-        colour = colours[a % len(colours)]
-        label = result.plan.config.axes[a].name()
-        xs = [100 * p["utility"]["accuracy_drop"] for p in rows]
-        for ax, ys in ((top, [p["worst"].get(metric) for p in rows]), (bottom, [p["leak_rate"]["upper_bound"] for p in rows])):
-            pairs = [(x, y) for x, y in zip(xs, ys) if y is not None]
-            if not pairs:
-                continue
-            ax.plot(*zip(*pairs), "-", color=colour, alpha=0.5, linewidth=1)
-            for p, x, y in zip(rows, xs, ys):
-                if y is None:
-                    continue
-                std = 100 * (p["utility"].get("accuracy_std") or 0.0)
-                if std and ax is top:  # the spread of the accuracy over the utility task's repeats
-                    ax.errorbar([x], [y], xerr=[std], fmt="none", ecolor=colour, alpha=0.4, capsize=2)
-                ax.plot([x], [y], _MARKERS[a % len(_MARKERS)], color=colour, markersize=7,
-                        markerfacecolor=colour if p["certified"] else "white", markeredgewidth=1.5)
-                if ax is top:
-                    ax.annotate(f"{p['value']:g}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=colour)
-        top.plot([], [], _MARKERS[a % len(_MARKERS)] + "-", color=colour, label=label)
-    base_row = result.baseline
-    if base_row.get("worst") and base_row["worst"].get(metric) is not None:
-        top.plot([0], [base_row["worst"][metric]], "x", color="black", markersize=9, label="no defense")
-        bottom.plot([0], [base_row["leak_rate"]["upper_bound"]], "x", color="black", markersize=9)
-    chosen = result.chosen
-    if chosen is not None:
-        x = 100 * chosen["utility"]["accuracy_drop"]
-        if chosen["worst"].get(metric) is not None:
-            top.plot([x], [chosen["worst"][metric]], "*", color="gold", markeredgecolor="black", markersize=18, zorder=5,
-                     label=f"chosen: {chosen['label']}")
-        bottom.plot([x], [chosen["leak_rate"]["upper_bound"]], "*", color="gold", markeredgecolor="black", markersize=18, zorder=5)
+    for a in range(len(result.plan.axes)):
+        _plot_axis(result, a, colours[a % len(colours)], top, bottom)
+    _plot_marks(result, top, bottom)
     if threshold is not None:
         top.axhline(threshold, color="#b3261e", linestyle="--", linewidth=1, label=f"threshold: {metric} {threshold:g}")
     bottom.axhline(base["max_leak_rate"], color="#b3261e", linestyle="--", linewidth=1,
@@ -85,6 +60,48 @@ def plot(result) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _plot_axis(result, a: int, colour: str, top, bottom) -> None:
+    """Axis ``a`` of the sweep as one series on both panels (weak -> strong), the accuracy's spread as bars."""
+    metric = result.metric[0]
+    rows = sorted((p for p in result.points if p["axis"] == a and p.get("verdict")), key=lambda p: p["index"])
+    if not rows:
+        return
+    label = result.plan.config.axes[a].name()
+    xs = [100 * p["utility"]["accuracy_drop"] for p in rows]
+    for ax, ys in ((top, [p["worst"].get(metric) for p in rows]), (bottom, [p["leak_rate"]["upper_bound"] for p in rows])):
+        pairs = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        if not pairs:
+            continue
+        ax.plot(*zip(*pairs), "-", color=colour, alpha=0.5, linewidth=1)
+        for p, x, y in zip(rows, xs, ys):
+            if y is None:
+                continue
+            std = 100 * (p["utility"].get("accuracy_std") or 0.0)
+            if std and ax is top:  # the spread of the accuracy over the utility task's repeats
+                ax.errorbar([x], [y], xerr=[std], fmt="none", ecolor=colour, alpha=0.4, capsize=2)
+            ax.plot([x], [y], _MARKERS[a % len(_MARKERS)], color=colour, markersize=7,
+                    markerfacecolor=colour if p["certified"] else "white", markeredgewidth=1.5)
+            if ax is top:
+                ax.annotate(f"{p['value']:g}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=colour)
+    top.plot([], [], _MARKERS[a % len(_MARKERS)] + "-", color=colour, label=label)
+
+
+def _plot_marks(result, top, bottom) -> None:
+    """The undefended model (a cross at no accuracy drop) and the chosen setting (a star)."""
+    metric = result.metric[0]
+    base_row = result.baseline
+    if base_row.get("worst") and base_row["worst"].get(metric) is not None:
+        top.plot([0], [base_row["worst"][metric]], "x", color="black", markersize=9, label="no defense")
+        bottom.plot([0], [base_row["leak_rate"]["upper_bound"]], "x", color="black", markersize=9)
+    chosen = result.chosen
+    if chosen is not None:
+        x = 100 * chosen["utility"]["accuracy_drop"]
+        if chosen["worst"].get(metric) is not None:
+            top.plot([x], [chosen["worst"][metric]], "*", color="gold", markeredgecolor="black", markersize=18, zorder=5,
+                     label=f"chosen: {chosen['label']}")
+        bottom.plot([x], [chosen["leak_rate"]["upper_bound"]], "*", color="gold", markeredgecolor="black", markersize=18, zorder=5)
 
 
 def chosen_yaml(result) -> str:
@@ -106,11 +123,8 @@ def chosen_yaml(result) -> str:
 
 
 def _fmt(v: Any, spec: str = ".3f") -> str:
-    if v is None:
-        return "&ndash;"
-    if isinstance(v, float):
-        return format(v, spec)
-    return html.escape(str(v))
+    """A cell of the table of settings (a dash when missing)."""
+    return fmt(v, spec, none="&ndash;")
 
 
 def _spread(u: dict[str, Any]) -> str:
@@ -126,18 +140,50 @@ def write_report(result, png: bytes, path) -> None:
 
     data = result.to_dict()
     chosen = result.chosen
-    metric, threshold = result.metric
     if chosen is not None:
-        banner = f"CHOSEN: {html.escape(chosen['label'])} (accuracy drop {100 * chosen['utility']['accuracy_drop']:.1f} points)"
-        colour = "#1b7f3b"
+        banner = f"CHOSEN: {chosen['label']} (accuracy drop {100 * chosen['utility']['accuracy_drop']:.1f} points)"
     else:
-        banner, colour = "NO SETTING CERTIFIED", "#b3261e"
-    rows = []
+        banner = "NO SETTING CERTIFIED"
+    body = "\n".join([
+        _summary_html(result, data), warnings_html(result.warnings),
+        img_tag(png, "privacy-utility trade-off"),
+        _axes_html(data), _points_html(result), _chosen_html(result),
+        f"<h2>Sweep config</h2>{json_pre(data['sweep'])}",
+        f"<h2>Base red-team config</h2>{json_pre(data['base'])}",
+    ])
+    colour = PASS_COLOUR if chosen is not None else FAIL_COLOUR
+    atomic_write(path, document(f"guardfl sweep: {banner}", escape(banner), colour, body, css=PLOT_CSS))
+
+
+def _summary_html(result, data: dict[str, Any]) -> str:
+    """What the sweep asked and how it ran: the claim per point, the utility task, how many settings."""
+    certify = result.plan.base["certify"]
+    return f"""<p>Which defense setting costs the least accuracy and still certifies: every point is a full red-team run
+({html.escape(str(certify['batches']))} client update(s), claim: leak rate below {certify['max_leak_rate']:g} at
+{certify['confidence']:.0%} confidence) and a training run of the utility task
+(<code>{html.escape(result.plan.config.utility.source)}</code>, {result.plan.config.utility.epochs} epoch(s), held-out accuracy).
+Evaluated {data['evaluations']} of {data['grid_size']} settings{' (autotune: bisection per monotone axis)' if data['autotune'] else ''};
+backend <code>{html.escape(json.dumps(data['backend']))}</code>; {data['wall_time_s']:.0f} s.</p>"""
+
+
+def _axes_html(data: dict[str, Any]) -> str:
+    axes = "".join(
+        f"<li><b>{html.escape(a['label'])}</b> ({html.escape(str(a['kind']))}.{html.escape(a['param'])}, stronger: "
+        f"{html.escape(a['stronger'])}): values {html.escape(', '.join(f'{v:g}' for v in a['values']))}; evaluated "
+        f"{len(a['evaluated'])}; weakest certified: {html.escape(str(a['weakest_certified']))}</li>"
+        for a in data["axes"])
+    return f"<h2>Axes</h2><ul>{axes}</ul>"
+
+
+def _points_html(result) -> str:
+    """Every evaluated setting, the undefended baseline first, each linked to its red-team report."""
+    metric, threshold = result.metric
+    chosen = result.chosen
     base = result.baseline
-    rows.append(f"<tr><td><i>no defense</i></td><td>{_fmt(base.get('verdict'))}</td><td>{_fmt((base.get('worst') or {}).get(metric))}</td>"
-                f"<td>{_fmt((base.get('leak_rate') or {}).get('upper_bound'))}</td><td>{_fmt(base['utility']['accuracy'])}{_spread(base['utility'])}</td>"
-                "<td>0</td><td>1.00</td><td>&ndash;</td><td>"
-                + (f"<a href=\"{html.escape(base['report'])}\">report</a>" if base.get("report") else "") + "</td></tr>")
+    rows = [f"<tr><td><i>no defense</i></td><td>{_fmt(base.get('verdict'))}</td><td>{_fmt((base.get('worst') or {}).get(metric))}</td>"
+            f"<td>{_fmt((base.get('leak_rate') or {}).get('upper_bound'))}</td><td>{_fmt(base['utility']['accuracy'])}{_spread(base['utility'])}</td>"
+            "<td>0</td><td>1.00</td><td>&ndash;</td><td>"
+            + (f"<a href=\"{html.escape(base['report'])}\">report</a>" if base.get("report") else "") + "</td></tr>"]
     for p in result.points:
         if p["axis"] < 0:
             continue
@@ -151,47 +197,15 @@ def write_report(result, png: bytes, path) -> None:
             f"<td>{_fmt(u['accuracy'])}{_spread(u)}</td><td>{_fmt(100 * u['accuracy_drop'], '+.1f')}</td><td>{_fmt(u['time_ratio'], '.2f')}</td>"
             f"<td>{_fmt(u.get('epsilon'), '.3g')}</td>"
             f"<td><a href=\"{html.escape(p['report'])}\">report</a></td></tr>")
-    axes = "".join(
-        f"<li><b>{html.escape(a['label'])}</b> ({html.escape(str(a['kind']))}.{html.escape(a['param'])}, stronger: "
-        f"{html.escape(a['stronger'])}): values {html.escape(', '.join(f'{v:g}' for v in a['values']))}; evaluated "
-        f"{len(a['evaluated'])}; weakest certified: {html.escape(str(a['weakest_certified']))}</li>"
-        for a in data["axes"])
-    warnings = "".join(f"<p class=warn><b>Warning</b>: {html.escape(w)}</p>" for w in result.warnings)
-    chosen_html = ""
-    if chosen is not None:
-        from guardfl.redteam.sweep.run import CHOSEN
-
-        chosen_html = (f"<h2>The chosen defense</h2><p>Saved as <code>{CHOSEN}</code>; use it with "
-                       "<code>guardfl.protect</code>, <code>local_update</code> or the Flower mod.</p>"
-                       f"<pre>{html.escape(chosen_yaml(result))}</pre>")
-    certify = result.plan.base["certify"]
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>guardfl sweep: {html.escape(banner)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-.banner {{ background: {colour}; color: white; padding: 1em 1.5em; font-size: 1.6em; border-radius: 6px; }}
-table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 0.9em; }}
-tr.fail td {{ background: #fde7e7; }} tr.pass td {{ background: #e8f5ea; }} tr.chosen td {{ background: #fff2a8; font-weight: bold; }}
-.warn {{ background: #fff4d6; border-left: 4px solid #d9a400; padding: 6px; }}
-pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }} img {{ max-width: 100%; }}
-</style></head><body>
-<div class="banner">{banner}</div>
-<p>Which defense setting costs the least accuracy and still certifies: every point is a full red-team run
-({html.escape(str(certify['batches']))} client update(s), claim: leak rate below {certify['max_leak_rate']:g} at
-{certify['confidence']:.0%} confidence) and a training run of the utility task
-(<code>{html.escape(result.plan.config.utility.source)}</code>, {result.plan.config.utility.epochs} epoch(s), held-out accuracy).
-Evaluated {data['evaluations']} of {data['grid_size']} settings{' (autotune: bisection per monotone axis)' if data['autotune'] else ''};
-backend <code>{html.escape(json.dumps(data['backend']))}</code>; {data['wall_time_s']:.0f} s.</p>
-{warnings}
-<img alt="privacy-utility trade-off" src="data:image/png;base64,{base64.b64encode(png).decode()}">
-<h2>Axes</h2><ul>{axes}</ul>
-<h2>Every evaluated setting</h2>
+    return f"""<h2>Every evaluated setting</h2>
 <table><tr><th>setting</th><th>verdict</th><th>worst {html.escape(metric)}{f' (threshold {threshold:g})' if threshold is not None else ''}</th>
 <th>leak bound (leaked/attacked)</th><th>accuracy</th><th>drop (points)</th><th>training time ratio</th><th>epsilon</th><th>red team</th></tr>
-{''.join(rows)}</table>
-{chosen_html}
-<h2>Sweep config</h2><pre>{html.escape(json.dumps(data['sweep'], indent=2))}</pre>
-<h2>Base red-team config</h2><pre>{html.escape(json.dumps(data['base'], indent=2))}</pre>
-</body></html>
-"""
-    atomic_write(path, page)
+{''.join(rows)}</table>"""
+
+
+def _chosen_html(result) -> str:
+    if result.chosen is None:
+        return ""
+    return (f"<h2>The chosen defense</h2><p>Saved as <code>{CHOSEN}</code>; use it with "
+            "<code>guardfl.protect</code>, <code>local_update</code> or the Flower mod.</p>"
+            f"<pre>{html.escape(chosen_yaml(result))}</pre>")

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from guardfl.redteam.reports.page import fmt
+
 #: the per-sample text metrics the report shows, in order
 COLUMNS = (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"), ("token_acc", "token acc"), ("bag", "bag of words"))
 
@@ -18,10 +20,6 @@ STYLE = """
 .tok span { border-radius: 3px; padding: 0 1px; }
 .hit { background: #b7e4c0; } .bag { background: #ffe08a; }
 """
-
-
-def _fmt(v) -> str:
-    return "" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
 def tokens_html(ids: list[int], truth: list[int], tokenizer, ignore: tuple[int, ...] = ()) -> str:
@@ -63,7 +61,7 @@ def batch_section(cert, b: int, originals: torch.Tensor, tokenizer, ignore: tupl
             p = prior_rows[i]
             rows.append(f"<tr><td><i>prior guess</i><br><small>frequent aux tokens, no update</small></td>"
                         f"<td class=tok>{tokens_html(prior[p.get('matched', i)].tolist(), truth, tokenizer, ignore)}</td>"
-                        + "".join(f"<td>{_fmt(p.get(k))}</td>" for k, _ in COLUMNS) + "</tr>")
+                        + "".join(f"<td>{_cell(p.get(k))}</td>" for k, _ in COLUMNS) + "</tr>")
         for r in results:
             rec = cert.reconstructions.get(r["job"])
             rows_m = (r.get("metrics") or {}).get("per_image") or []
@@ -72,7 +70,7 @@ def batch_section(cert, b: int, originals: torch.Tensor, tokenizer, ignore: tupl
             m = rows_m[i]
             rows.append(f"<tr><td>{html.escape(r['attack'])}</td>"
                         f"<td class=tok>{tokens_html(rec[m.get('matched', i)].tolist(), truth, tokenizer, ignore)}</td>"
-                        + "".join(f"<td>{_fmt(m.get(k))}</td>" for k, _ in COLUMNS) + "</tr>")
+                        + "".join(f"<td>{_cell(m.get(k))}</td>" for k, _ in COLUMNS) + "</tr>")
         head = "<tr><th></th><th>text (green: right token and position; amber: a private token elsewhere)</th>" + \
             "".join(f"<th>{h}</th>" for _, h in COLUMNS) + "</tr>"
         blocks.append(f"<h3>Sample {i}</h3><table>{head}{''.join(rows)}</table>")
@@ -83,11 +81,16 @@ def batch_section(cert, b: int, originals: torch.Tensor, tokenizer, ignore: tupl
         rec_ = r.get("recovered") or {}
         threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
         summary.append(f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td>"
-                       + "".join(f"<td>{_fmt(_best(s.get(k)))}</td>" for k, _ in COLUMNS)
-                       + f"<td>{_fmt(s.get('label_acc'))}</td><td>{rec_.get('above_max_rouge1', '')} of {rec_.get('of', '')}</td>"
-                       f"<td>{_fmt(r.get('seconds'))}</td></tr>")
+                       + "".join(f"<td>{_cell(_best(s.get(k)))}</td>" for k, _ in COLUMNS)
+                       + f"<td>{_cell(s.get('label_acc'))}</td><td>{rec_.get('above_max_rouge1', '')} of {rec_.get('of', '')}</td>"
+                       f"<td>{_cell(r.get('seconds'))}</td></tr>")
     return f"<h2 id=batch-{b}>Client update {b}</h2>{''.join(blocks)}<table>{''.join(summary)}</table>"
 
 
 def _best(entry: Any):
     return entry.get("best", entry.get("max")) if isinstance(entry, dict) else entry
+
+
+def _cell(v) -> str:
+    """A metric's table cell (empty when it was not measured)."""
+    return fmt(v, none="")

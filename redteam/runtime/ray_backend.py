@@ -29,7 +29,7 @@ line; finished jobs are in the state folder, and ``--resume`` continues on any b
 does not say which backend wrote it). The driver itself must survive: it holds the run context and
 writes the state.
 
-**Ctrl-C.** Every Ray call of the driver runs under ``sweep_backends._sigint_deferred`` (short waits of
+**Ctrl-C.** Every Ray call of the driver runs under ``ray_connection._sigint_deferred`` (short waits of
 ``POLL_S``): a Ctrl-C is never lost inside Ray and is raised within half a second; the driver then
 cancels its tasks on a cluster, or stops the local instance it started.
 
@@ -107,7 +107,7 @@ class RayJobs:
 
     def check(self) -> None:
         """A one-line error now (before the run builds anything) when the address is unreachable."""
-        from guardfl.redteam.sweep.backends import BackendError, ray_available, reachable
+        from guardfl.redteam.runtime.ray_connection import BackendError, ray_available, reachable
 
         if not ray_available():
             raise BackendError("--ray-address: ray is not installed (pip install 'guardfl[flower]' installs it)")
@@ -124,7 +124,7 @@ class RayJobs:
         """``workers.run_parallel``'s contract on Ray: ``prepared(i)`` (a resumed run's states, else
         None: a preparation task runs first), ``on_prepared`` and ``on_done`` called in this process as
         results arrive; the first error cancels the rest and is raised here."""
-        from guardfl.redteam.sweep.backends import Ray, _sigint_deferred
+        from guardfl.redteam.runtime.ray_connection import Ray, _sigint_deferred
 
         started = time.perf_counter()
         stats = self.stats = RayStats()  # this run's
@@ -176,7 +176,7 @@ class RayJobs:
             while running:
                 stats.driver_seconds += time.perf_counter() - tick
                 ready: list = []
-                while not ready:  # short waits: a Ctrl-C is ours to raise (sweep_backends._sigint_deferred)
+                while not ready:  # short waits: a Ctrl-C is ours to raise (ray_connection._sigint_deferred)
                     with _sigint_deferred():
                         ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
                 tick = time.perf_counter()
@@ -213,7 +213,7 @@ POLL_S = 0.5
 def _feasible(ray, cpus: int, gpus: float) -> None:
     """A one-line error, instead of tasks that wait forever, when no live node has ``cpus`` CPUs and
     ``gpus`` GPUs (an autoscaling cluster's future nodes are not known here)."""
-    from guardfl.redteam.sweep.backends import BackendError, _sigint_deferred
+    from guardfl.redteam.runtime.ray_connection import BackendError, _sigint_deferred
 
     with _sigint_deferred():
         nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
@@ -229,7 +229,7 @@ def _feasible(ray, cpus: int, gpus: float) -> None:
 def _fetch(ray, ref, kind: str, what: Any, retries: int) -> bytes:
     """A finished task's pickle; its job's own error raised as in the worker (cause: the remote
     traceback), or a :class:`WorkerError` line for a task that Ray lost more often than it retries."""
-    from guardfl.redteam.sweep.backends import _sigint_deferred
+    from guardfl.redteam.runtime.ray_connection import _sigint_deferred
 
     label = f"job {what.name}" if kind == "job" else f"the preparation of plan {what}"
     try:

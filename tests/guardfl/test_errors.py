@@ -15,7 +15,7 @@ PACKAGES = ("guardfl", "guardfl.redteam", "guardfl.integrations")
 
 #: not errors: signals and control flow that never leave the function that raises them
 NOT_ERRORS = {
-    "guardfl.redteam.cli.redteam.Terminated": "SIGTERM, handled as Ctrl-C: a KeyboardInterrupt, so `except Exception` must not catch it",
+    "guardfl.redteam.cli.common.Terminated": "SIGTERM, handled as Ctrl-C: a KeyboardInterrupt, so `except Exception` must not catch it",
     "guardfl.ops.representation._Captured": "stops a forward pass at a hook; caught in the same function",
     "guardfl.redteam.attacks.analytic.cocktail_party._Stop": "stops a forward pass at a hook; caught in the same function",
     "guardfl.redteam.attacks.malicious.fishing._OutOfQueries": "ends a query loop; caught in the same function",

@@ -96,7 +96,7 @@ from guardfl.redteam.attacks.base import (
     DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
 )
 from guardfl.redteam.attacks.analytic.encoded import public_set
-from guardfl.redteam.attacks.hashing import CountSketch
+from guardfl.redteam.client.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.attacks.learned.learned_inversion_text import TEXT_MATHS
 from guardfl.redteam.attacks.registry import register

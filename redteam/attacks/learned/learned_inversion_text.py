@@ -68,7 +68,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
-from guardfl.redteam.attacks.hashing import CountSketch
+from guardfl.redteam.client.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.client.transmit import TransmitSimulator, flatten_update
 from guardfl.redteam.runtime.limits import MMAP_THRESHOLD

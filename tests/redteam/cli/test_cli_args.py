@@ -1,4 +1,4 @@
-"""The red-team command's argument types (redteam/cli/redteam.py; named apart from tests/guardfl/test_cli.py: test modules need unique basenames)."""
+"""The red-team command's argument types (redteam/cli/common.py; named apart from tests/guardfl/test_cli.py: test modules need unique basenames)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from guardfl.redteam.certification.plan import max_threads
-from guardfl.redteam.cli.redteam import positive_int
+from guardfl.redteam.cli.common import positive_int
 
 
 def test_positive_int_takes_integers_from_one_and_bounded_ones_up_to_max_threads():

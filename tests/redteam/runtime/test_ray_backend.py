@@ -102,7 +102,7 @@ def test_a_failing_job_or_a_lost_one_fails_the_run(ray_local, failing, error, sa
 
 
 def test_a_job_no_node_can_hold_is_one_line_not_a_hang(ray_local):
-    from guardfl.redteam.sweep.backends import BackendError
+    from guardfl.redteam.runtime.ray_connection import BackendError
 
     with pytest.raises(BackendError, match=r"a job needs 3 CPU\(s\) on one node .* largest node has 2 CPU\(s\)"):
         certify(LTI_AND_OPTIMISATION, threads=3, backend="ray")
@@ -113,7 +113,7 @@ def test_a_job_no_node_can_hold_is_one_line_not_a_hang(ray_local):
 
 
 def test_unreachable_address_and_bad_arguments_are_one_line(tmp_path, capsys):
-    from guardfl.redteam.sweep.backends import BackendError
+    from guardfl.redteam.runtime.ray_connection import BackendError
 
     with pytest.raises(BackendError, match=r"--ray-address: cannot reach the Ray cluster at 127\.0\.0\.1:1"):
         certify(LTI_AND_OPTIMISATION, backend=RayJobs("127.0.0.1:1"))

@@ -16,8 +16,9 @@ import yaml
 from guardfl.cli import main
 from guardfl.defenses import parse_config
 from guardfl.errors import ConfigError
+from guardfl.redteam.runtime.ray_connection import BackendError, reachable
+from guardfl.redteam.sweep.backends import open_backend
 from guardfl.redteam.sweep.run import CHOSEN, PLOT, REPORT, SWEEP_JSON, sweep
-from guardfl.redteam.sweep.backends import BackendError, open_backend, reachable
 from tests.browser import browser_path
 
 BASE = {

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guardfl.redteam import FedAvg, FedSGD
-from guardfl.redteam.attacks.hashing import CountSketch
+from guardfl.redteam.client.hashing import CountSketch
 from guardfl.redteam.client.transmit import TransmitSimulator
 from guardfl.redteam.modality.image.data import lfw_faces
 from guardfl.redteam.modality.image.models import LeNetZhu, set_model_state

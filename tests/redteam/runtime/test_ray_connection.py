@@ -1,4 +1,4 @@
-"""``sweep_backends._sigint_deferred``, the guard around every Ray call of a driver (issue 36): a Ctrl-C
+"""``ray_connection._sigint_deferred``, the guard around every Ray call of a driver (issue 36): a Ctrl-C
 during the block is raised after it, also when code inside took SIGINT over and dropped it (Ray's own
 ``DeferSigint`` drops a SIGINT when an exception passes through its context: the cause of a Ctrl-C lost
 while ``ray.init`` was starting) or caught the ``KeyboardInterrupt`` itself."""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from guardfl.redteam.sweep.backends import _sigint_deferred, reachable
+from guardfl.redteam.runtime.ray_connection import _sigint_deferred, reachable
 
 
 def _ctrl_c() -> None:
