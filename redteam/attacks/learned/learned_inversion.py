@@ -92,9 +92,9 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from guardfl.defenses import parse_config
-from guardfl.redteam.attacks.base import (
-    DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
-)
+from guardfl.redteam.attacks.base import DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction
+from guardfl.redteam.attacks.labels import labels_for
+from guardfl.redteam.attacks.setting import Setting, on_device
 from guardfl.redteam.attacks.analytic.encoded import public_set
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter

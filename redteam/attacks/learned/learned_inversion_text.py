@@ -67,7 +67,9 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
+from guardfl.redteam.attacks.base import Reconstruction
+from guardfl.redteam.attacks.labels import infer_labels
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.client.transmit import TransmitSimulator, flatten_update
