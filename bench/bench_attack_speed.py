@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 from guardfl.redteam import ThreatModel, simulate_client
 from guardfl.redteam.attacks.optimisation import objectives as obj
-from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, optimise_batched
-from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.optimisation.optimiser import optimise_batched
+from guardfl.redteam.attacks.compute import resolve_device
 from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar
 
 

@@ -45,7 +45,7 @@ import torch
 from guardfl.defenses import GaussianNoise, GradDefense, GradPrune, Outpost, Soteria
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.modality.image import metrics
-from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.attacks.compute import resolve_device
 from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar, wide_init_
 
 ROOT = Path(__file__).resolve().parents[1]

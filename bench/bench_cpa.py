@@ -28,7 +28,7 @@ import torch
 
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.modality.image import metrics
-from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.attacks.compute import resolve_device
 from guardfl.redteam.modality.image.models import FC2, set_model_state
 
 ROOT = Path(__file__).resolve().parents[1]

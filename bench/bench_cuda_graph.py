@@ -22,7 +22,8 @@ import torch
 
 from guardfl.defenses import GradPrune
 from guardfl.redteam import ThreatModel, simulate_client
-from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, evaluate_batched, optimise_batched
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.optimisation.optimiser import evaluate_batched, optimise_batched
 from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar, wide_init_
 
 

@@ -31,9 +31,11 @@ import torch
 
 from guardfl.defenses import GradPrune
 from guardfl.redteam import ThreatModel, simulate_client
-from guardfl.redteam.attacks.base import exact_float32
+from guardfl.redteam.attacks.compute import exact_float32
 from guardfl.redteam.attacks.optimisation.second_order import SecondOrderConv2d
-from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.optimisation.optimiser import optimise_batched
+from guardfl.redteam.attacks.optimisation.targets import observation_target, stack_targets
 from guardfl.redteam.modality.image.models import resnet18_cifar
 
 

@@ -38,7 +38,7 @@ import torch
 from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.attacks import Setting
-from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.attacks.compute import resolve_device
 from guardfl.redteam.modality.image.models import LeNetZhu, ResNet20, set_model_state
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -104,7 +104,7 @@ import torch
 from guardfl.redteam import FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.attacks.optimisation import inverting_gradients as ig_module
-from guardfl.redteam.attacks.base import random_inputs, resolve_device
+from guardfl.redteam.attacks.compute import random_inputs, resolve_device
 from guardfl.redteam.modality.image.models import LeNetZhu, resnet18_cifar, wide_init_
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -127,7 +127,7 @@ def unseeded(config: Any) -> Any:
     """A defense configuration without its ``seed`` entries, at any depth (a stack's members included;
     None stays None): what the attacker knows of the defense, never its randomness. The one place seeds
     are stripped: the attacker's simulator builds its defense from it (``augment``), and settings are
-    compared with it (``attacks.base.setting_mismatch``)."""
+    compared with it (``attacks.setting.setting_mismatch``)."""
     if isinstance(config, dict):
         return {k: unseeded(v) for k, v in config.items() if k != "seed"}
     if isinstance(config, (list, tuple)):

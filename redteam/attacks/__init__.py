@@ -4,9 +4,10 @@
 >>> attack = attacks.get("inverting_gradients", iterations=500, restarts=4)
 """
 
-from guardfl.redteam.attacks.base import (
-    Attack, AttackConfig, AttackFailed, Capabilities, NotApplicable, PreparedCache, Reconstruction, Setting, infer_labels,
-)
+from guardfl.redteam.attacks.base import Attack, AttackConfig, AttackFailed, Capabilities, NotApplicable, Reconstruction
+from guardfl.redteam.attacks.labels import infer_labels
+from guardfl.redteam.attacks.prepared import PreparedCache
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.analytic.cocktail_party import CocktailParty
 from guardfl.redteam.attacks.optimisation.dlg import DLG, IDLG
 from guardfl.redteam.attacks.text.embedding_readout import EmbeddingReadout

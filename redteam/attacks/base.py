@@ -1,4 +1,4 @@
-"""The one small interface of every attack, its budget config, its capabilities, and shared helpers.
+"""The one small interface of every attack: ``Attack``, its budget config, its capabilities, its answer, its errors.
 
 The lifecycle of an attack (what ``certify`` does, and what a Python user can do by hand):
 
@@ -17,30 +17,31 @@ The lifecycle of an attack (what ``certify`` does, and what a Python user can do
 
 Budgets: every attack declares its budgets per strength (``budgets["quick"]``: what fits the 2-core
 default; ``budgets["paper"]``: the published budget) and ``paper_budget``, a sentence naming the source.
+
+What an attack shares beside the interface has a module each: ``setting`` (``Setting``), ``prepared``
+(``PreparedCache``), ``labels`` (restoring labels), ``compute`` (device, float32, initial guesses).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
-from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar
 
 import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from guardfl.config import StrictModel, validate
 from guardfl.errors import GuardflError
-from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, bn_layers
-from guardfl.redteam.runtime.files import atomic_torch_save
-from guardfl.redteam.threat import Knowledge, ThreatModel, unseeded
+from guardfl.redteam.attacks.compute import exact_float32, resolve_device
+from guardfl.redteam.attacks.prepared import PreparedCache
+from guardfl.redteam.attacks.setting import Setting, first_linear, setting_mismatch
+from guardfl.redteam.client.simulate import Observation, bn_layers
+from guardfl.redteam.threat import Knowledge, ThreatModel
 
 STRENGTHS = ("quick", "paper")
 #: the threat fields an attack may read (``Capabilities.threat``); ``server`` is ``Capabilities.server``
@@ -103,94 +104,6 @@ class Capabilities:
     threat: frozenset[str] = GRADIENT_THREAT
     inverts_encodings: bool = False
     same_run_as: str | None = None
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What is fixed across the private batches of one certification: the public context of an
-    observation without the update itself (the global model, the protocol, the batch geometry, and the
-    defense's configuration as transmitted with the client's description)."""
-
-    model: nn.Module
-    protocol: FedSGD | FedAvg
-    num_samples: int
-    input_shape: tuple[int, ...]
-    num_classes: int
-    input_range: tuple[float, float]
-    defense_config: dict | None
-    train_mode: bool = True
-    modality: str = "image"
-
-    @classmethod
-    def of(cls, observation: Observation) -> "Setting":
-        return cls(observation.model, observation.protocol, observation.num_samples, tuple(observation.input_shape),
-                   observation.num_classes, tuple(observation.input_range), observation.defense_config,
-                   getattr(observation, "train_mode", True), getattr(observation, "modality", "image"))
-
-    @property
-    def param_names(self) -> list[str]:
-        return [n for n, p in self.model.named_parameters() if p.requires_grad]
-
-    @cached_property
-    def fingerprint(self) -> dict[str, Any]:
-        """Everything of the setting a prepared state depends on, as JSON-able data (model weights hashed
-        once per Setting: a certification builds one Setting and prepares every attack with it)."""
-        buf = io.BytesIO()
-        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
-        return {
-            "model": type(self.model).__qualname__,
-            "weights": hashlib.sha256(buf.getvalue()).hexdigest(),
-            "protocol": repr(self.protocol),
-            "num_samples": self.num_samples,
-            "input_shape": list(self.input_shape),
-            "num_classes": self.num_classes,
-            "input_range": list(self.input_range),
-            "defense": self.defense_config,
-            "train_mode": self.train_mode,
-            **({"modality": self.modality} if self.modality != "image" else {}),
-        }
-
-
-class PreparedCache:
-    """Prepared attack states by key (``NAME-KEY``): in memory, and stored on disk under ``folder`` when
-    given (atomic files). Another store (the red team's state folder) overrides the two storage hooks,
-    ``read`` and ``write``; the memory stays here."""
-
-    def __init__(self, folder: str | Path | None = None) -> None:
-        self.folder = Path(folder) if folder is not None else None
-        self._memory: dict[str, Any] = {}
-
-    def read(self, entry: str) -> Any | None:
-        """Storage hook: the stored state of ``entry`` (``NAME-KEY``), None when none is stored."""
-        if self.folder is None or not (self.folder / f"{entry}.pt").is_file():
-            return None
-        return torch.load(self.folder / f"{entry}.pt", map_location="cpu", weights_only=True)  # tensors and plain data only: loading runs no code
-
-    def write(self, entry: str, state: Any) -> None:
-        """Storage hook: store the state of ``entry`` (``NAME-KEY``); nothing without a folder."""
-        if self.folder is not None:
-            atomic_torch_save(state, self.folder / f"{entry}.pt")
-
-    def load(self, name: str, key: str) -> Any | None:
-        entry = f"{name}-{key}"
-        if entry in self._memory:
-            return self._memory[entry]
-        state = self.read(entry)
-        if state is not None:
-            self._memory[entry] = state
-        return state
-
-    def entries(self) -> dict[str, Any]:
-        """The states held in memory, by ``NAME-KEY`` (to hand to another process)."""
-        return dict(self._memory)
-
-    def adopt(self, entries: dict[str, Any]) -> None:
-        """Take states another process prepared (``entries()`` there)."""
-        self._memory.update(entries)
-
-    def save(self, name: str, key: str, state: Any) -> None:
-        self._memory[f"{name}-{key}"] = state
-        self.write(f"{name}-{key}", state)
 
 
 @dataclass
@@ -442,131 +355,3 @@ class Attack:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.model_dump(exclude_defaults=True)})"
-
-
-def setting_mismatch(a: Observation, b: Observation) -> str | None:
-    """Why ``b`` is not an observation of ``a``'s setting (``Setting``), or None when it is. Compared
-    directly, no hashing (cheap for 60 observations of an 11M-parameter model): the protocol, batch
-    geometry, input range, defense configuration and train mode, the model's class and its weights and
-    buffers by value, the updated layers and their shapes. The defense configurations are compared
-    without their ``seed``s: the defense's randomness is never the attacker's to use (``known_defense``
-    reads no seed), so clients whose defenses differ only in their seed are one setting to an attack."""
-    if a is b:
-        return None
-    fields = {
-        "protocol": (a.protocol, b.protocol),
-        "num_samples": (a.num_samples, b.num_samples),
-        "input_shape": (tuple(a.input_shape), tuple(b.input_shape)),
-        "num_classes": (a.num_classes, b.num_classes),
-        "input_range": (tuple(a.input_range), tuple(b.input_range)),
-        "defense_config": (unseeded(a.defense_config), unseeded(b.defense_config)),
-        "train_mode": (getattr(a, "train_mode", True), getattr(b, "train_mode", True)),
-        "modality": (getattr(a, "modality", "image"), getattr(b, "modality", "image")),
-        "model class": (type(a.model), type(b.model)),
-        "updated layers": ([(k, tuple(v.shape)) for k, v in a.update.items()],
-                           [(k, tuple(v.shape)) for k, v in b.update.items()]),
-    }
-    for name, (x, y) in fields.items():
-        if x != y:
-            return f"its {name} differs"
-    if a.model is not b.model:
-        sa, sb = a.model.state_dict(), b.model.state_dict()
-        if list(sa) != list(sb) or any(sa[k].shape != sb[k].shape or not torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa):
-            return "its model's weights or buffers differ"
-    return None
-
-
-def on_device(observations: list[Observation], knowledges: list[Knowledge], device: torch.device,
-              ) -> tuple[list[Observation], list[Knowledge]]:
-    """Observations of one setting and their knowledge moved to ``device``, the observations sharing one
-    copy of the global model (for an attack that batches samples: S deep copies would be wasted)."""
-    first = observations[0].to(device)
-    moved = [first] + [o.to(device, model=first.model) for o in observations[1:]]
-    return moved, [k.to(device) for k in knowledges]
-
-
-def first_linear(model: nn.Module, names: list[str], layer: str | None = None) -> tuple[str, nn.Linear] | None:
-    """(weight name, module) of a model's first ``nn.Linear`` whose weight is among ``names`` (or the one
-    named ``layer``); None when there is none."""
-    for mod_name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and f"{mod_name}.weight" in names:
-            weight = f"{mod_name}.weight" if mod_name else "weight"
-            if layer is None or layer == weight:
-                return weight, module
-    return None
-
-
-@contextlib.contextmanager
-def exact_float32() -> Iterator[None]:
-    """float32 that is float32 on CUDA while an attack runs: PyTorch lets cuDNN convolutions (and, where
-    enabled, matrix products) use TF32, a 10-bit mantissa, by default. That changes the attack's objective
-    by ~1e-3 relative, as much as the flat float32 norm whose error once tilted the input gradient, and a
-    weaker attack on a GPU than on a CPU could certify what the CPU run would not. No effect on a CPU; the
-    caller's settings are restored afterwards."""
-    conv, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}: CUDA is not available here; use 'auto' or 'cpu'")
-    return device
-
-
-def random_inputs(shape: tuple[int, ...], bounds: tuple[float, float], gen: torch.Generator, device: torch.device) -> Tensor:
-    lo, hi = bounds
-    return (lo + (hi - lo) * torch.rand(shape, generator=gen)).to(device)
-
-
-def last_linear(observation: Observation) -> tuple[str, str | None]:
-    """Names of the output layer's weight (K x F) and bias (K) in the update."""
-    k = observation.num_classes
-    weights = [n for n, t in observation.update.items() if t.dim() == 2 and t.shape[0] == k]
-    if not weights:
-        raise ValueError("labels='inferred' needs a final linear layer with one row per class")
-    w = weights[-1]
-    bias = w[: -len("weight")] + "bias" if w.endswith("weight") else None
-    return w, bias if bias in observation.update else None
-
-
-def infer_labels(observation: Observation) -> Tensor:
-    """Restore labels from the output layer's update.
-
-    One sample: iDLG (Zhao et al. 2020): the true class is the only one whose bias gradient (or the sum of
-    its weight-gradient row, for non-negative features) is negative. A batch: Yin et al. 2021, the B
-    classes with the most negative minimum over the weight-gradient row (assumes distinct labels; Huang
-    et al. 2021 show it fails when labels repeat, which is why the threat model can grant labels).
-    FedAvg deltas point against the gradient, so their sign is flipped first.
-    """
-    w_name, b_name = last_linear(observation)
-    flip = -1.0 if isinstance(observation.protocol, FedAvg) else 1.0
-    gw = flip * observation.update[w_name]
-    n = observation.num_samples
-    if n == 1:
-        score = flip * observation.update[b_name] if b_name is not None else gw.sum(1)
-        return score.argmin().reshape(1)
-    order = gw.min(1).values.argsort()
-    return order.repeat(-(-n // order.numel()))[:n]  # cycle the order to n labels
-
-
-def labels_for(observation: Observation, knowledge: Knowledge) -> tuple[Tensor, str]:
-    if knowledge.labels is not None:
-        return knowledge.labels, "known"
-    return infer_labels(observation).to(observation.update[next(iter(observation.update))].device), "inferred"
-
-
-def progress_bar(enabled: bool, total: int, name: str):
-    """A tqdm bar for an attack's inner loop, or None when progress is off."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=name, leave=False)

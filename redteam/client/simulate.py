@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from guardfl.defenses import Defense, Identity, from_config
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.inspect import inspect_model
-from guardfl.integrations.round import FedAvg, FedSGD, Protocol, bn_layers, client_round
+from guardfl.integrations.round import FedAvg, FedSGD, Protocol, RoundResult, bn_layers, client_round
 from guardfl.protect import split_stages
 from guardfl.redteam import modality as modalities
 from guardfl.redteam.auxdata import content_hashes
@@ -175,19 +175,7 @@ def simulate_client(
                           "encode token ids: use a gradient defense or DP-SGD for a text model")
 
     global_model = copy.deepcopy(model)
-    client = copy.deepcopy(model)
-    num_classes = _num_classes(client, inputs)
-    names = [n for n, p in client.named_parameters() if p.requires_grad]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-        warnings.filterwarnings("ignore", message=".*Full backward hook.*")  # a first layer whose input needs no grad
-        warnings.filterwarnings("ignore", message=".*Optimal order is the smallest alpha.*")  # epsilon, unused here
-        result = client_round(client, protocol.loader(inputs, labels), protocol.make_optimizer, defense_obj,
-                              epochs=protocol.local_epochs, num_classes=num_classes, train_mode=train_mode, record=True)
-    sent = protocol.sent(result)
-    update = {name: sent[name] for name in names}
-    released = [(bn.running_mean.detach().clone(), bn.running_var.detach().clone())
-                for bn in bn_layers(client) if bn.running_mean is not None]
+    result, update, released, num_classes = _run_client(model, inputs, labels, protocol, defense_obj, train_mode)
     return Observation(
         protocol=protocol,
         model=global_model,
@@ -204,6 +192,26 @@ def simulate_client(
         train_mode=train_mode,
         modality=modality,
     )
+
+
+def _run_client(model: nn.Module, inputs: Tensor, labels: Tensor, protocol: Protocol, defense: Defense,
+                train_mode: bool) -> tuple[RoundResult, dict[str, Tensor], list[tuple[Tensor, Tensor]], int]:
+    """The deployed client's round on its own copy of ``model``: the round's result, the update it sends
+    (by trainable parameter), the BatchNorm running statistics it releases, and the number of classes."""
+    client = copy.deepcopy(model)
+    num_classes = _num_classes(client, inputs)
+    names = [n for n, p in client.named_parameters() if p.requires_grad]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+        warnings.filterwarnings("ignore", message=".*Full backward hook.*")  # a first layer whose input needs no grad
+        warnings.filterwarnings("ignore", message=".*Optimal order is the smallest alpha.*")  # epsilon, unused here
+        result = client_round(client, protocol.loader(inputs, labels), protocol.make_optimizer, defense,
+                              epochs=protocol.local_epochs, num_classes=num_classes, train_mode=train_mode, record=True)
+    sent = protocol.sent(result)
+    update = {name: sent[name] for name in names}
+    released = [(bn.running_mean.detach().clone(), bn.running_var.detach().clone())
+                for bn in bn_layers(client) if bn.running_mean is not None]
+    return result, update, released, num_classes
 
 
 def _modality(model: nn.Module, inputs: Tensor, input_range: tuple[float, float]) -> tuple[str, tuple[float, float]]:

@@ -241,6 +241,33 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
     config states it) and build the ``Observation``. With DP-SGD's Poisson sampling declared, batch sizes
     are random, so only the declared hyperparameters are used (the attacker's replica replays fixed
     batches: an approximation, as it would be for a real attacker)."""
+    _check_steps(steps, field)
+    inputs, labels, first_epoch = _distinct(steps)
+    n, batch_sizes = inputs.shape[0], [int(s.inputs.shape[0]) for s in steps]
+    _check_geometry(n, steps, batch_sizes, first_epoch, protocol, defense_config, field, declared_samples)
+    update = _update(global_model, returned, field)
+
+    lo, hi = float(inputs.min()), float(inputs.max())
+    input_range = (0.0, 1.0) if lo >= 0.0 and hi <= 1.0 else (lo, hi)
+    num_classes, records = _probe(global_model, steps[0].inputs)
+    observation = Observation(
+        protocol=protocol,
+        model=copy.deepcopy(global_model),
+        update=update,
+        num_samples=n,
+        input_shape=tuple(inputs.shape[1:]),
+        num_classes=num_classes,
+        input_range=input_range,
+        defense_config=defense_config,
+        released_bn_stats=_released(global_model, returned),
+        side=SideKnowledge(labels=labels.clone(), bn_batch_stats=list(records), defense_stats=[],
+                           input_hashes=tuple(content_hashes(inputs, input_range))),
+    )
+    return TargetRun(observation, inputs, labels, len(steps), batch_sizes)
+
+
+def _check_steps(steps: list[Step], field: str) -> None:
+    """Refuse a run without training steps, or whose steps' labels the red team cannot read (TargetError)."""
     if not steps:
         raise TargetError(f"{field}: no training step was observed (no forward pass of a model in train mode with "
                           "gradients enabled): the client did not train, so there is no update to certify")
@@ -252,8 +279,12 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
         if s.labels.dim() != 1 or s.labels.shape[0] != s.inputs.shape[0]:
             raise TargetError(f"{field}: a step's labels have shape {tuple(s.labels.shape)} for {s.inputs.shape[0]} inputs; "
                               "the red team certifies classification with hard labels")
-    inputs, labels, first_epoch = _distinct(steps)
-    n, batch_sizes = inputs.shape[0], [int(s.inputs.shape[0]) for s in steps]
+
+
+def _check_geometry(n: int, steps: list[Step], batch_sizes: list[int], first_epoch: int, protocol: FedAvg,
+                    defense_config: dict | None, field: str, declared_samples: int | None) -> None:
+    """Refuse a run of more than ``MAX_SAMPLES`` distinct samples, or (without Poisson sampling) one whose
+    samples, steps or batch size differ from the declared ones (TargetError)."""
     if n > MAX_SAMPLES:
         raise TargetError(f"{field}: the client trained on {n} distinct samples; the attacks reconstruct at most "
                           f"{MAX_SAMPLES}. Give it a smaller private set for the red team (target.run_config / node_config)")
@@ -267,6 +298,10 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
             f"client ran {len(steps)} steps over {n} samples in batches of {batch_sizes[0]} ({first_epoch} per epoch); "
             "set client.epochs and client.batch_size to what it does")
 
+
+def _update(global_model: nn.Module, returned: Mapping[str, Tensor], field: str) -> dict[str, Tensor]:
+    """The returned weights minus the global model's, by trainable parameter (TargetError when a delta is
+    not finite, or when every delta is zero: the client did not train)."""
     names = [name for name, p in global_model.named_parameters() if p.requires_grad]
     start = global_model.state_dict()
     update = {}
@@ -277,32 +312,27 @@ def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list
         update[name] = delta
     if all(float(d.abs().max()) == 0.0 for d in update.values()):
         raise TargetError(f"{field}: the returned weights equal the global model: the client did not train")
+    return update
 
-    lo, hi = float(inputs.min()), float(inputs.max())
-    input_range = (0.0, 1.0) if lo >= 0.0 and hi <= 1.0 else (lo, hi)
+
+def _probe(global_model: nn.Module, inputs: Tensor) -> tuple[int, list]:
+    """The number of classes and the first BatchNorm inputs of a train-mode copy of the global model on
+    the first step's ``inputs`` (no gradients)."""
     probe = copy.deepcopy(global_model).train()
     records, handles = record_first_bn_inputs(probe)
     try:
         with torch.no_grad():
-            num_classes = int(probe(steps[0].inputs).shape[-1])
+            num_classes = int(probe(inputs).shape[-1])
     finally:
         for h in handles:
             h.remove()
+    return num_classes, records
+
+
+def _released(global_model: nn.Module, returned: Mapping[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
+    """The BatchNorm running statistics the client returned (mean, var), in the global model's order."""
     released = []
     for bn_name, bn in global_model.named_modules():
         if isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.running_mean is not None:
             released.append((returned[f"{bn_name}.running_mean"].clone(), returned[f"{bn_name}.running_var"].clone()))
-    observation = Observation(
-        protocol=protocol,
-        model=copy.deepcopy(global_model),
-        update=update,
-        num_samples=n,
-        input_shape=tuple(inputs.shape[1:]),
-        num_classes=num_classes,
-        input_range=input_range,
-        defense_config=defense_config,
-        released_bn_stats=released,
-        side=SideKnowledge(labels=labels.clone(), bn_batch_stats=list(records), defense_stats=[],
-                           input_hashes=tuple(content_hashes(inputs, input_range))),
-    )
-    return TargetRun(observation, inputs, labels, len(steps), batch_sizes)
+    return released

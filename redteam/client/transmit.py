@@ -72,49 +72,16 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from guardfl.defenses import REGISTRY, Defense, Stack, from_config, parse_config
+from guardfl.defenses import Defense, Stack
 from guardfl.defenses.base import StepContext, make_generator
-from guardfl.defenses.encoding import InstaHide
 from guardfl.errors import ConfigError
 from guardfl.protect import SAMPLING_STREAM, soft_cross_entropy, split_stages
+from guardfl.redteam.client.attacker_defense import attacker_defense
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, bn_layers, sgd_step
 from guardfl.redteam.threat import unseeded  # noqa: F401  (re-exported: the attacker's view of a defense config)
 
 if TYPE_CHECKING:
     from guardfl.redteam.client.hashing import CountSketch
-
-
-def defense_leaves(config: dict | None) -> list[type[Defense]]:
-    """The classes of the leaf defenses of a configuration (a stack expanded at every depth); nothing is
-    built, so no randomness is drawn and no public data loaded."""
-    return [REGISTRY[leaf.kind] for leaf in parse_config(config).leaves()] if config else []
-
-
-def config_stages(config: dict | None) -> set[str]:
-    """The stages ("gradient", "dp", "input") a defense configuration acts at (empty for none)."""
-    return {leaf.stage for leaf in defense_leaves(config)}
-
-
-def _inter_instahide(config: dict) -> bool:
-    if config.get("kind") == "stack":
-        return any(_inter_instahide(m) for m in config.get("defenses", []))
-    return config.get("kind") == "instahide" and config.get("mode") == "inter"
-
-
-def attacker_defense(config: dict, public: Tensor | None) -> Defense:
-    """The defense of ``config`` as the attacker builds it: from the configuration, except that an
-    Inter-InstaHide leaf mixes with ``public`` (the attacker's partners) instead of loading the client's
-    ``public`` file. ConfigError when such a leaf has no ``public``."""
-    if not _inter_instahide(config):
-        return from_config(config)
-    if config.get("kind") == "stack":
-        extra = {k: v for k, v in config.items() if k in ("nonfinite", "seed")}
-        return Stack(*[attacker_defense(m, public) for m in config["defenses"]], **extra)
-    if public is None:
-        raise ConfigError("instahide.public: mode 'inter' mixes with a public set the attacker does not hold; pass "
-                          "public= (the attacker's stand-in partners, e.g. its auxiliary images, or the client's set "
-                          "when the attacker holds it)")
-    return InstaHide(public=public, **{k: v for k, v in config.items() if k not in ("kind", "public")})
 
 
 class TransmitSimulator:

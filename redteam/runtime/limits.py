@@ -1,8 +1,8 @@
 """Sizes that the runtime and the attacks share: the attacks import them from here, never from the runtime.
 
 ``workers`` (threads per job) and ``allocator`` (glibc's thresholds) sit above the attacks and re-export
-these; an attack (``attacks/engine.py``, ``attacks/learned_inversion_text.py``) reads them here, so that no
-attack imports the runtime that runs it.
+these; an attack (``attacks/optimisation/engine.py``, ``attacks/learned/learned_inversion_text.py``) reads
+them here, so that no attack imports the runtime that runs it.
 """
 
 from __future__ import annotations

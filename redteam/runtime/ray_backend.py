@@ -128,18 +128,11 @@ class RayJobs:
 
         started = time.perf_counter()
         stats = self.stats = RayStats()  # this run's
-        running: dict[Any, tuple[str, Any]] = {}
         connection = Ray(workers, self.address)
         ray = connection._ray
         gpus = (self.gpus_per_job or 1.0) if device.type == "cuda" else 0
         resources = {"num_cpus": threads, "num_gpus": gpus, "max_retries": self.max_retries, "retry_exceptions": False}
-
-        def put(value: bytes):
-            stats.puts += 1
-            stats.put_bytes += len(value)
-            with _sigint_deferred():
-                return ray.put(value)
-
+        driver = _Driver(ray, stats, _sigint_deferred, context, resources, threads, app_dir)
         try:
             with _sigint_deferred():
                 self.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
@@ -147,63 +140,97 @@ class RayJobs:
             stats.start_seconds = tick - started
             remote = ray.remote(_ray_task)
             _feasible(ray, threads, gpus)
-            context_ref = put(pickle.dumps(context))
-            states: dict[int, Any] = {}
-            waiting: dict[int, list[Job]] = {}
-            for job in jobs:
-                if job.prepares and job.i not in states:
-                    ready = prepared(job.i)
-                    if ready is not None:
-                        states[job.i] = put(pickle.dumps(ready))
-                    else:
-                        waiting.setdefault(job.i, []).append(job)
-
-            def submit(kind: str, what: Any) -> None:
-                if kind == "prepare":
-                    task, name = ("prepare", what), f"prepare-{what}-{getattr(context.plans[what], 'name', what)}"
-                else:
-                    ref = states.get(what.i)
-                    task, name = ("job", what.bs, what.i, None if ref is None else [ref]), what.name
-                with _sigint_deferred():
-                    running[remote.options(name=name, **resources).remote([context_ref], task, threads, app_dir)] = (kind, what)
-                stats.tasks += 1
-
-            for i in waiting:  # the long preparations first
-                submit("prepare", i)
-            for job in jobs:
-                if not job.prepares or job.i in states:
-                    submit("job", job)
-            while running:
-                stats.driver_seconds += time.perf_counter() - tick
-                ready: list = []
-                while not ready:  # short waits: a Ctrl-C is ours to raise (ray_connection._sigint_deferred)
-                    with _sigint_deferred():
-                        ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-                tick = time.perf_counter()
-                ref = ready[0]
-                kind, what = running.pop(ref)
-                blob = _fetch(ray, ref, kind, what, self.max_retries)
-                stats.fetched_bytes += len(blob)
-                result = pickle.loads(blob)
-                t_call = time.perf_counter()
-                if kind == "prepare":
-                    saved, info = result
-                    on_prepared(what, saved, info)
-                    stats.callback_seconds += time.perf_counter() - t_call
-                    states[what] = put(pickle.dumps(saved))
-                    for job in waiting.pop(what):
-                        submit("job", job)
-                else:
-                    on_done(what, result)
-                    stats.callback_seconds += time.perf_counter() - t_call
+            driver.submit_first(remote, jobs, prepared)
+            tick = driver.collect(tick, on_prepared, on_done, self.max_retries)
             stats.driver_seconds += time.perf_counter() - tick
         finally:
-            connection._refs.update({ref: None for ref in running})  # cancelled on a cluster; a local instance stops
+            connection._refs.update({ref: None for ref in driver.running})  # cancelled on a cluster; a local instance stops
             t_stop = time.perf_counter()
             connection.close()
             stats.stop_seconds = time.perf_counter() - t_stop
             stats.driver_seconds -= stats.callback_seconds  # reported apart
             stats.wall_seconds = time.perf_counter() - started
+
+
+class _Driver:
+    """One run's tasks as the driver sees them: the objects it puts in the store (counted in ``stats``),
+    the tasks it submits and those running, the prepared states by plan, and the jobs waiting for one.
+    ``deferred``: the context that holds a Ctrl-C until a Ray call returns (``_sigint_deferred``)."""
+
+    def __init__(self, ray, stats: RayStats, deferred: Callable, context: RunContext, resources: dict[str, Any],
+                 threads: int, app_dir: str | None) -> None:
+        self.ray, self.stats, self.deferred = ray, stats, deferred
+        self.context, self.resources, self.threads, self.app_dir = context, resources, threads, app_dir
+        self.running: dict[Any, tuple[str, Any]] = {}
+        self.states: dict[int, Any] = {}
+        self.waiting: dict[int, list[Job]] = {}
+        self.remote = self.context_ref = None
+
+    def put(self, value: bytes):
+        self.stats.puts += 1
+        self.stats.put_bytes += len(value)
+        with self.deferred():
+            return self.ray.put(value)
+
+    def submit_first(self, remote, jobs: list[Job], prepared: Callable[[int], dict[str, Any] | None]) -> None:
+        """Put the context and the states a resumed run has; submit the (long) preparations first, then
+        the jobs that can run now."""
+        self.remote = remote
+        self.context_ref = self.put(pickle.dumps(self.context))
+        for job in jobs:
+            if job.prepares and job.i not in self.states:
+                ready = prepared(job.i)
+                if ready is not None:
+                    self.states[job.i] = self.put(pickle.dumps(ready))
+                else:
+                    self.waiting.setdefault(job.i, []).append(job)
+        for i in self.waiting:  # the long preparations first
+            self.submit("prepare", i)
+        for job in jobs:
+            if not job.prepares or job.i in self.states:
+                self.submit("job", job)
+
+    def submit(self, kind: str, what: Any) -> None:
+        if kind == "prepare":
+            task, name = ("prepare", what), f"prepare-{what}-{getattr(self.context.plans[what], 'name', what)}"
+        else:
+            ref = self.states.get(what.i)
+            task, name = ("job", what.bs, what.i, None if ref is None else [ref]), what.name
+        with self.deferred():
+            options = self.remote.options(name=name, **self.resources)
+            pending = options.remote([self.context_ref], task, self.threads, self.app_dir)
+            self.running[pending] = (kind, what)
+        self.stats.tasks += 1
+
+    def collect(self, tick: float, on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
+                on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None], retries: int) -> float:
+        """Hand each result to its callback as it arrives (a preparation's states are put and its plan's
+        jobs submitted) until none runs; the time of the last arrival (driver time is counted from it)."""
+        stats, running = self.stats, self.running
+        while running:
+            stats.driver_seconds += time.perf_counter() - tick
+            ready: list = []
+            while not ready:  # short waits: a Ctrl-C is ours to raise (ray_connection._sigint_deferred)
+                with self.deferred():
+                    ready, _ = self.ray.wait(list(running), num_returns=1, timeout=POLL_S)
+            tick = time.perf_counter()
+            ref = ready[0]
+            kind, what = running.pop(ref)
+            blob = _fetch(self.ray, ref, kind, what, retries)
+            stats.fetched_bytes += len(blob)
+            result = pickle.loads(blob)
+            t_call = time.perf_counter()
+            if kind == "prepare":
+                saved, info = result
+                on_prepared(what, saved, info)
+                stats.callback_seconds += time.perf_counter() - t_call
+                self.states[what] = self.put(pickle.dumps(saved))
+                for job in self.waiting.pop(what):
+                    self.submit("job", job)
+            else:
+                on_done(what, result)
+                stats.callback_seconds += time.perf_counter() - t_call
+        return tick
 
 
 #: seconds of one ``ray.wait``: a Ctrl-C is raised at most this long after it arrives

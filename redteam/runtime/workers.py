@@ -277,6 +277,31 @@ def run_parallel(
 
     mp = multiprocessing.get_context("spawn")
     payload = pickle.dumps(context)
+    states, waiting, queue = _first_queue(jobs, prepared)
+    pool: list[_Worker] = []
+    clean = False
+    try:
+        _start_pool(pool, mp, workers, app_dir, threads, payload)
+        while queue or any(w.task for w in pool):
+            _hand_out(pool, queue, states, context)
+            listening = _listening(pool)
+            ready = wait_for(list(listening), timeout=30)
+            # messages first: a worker that sent its result and then died is reported after it is recorded
+            for handle in sorted(ready, key=lambda h: isinstance(h, int)):
+                _receive(listening[handle], handle, states, waiting, queue, on_prepared, on_done)
+            for worker in pool:  # a death its sentinel has not shown yet
+                if worker.process.exitcode is not None:
+                    raise worker.died()
+        clean = True
+    finally:
+        for worker in pool:
+            worker.stop(grace=10 if clean else 0)
+
+
+def _first_queue(jobs: list[Job], prepared: Callable[[int], dict[str, Any] | None],
+                 ) -> tuple[dict[int, dict[str, Any]], dict[int, list[Job]], list[tuple[str, Any]]]:
+    """The prepared states the main process has (by plan), the jobs waiting for a preparation (by plan),
+    and the first queue of tasks: the (long) preparations first, then the jobs that can run now."""
     states: dict[int, dict[str, Any]] = {}
     waiting: dict[int, list[Job]] = {}
     for job in jobs:
@@ -289,60 +314,69 @@ def run_parallel(
     # the long preparations first
     queue: list[tuple[str, Any]] = [("prepare", i) for i in waiting]
     queue += [("job", job) for job in jobs if not job.prepares or job.i in states]
-    pool: list[_Worker] = []
-    clean = False
-    try:
-        for number in range(1, workers + 1):
-            pool.append(_Worker(mp, number, app_dir, threads))
-        for worker in pool:
+    return states, waiting, queue
+
+
+def _start_pool(pool: list[_Worker], mp, workers: int, app_dir: str | None, threads: int, payload: bytes) -> None:
+    """Spawn ``workers`` workers into ``pool`` (the caller ends those started, whatever happens) and send
+    each the run's pickle."""
+    for number in range(1, workers + 1):
+        pool.append(_Worker(mp, number, app_dir, threads))
+    for worker in pool:
+        try:
+            worker.conn.send_bytes(payload)  # fails, never blocks, once the worker is dead: it alone reads
+        except OSError:
+            raise worker.died() from None
+
+
+def _hand_out(pool: list[_Worker], queue: list[tuple[str, Any]], states: dict[int, dict[str, Any]],
+              context: RunContext) -> None:
+    """Give each idle worker that has loaded the run the next task of ``queue``."""
+    for worker in pool:
+        if worker.ready and worker.task is None and queue:
+            kind, what = worker.task = queue.pop(0)
+            task = ("prepare", what) if kind == "prepare" else ("job", what.bs, what.i, states.get(what.i))
+            worker.doing = (f"running job {what.name}" if kind == "job" else
+                            f"preparing attack {getattr(context.plans[what], 'name', what)} (plan {what})")
             try:
-                worker.conn.send_bytes(payload)  # fails, never blocks, once the worker is dead: it alone reads
+                worker.conn.send(task)
             except OSError:
                 raise worker.died() from None
-        while queue or any(w.task for w in pool):
-            for worker in pool:
-                if worker.ready and worker.task is None and queue:
-                    kind, what = worker.task = queue.pop(0)
-                    task = ("prepare", what) if kind == "prepare" else ("job", what.bs, what.i, states.get(what.i))
-                    worker.doing = (f"running job {what.name}" if kind == "job" else
-                                    f"preparing attack {getattr(context.plans[what], 'name', what)} (plan {what})")
-                    try:
-                        worker.conn.send(task)
-                    except OSError:
-                        raise worker.died() from None
-            listening = {}
-            for worker in pool:
-                listening[worker.process.sentinel] = worker
-                if worker.task is not None or not worker.ready:
-                    listening[worker.conn] = worker
-            ready = wait_for(list(listening), timeout=30)
-            # messages first: a worker that sent its result and then died is reported after it is recorded
-            for handle in sorted(ready, key=lambda h: isinstance(h, int)):
-                worker = listening[handle]
-                if isinstance(handle, int):  # its exit sentinel
-                    raise worker.died()
-                try:
-                    status, result, remote = worker.conn.recv()
-                except (EOFError, OSError):
-                    raise worker.died() from None
-                if status == "ready":
-                    worker.ready = True
-                    continue
-                kind, what = worker.task
-                worker.task = None
-                if status == "error":
-                    raise result from RemoteTraceback(remote)
-                if kind == "prepare":
-                    saved, info = result
-                    states[what] = saved
-                    on_prepared(what, saved, info)
-                    queue[:0] = [("job", job) for job in waiting.pop(what)]
-                else:
-                    on_done(what, result)
-            for worker in pool:  # a death its sentinel has not shown yet
-                if worker.process.exitcode is not None:
-                    raise worker.died()
-        clean = True
-    finally:
-        for worker in pool:
-            worker.stop(grace=10 if clean else 0)
+
+
+def _listening(pool: list[_Worker]) -> dict[Any, _Worker]:
+    """What to wait on, by handle: every worker's exit sentinel, and the pipe of each that is busy or
+    still loading the run."""
+    listening = {}
+    for worker in pool:
+        listening[worker.process.sentinel] = worker
+        if worker.task is not None or not worker.ready:
+            listening[worker.conn] = worker
+    return listening
+
+
+def _receive(worker: _Worker, handle: Any, states: dict[int, dict[str, Any]], waiting: dict[int, list[Job]],
+             queue: list[tuple[str, Any]], on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
+             on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None]) -> None:
+    """What ``handle`` shows of ``worker``: its death (raised), its having loaded the run, a preparation's
+    states (its plan's jobs then go to the front of ``queue``), a job's result, or an error (raised)."""
+    if isinstance(handle, int):  # its exit sentinel
+        raise worker.died()
+    try:
+        status, result, remote = worker.conn.recv()
+    except (EOFError, OSError):
+        raise worker.died() from None
+    if status == "ready":
+        worker.ready = True
+        return
+    kind, what = worker.task
+    worker.task = None
+    if status == "error":
+        raise result from RemoteTraceback(remote)
+    if kind == "prepare":
+        saved, info = result
+        states[what] = saved
+        on_prepared(what, saved, info)
+        queue[:0] = [("job", job) for job in waiting.pop(what)]
+    else:
+        on_done(what, result)

@@ -269,6 +269,28 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
     (ConfigError with one line naming the axis and the field otherwise)."""
     from guardfl.redteam.config import load_config
 
+    data, path = _read(source)
+    cfg = validate(SweepConfig, data, prefix="sweep")
+    merged = deep_merge(_base_data(cfg, path), cfg.override)
+    try:
+        base = load_config({**merged, "defense": None}).model_dump(mode="json")
+    except ConfigError as err:
+        raise ConfigError(f"sweep.base: {err}") from None
+    _check_base(cfg, base)
+    axes, directions = [], []
+    for a, axis in enumerate(cfg.axes):
+        points, direction = _axis_points(cfg, a, axis, base)
+        axes.append(points)
+        directions.append(direction)
+    baseline = Point(-1, 0, 0, None, {**base, "defense": None})
+    digest = hashlib.sha256(json.dumps(
+        {"sweep": cfg.model_dump(mode="json", exclude={"base", "override", "max_points"}), "base": base}, sort_keys=True,
+        default=str).encode()).hexdigest()[:16]
+    return SweepPlan(cfg, base, axes, directions, baseline, digest, str(path) if path else None)
+
+
+def _read(source: str | Path | dict) -> tuple[dict, Path | None]:
+    """The sweep config's data (a mapping) and the file it came from (None for a dict)."""
     path = None
     if isinstance(source, dict):
         data = source
@@ -279,23 +301,28 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
         data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"sweep: expected a mapping at the top level, got {type(data).__name__}")
-    cfg = validate(SweepConfig, data, prefix="sweep")
-    if isinstance(cfg.base, str):
-        base_path = Path(cfg.base)
-        if not base_path.is_absolute() and path is not None:
-            base_path = path.parent / base_path
-        if not base_path.is_file():
-            raise ConfigError(f"sweep.base: red-team config not found: {cfg.base} (looked at {base_path})")
-        base_data = load_yaml(base_path)
-        if not isinstance(base_data, dict):
-            raise ConfigError(f"sweep.base: {base_path} is not a mapping")
-    else:
-        base_data = cfg.base
-    merged = deep_merge(base_data, cfg.override)
-    try:
-        base = load_config({**merged, "defense": None}).model_dump(mode="json")
-    except ConfigError as err:
-        raise ConfigError(f"sweep.base: {err}") from None
+    return data, path
+
+
+def _base_data(cfg: SweepConfig, path: Path | None) -> dict:
+    """The base red-team config as data: given inline, or read from ``sweep.base`` (a path relative to the
+    sweep config's folder)."""
+    if not isinstance(cfg.base, str):
+        return cfg.base
+    base_path = Path(cfg.base)
+    if not base_path.is_absolute() and path is not None:
+        base_path = path.parent / base_path
+    if not base_path.is_file():
+        raise ConfigError(f"sweep.base: red-team config not found: {cfg.base} (looked at {base_path})")
+    base_data = load_yaml(base_path)
+    if not isinstance(base_data, dict):
+        raise ConfigError(f"sweep.base: {base_path} is not a mapping")
+    return base_data
+
+
+def _check_base(cfg: SweepConfig, base: dict) -> None:
+    """Refuse a base the sweep cannot run: an unknown model, utility data of the other kind than the
+    base's (text or images), a text file too large, or a target (the user's own client code)."""
     _known_model(base["model"]["name"])
     kind_base, kind_task = modality.of(base), modality.for_source(cfg.utility.source)
     if kind_base is not kind_task:
@@ -307,38 +334,37 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
     if base.get("target") is not None:
         raise ConfigError("sweep.base: a target (the user's own client code) cannot be swept: guardfl cannot change "
                           "the defense inside it; describe the client instead (model, data, client sections)")
-    axes, directions = [], []
-    for a, axis in enumerate(cfg.axes):
-        where = f"sweep.axes.{a}"
-        direction = axis.direction()
-        grid = axis.grid()
-        if len(set(grid)) != len(grid):
-            field = "values" if axis.values is not None else "range"
-            why = "" if axis.values is not None else " (the range's values, rounded to 6 significant digits)"
-            raise ConfigError(f"{where}.{field}: repeated values {grid}{why}; allowed: distinct values")
-        if direction != "none":
-            grid = sorted(grid, reverse=direction == "lower")  # weak -> strong
-        points = []
-        for i, value in enumerate(grid):
-            defense = set_path(axis.defense, axis.param, value, where)
-            try:
-                defense = parse_config(defense).model_dump(mode="json", exclude_unset=False)
-            except ConfigError as err:
-                raise ConfigError(f"{where} ({axis.param} = {value}): {err}") from None
-            deployed = _strip_defaults(defense, axis.defense)
-            red = {**base, "defense": _seeded(defense, point_seed(cfg.seed, a, i))}
-            try:
-                red = load_config(red).model_dump(mode="json")
-            except ConfigError as err:
-                raise ConfigError(f"{where} ({axis.param} = {value}): {err}") from None
-            points.append(Point(a, i, value, deployed, red))
-        axes.append(points)
-        directions.append(direction)
-    baseline = Point(-1, 0, 0, None, {**base, "defense": None})
-    digest = hashlib.sha256(json.dumps(
-        {"sweep": cfg.model_dump(mode="json", exclude={"base", "override", "max_points"}), "base": base}, sort_keys=True,
-        default=str).encode()).hexdigest()[:16]
-    return SweepPlan(cfg, base, axes, directions, baseline, digest, str(path) if path else None)
+
+
+def _axis_points(cfg: SweepConfig, a: int, axis: AxisSection, base: dict) -> tuple[list[Point], str]:
+    """Axis ``a``'s points, weak to strong (each with its deployed defense and its validated red-team
+    config, seeded from the sweep's seed and the point), and its direction."""
+    from guardfl.redteam.config import load_config
+
+    where = f"sweep.axes.{a}"
+    direction = axis.direction()
+    grid = axis.grid()
+    if len(set(grid)) != len(grid):
+        field = "values" if axis.values is not None else "range"
+        why = "" if axis.values is not None else " (the range's values, rounded to 6 significant digits)"
+        raise ConfigError(f"{where}.{field}: repeated values {grid}{why}; allowed: distinct values")
+    if direction != "none":
+        grid = sorted(grid, reverse=direction == "lower")  # weak -> strong
+    points = []
+    for i, value in enumerate(grid):
+        defense = set_path(axis.defense, axis.param, value, where)
+        try:
+            defense = parse_config(defense).model_dump(mode="json", exclude_unset=False)
+        except ConfigError as err:
+            raise ConfigError(f"{where} ({axis.param} = {value}): {err}") from None
+        deployed = _strip_defaults(defense, axis.defense)
+        red = {**base, "defense": _seeded(defense, point_seed(cfg.seed, a, i))}
+        try:
+            red = load_config(red).model_dump(mode="json")
+        except ConfigError as err:
+            raise ConfigError(f"{where} ({axis.param} = {value}): {err}") from None
+        points.append(Point(a, i, value, deployed, red))
+    return points, direction
 
 
 def _known_model(name: str) -> None:

@@ -53,7 +53,7 @@ def test_inter_instahide_is_found_in_a_stack(tmp_path):
 def test_unseeded_strips_every_seed_and_nothing_else():
     from guardfl.defenses import parse_config
     from guardfl.redteam.client import transmit as augment
-    from guardfl.redteam.attacks import base
+    from guardfl.redteam.attacks import setting
 
     cfg = {"kind": "stack", "seed": 1, "nonfinite": "zero", "defenses": [
         {"kind": "gradprune", "ratio": 0.5, "seed": 2}, {"kind": "stack", "seed": 3, "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]}
@@ -63,4 +63,4 @@ def test_unseeded_strips_every_seed_and_nothing_else():
     assert unseeded(None) is None
     dumped = parse_config(cfg).model_dump(mode="json")
     assert all(leaf.seed is None for leaf in parse_config(unseeded(dumped)).leaves())
-    assert augment.unseeded is unseeded and base.unseeded is unseeded  # one function: the simulator's and the settings'
+    assert augment.unseeded is unseeded and setting.unseeded is unseeded  # one function: the simulator's and the settings'

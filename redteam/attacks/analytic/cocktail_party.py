@@ -20,7 +20,7 @@ linear mix of the batch's inputs to that layer, by independent component analysi
    are missing data, not zeros: after unmixing, the sources are re-estimated pixel by pixel by least
    squares over the rows that survived pruning (the mixing matrix estimated from the unmixed sources).
 5. CNNs (the layer reads embeddings): feature inversion (Sec. 4.2): images whose embedding has the highest
-   cosine similarity to each recovered embedding, plus TV, on the shared batched optimiser (``engine``).
+   cosine similarity to each recovered embedding, plus TV, on the shared batched optimiser (``optimisation.optimiser``).
 
 ``reconstruct_many``: the ICA runs per sample (small B x B problems; for one sample it is skipped, being a
 no-op: see ``unmix``), the feature inversion of all samples as one optimisation over samples x restarts
@@ -45,10 +45,12 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks.analytic import ica
 from guardfl.redteam.attacks.base import (
-    DECODING_THREAT, Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, first_linear, labels_for, on_device,
-    progress_bar, random_inputs,
+    DECODING_THREAT, Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction,
 )
-from guardfl.redteam.attacks.optimisation.engine import evaluate_batched, optimise_batched
+from guardfl.redteam.attacks.compute import progress_bar, random_inputs
+from guardfl.redteam.attacks.labels import labels_for
+from guardfl.redteam.attacks.setting import first_linear, on_device
+from guardfl.redteam.attacks.optimisation.optimiser import evaluate_batched, optimise_batched
 from guardfl.redteam.attacks.optimisation.objectives import total_variation
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.client.simulate import FedAvg

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import progress_bar
+from guardfl.redteam.attacks.compute import progress_bar
 
 
 def holdout_split(n: int, holdout: float, batch: int, gen: torch.Generator, what: str) -> tuple[Tensor, Tensor]:

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -92,9 +92,9 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from guardfl.defenses import parse_config
-from guardfl.redteam.attacks.base import (
-    DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction, Setting, labels_for, on_device,
-)
+from guardfl.redteam.attacks.base import DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction
+from guardfl.redteam.attacks.labels import labels_for
+from guardfl.redteam.attacks.setting import Setting, on_device
 from guardfl.redteam.attacks.analytic.encoded import public_set
 from guardfl.redteam.client.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter
@@ -192,6 +192,29 @@ def simulated_public(defense: dict | None, threat: ThreatModel) -> Tensor:
     return threat.aux.images
 
 
+def hash_size(hash_dim: int | None, hash_ratio: float | None, dim: int) -> tuple[float, int]:
+    """(ratio, hashed dimension) of a ``dim``-long update: ``hash_dim`` absolute (overrides ``hash_ratio``),
+    else ``hash_ratio``, else 0.5 above ``AUTO_HASH_ABOVE`` coordinates and 1 (no hashing) below."""
+    if hash_dim is not None:  # absolute: overrides hash_ratio
+        return min(1.0, hash_dim / dim), min(hash_dim, dim)
+    ratio = hash_ratio if hash_ratio is not None else (0.5 if dim > AUTO_HASH_ABOVE else 1.0)
+    return ratio, max(1, int(dim * ratio))
+
+
+def _holdout(net: nn.Module, draw: Callable[..., tuple[Tensor, Tensor]], val_idx: Tensor, train_images: Tensor,
+             mu: Tensor, sd: Tensor, device: torch.device) -> dict[str, float]:
+    """The trained inverter's matched MSE on the held-out batches (``draw(val_idx)``, unflipped), and that
+    of the training images' mean image as a baseline."""
+    net.eval()
+    with torch.no_grad():
+        vf, vt = draw(val_idx, augment=False)
+        pred = net((vf - mu) / sd)
+        out = {"holdout_mse": float(matched_mse(pred, vt))}
+        mean_image = train_images.mean(0).to(device)
+        out["holdout_mse_mean_image"] = float(F.mse_loss(mean_image.expand_as(vt), vt))
+    return out
+
+
 @register
 class LearnedInversion(Attack):
     """Wu et al. 2023 (LTI / LTI-OOD): an MLP trained on defended observations of auxiliary data."""
@@ -252,12 +275,7 @@ class LearnedInversion(Attack):
         # flips redraw a deterministic defense only where a draw is cheap (a vmapped pass); a defense that
         # reads the model per batch (Soteria: ~0.16 s per LeNet batch) keeps its one flipped draw
         redraw = random_defense or (c.flip and not sim.reads_model)
-        if c.hash_dim is not None:  # absolute: overrides hash_ratio
-            ratio = min(1.0, c.hash_dim / sim.dim)
-            out_dim = min(c.hash_dim, sim.dim)
-        else:
-            ratio = c.hash_ratio if c.hash_ratio is not None else (0.5 if sim.dim > AUTO_HASH_ABOVE else 1.0)
-            out_dim = max(1, int(sim.dim * ratio))
+        ratio, out_dim = hash_size(c.hash_dim, c.hash_ratio, sim.dim)
         sketch = CountSketch(sim.dim, out_dim, seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if ratio < 1 else None
 
         def draw(idx: Tensor, augment: bool = c.flip) -> tuple[Tensor, Tensor]:
@@ -285,13 +303,7 @@ class LearnedInversion(Attack):
                                 "defense_augmentation": defense is not None, "fresh_draws": bool(redraw),
                                 "flip": c.flip}
         if len(val_idx) >= b:
-            net.eval()
-            with torch.no_grad():
-                vf, vt = draw(val_idx, augment=False)
-                pred = net((vf - mu) / sd)
-                info["holdout_mse"] = float(matched_mse(pred, vt))
-                mean_image = images[train_idx].mean(0).to(device)
-                info["holdout_mse_mean_image"] = float(F.mse_loss(mean_image.expand_as(vt), vt))
+            info.update(_holdout(net, draw, val_idx, images[train_idx], mu, sd, device))
         info["train_seconds"] = time.time() - t0
         return {"net": {k: v.cpu() for k, v in net.state_dict().items()}, "dims": (feats.shape[1], hidden, b),
                 "mu": mu.cpu(), "sd": sd.cpu(), "sketch": sketch.spec() if sketch else None, "info": info}

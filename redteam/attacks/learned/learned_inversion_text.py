@@ -60,14 +60,16 @@ Deviations and choices, stated:
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import Reconstruction, Setting, infer_labels
+from guardfl.redteam.attacks.base import Reconstruction
+from guardfl.redteam.attacks.labels import infer_labels
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.hashing import CountSketch
 from guardfl.redteam.attacks.learned.inverter_training import holdout_split, standardiser, train_inverter
 from guardfl.redteam.client.transmit import TransmitSimulator, flatten_update
@@ -270,10 +272,7 @@ def prepare_text(config, name: str, setting: Setting, threat: ThreatModel, devic
     sim = TransmitSimulator(setting.model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
                             chunk=chunk_for(dim, largest, device), seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
     random_defense = sim.defense is not None and sim.defense.randomized
-    if c.text_hash_dim is not None or c.hash_dim is not None:
-        hash_dim = min(dim, c.text_hash_dim if c.text_hash_dim is not None else c.hash_dim)
-    else:
-        hash_dim = max(1, int(dim * (c.hash_ratio if c.hash_ratio is not None else PAPER_HASH_RATIO)))
+    hash_dim = text_hash_dim(c.text_hash_dim, c.hash_dim, c.hash_ratio, dim)
     sketch = CountSketch(dim, hash_dim, seed=int(torch.randint(0, 2**62, (1,), generator=gen))) if hash_dim < dim else None
     rows_of = embedding_slice(setting)
 
@@ -308,29 +307,49 @@ def prepare_text(config, name: str, setting: Setting, threat: ThreatModel, devic
         "token_rows": rows_of is not None,  # the token embedding is trained: its rows name the batch's tokens
     }
     if len(val_idx) >= b:
-        net.eval()
-        with torch.no_grad():
-            vf, vt, vrows = draw(val_idx, with_rows=True)
-            logits = net((vf - mu) / sd)
-            ce, perm = matched_cross_entropy(logits, vt, return_perm=True)
-            matched = vt[torch.arange(len(vt), device=device)[:, None], perm]
-            info["holdout_ce"] = float(ce)
-            info["holdout_token_accuracy"] = float((logits.argmax(-1) == matched).float().mean())
-            truth = vocab.to(device)[vt]
-            info["holdout_token_accuracy_trivial"] = float((truth == trivial.to(device)).float().mean())
-            if info["token_rows"]:
-                positions = token_positions(setting, length)
-                picks, used = [], 0
-                for lg, r in zip(logits, vrows):
-                    used += r is not None
-                    picks.append(restricted_argmax(lg, allowed_outputs(r, lookup.to(device), len(vocab)), positions))
-                info["holdout_token_accuracy_rows"] = float((torch.stack(picks) == matched).float().mean())
-                info["holdout_rows_informative"] = used / max(1, len(vrows))
+        info.update(_text_holdout(net, draw, val_idx, mu, sd, vocab, lookup, trivial,
+                                  token_positions(setting, length) if info["token_rows"] else None, device))
     info["simulate_seconds"] = simulated[0]  # the client's updates for the auxiliary batches (most of it)
     info["train_seconds"] = time.time() - t0
     return {"modality": "text", "net": {k: v.cpu() for k, v in net.state_dict().items()}, "dims": dims,
             "vocab": vocab, "mu": mu.cpu(), "sd": sd.cpu(), "sketch": sketch.spec() if sketch else None,
             "rows_of": rows_of, "info": info}
+
+
+def text_hash_dim(text_hash_dim: int | None, hash_dim: int | None, hash_ratio: float | None, dim: int) -> int:
+    """The hashed dimension of a text client's ``dim``-long update: ``text_hash_dim``, else ``hash_dim``
+    (at most ``dim``), else ``dim`` times ``hash_ratio`` (default ``PAPER_HASH_RATIO``)."""
+    if text_hash_dim is not None or hash_dim is not None:
+        return min(dim, text_hash_dim if text_hash_dim is not None else hash_dim)
+    return max(1, int(dim * (hash_ratio if hash_ratio is not None else PAPER_HASH_RATIO)))
+
+
+def _text_holdout(net: nn.Module, draw: Callable[..., tuple[Tensor, Tensor, list]], val_idx: Tensor, mu: Tensor,
+                  sd: Tensor, vocab: Tensor, lookup: Tensor, trivial: Tensor, positions: int | None,
+                  device: torch.device) -> dict[str, float]:
+    """The trained token inverter on the held-out batches (``draw(val_idx)``: features, target token
+    indices, each batch's embedding rows): matched cross-entropy and token accuracy, the accuracy of the
+    most frequent training token per position (``trivial``), and with ``positions`` (token rows read) the
+    accuracy of the answer restricted to the rows' tokens."""
+    out: dict[str, float] = {}
+    net.eval()
+    with torch.no_grad():
+        vf, vt, vrows = draw(val_idx, with_rows=True)
+        logits = net((vf - mu) / sd)
+        ce, perm = matched_cross_entropy(logits, vt, return_perm=True)
+        matched = vt[torch.arange(len(vt), device=device)[:, None], perm]
+        out["holdout_ce"] = float(ce)
+        out["holdout_token_accuracy"] = float((logits.argmax(-1) == matched).float().mean())
+        truth = vocab.to(device)[vt]
+        out["holdout_token_accuracy_trivial"] = float((truth == trivial.to(device)).float().mean())
+        if positions is not None:
+            picks, used = [], 0
+            for lg, r in zip(logits, vrows):
+                used += r is not None
+                picks.append(restricted_argmax(lg, allowed_outputs(r, lookup.to(device), len(vocab)), positions))
+            out["holdout_token_accuracy_rows"] = float((torch.stack(picks) == matched).float().mean())
+            out["holdout_rows_informative"] = used / max(1, len(vrows))
+    return out
 
 
 def invert_text(config, state: dict[str, Any], observations: list, knowledges: list, device: torch.device,

@@ -43,7 +43,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Reconstruction, Setting
+from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Reconstruction
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import get, register
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch
 from guardfl.redteam.client.simulate import ClientQuery, Observation, SideKnowledge

@@ -54,7 +54,8 @@ from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from guardfl.defenses import parse_config
-from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
+from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
 from guardfl.redteam.client.simulate import ClientQuery

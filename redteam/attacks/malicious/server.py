@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction, Setting, exact_float32, infer_labels, resolve_device
+from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction
+from guardfl.redteam.attacks.compute import exact_float32, resolve_device
+from guardfl.redteam.attacks.labels import infer_labels
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
 from guardfl.redteam.threat import ThreatModel
 

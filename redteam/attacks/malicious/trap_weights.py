@@ -64,7 +64,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction, Setting
+from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
 from guardfl.redteam.attacks.malicious.server import ServerAttack, server_labels

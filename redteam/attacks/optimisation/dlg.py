@@ -21,8 +21,10 @@ import torch
 from pydantic import Field
 
 from guardfl.redteam.attacks.base import (
-    DECODING_THREAT, GRADIENT_THREAT, Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, progress_bar, random_inputs,
+    DECODING_THREAT, GRADIENT_THREAT, Attack, OptimisationConfig, Capabilities, Reconstruction,
 )
+from guardfl.redteam.attacks.compute import progress_bar, random_inputs
+from guardfl.redteam.attacks.labels import labels_for
 from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
 

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 
 from guardfl.redteam.attacks.base import OptimisationConfig, Reconstruction
-from guardfl.redteam.attacks.optimisation.engine import evaluate_batched
+from guardfl.redteam.attacks.optimisation.optimiser import evaluate_batched
 from guardfl.redteam.attacks.optimisation.inverting_gradients import InvertingGradients
 from guardfl.redteam.attacks.registry import register
 

@@ -20,12 +20,14 @@ import torch
 from pydantic import Field, model_validator
 
 from guardfl.redteam.attacks.base import (
-    DECODING_THREAT, GRADIENT_THREAT, Attack, OptimisationConfig, Capabilities, Reconstruction, labels_for, on_device, progress_bar, random_inputs,
+    DECODING_THREAT, GRADIENT_THREAT, Attack, OptimisationConfig, Capabilities, Reconstruction,
 )
-from guardfl.redteam.attacks.optimisation.engine import (
-    ObjectiveWeights, Replica, evaluate_batched, observation_target, optimise_batched, restarts_vmapped, stack_targets,
-    target_of,
-)
+from guardfl.redteam.attacks.compute import progress_bar, random_inputs
+from guardfl.redteam.attacks.labels import labels_for
+from guardfl.redteam.attacks.setting import on_device
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, restarts_vmapped
+from guardfl.redteam.attacks.optimisation.optimiser import evaluate_batched, optimise_batched
+from guardfl.redteam.attacks.optimisation.targets import observation_target, stack_targets, target_of
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.client.simulate import bn_layers
 

@@ -27,7 +27,8 @@ frozen, tied embedding: Wu et al.'s ``transformer3-tied``; sinusoidal or rotary 
 
 from __future__ import annotations
 
-from guardfl.redteam.attacks.base import Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction, labels_for
+from guardfl.redteam.attacks.base import Attack, AttackConfig, Capabilities, NotApplicable, Reconstruction
+from guardfl.redteam.attacks.labels import labels_for
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.text.textleak import Bigram, assign_positions, order_sequences, position_sets, token_bag
 from guardfl.redteam.modality.text.models import embedding_names, is_text_model, next_token_labels

@@ -45,9 +45,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from guardfl.redteam.attacks.base import (
-    Attack, Capabilities, NotApplicable, OptimisationConfig, Reconstruction, labels_for, progress_bar,
-)
+from guardfl.redteam.attacks.base import Attack, Capabilities, NotApplicable, OptimisationConfig, Reconstruction
+from guardfl.redteam.attacks.compute import progress_bar
+from guardfl.redteam.attacks.labels import labels_for
 from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.text.textleak import token_bag

@@ -7,7 +7,7 @@ from guardfl.defenses import GradPrune, SignCompression
 from guardfl.errors import ConfigError
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, attacks, simulate_client
 from guardfl.redteam.modality.image import metrics
-from guardfl.redteam.attacks.optimisation.engine import optimise_batched
+from guardfl.redteam.attacks.optimisation.optimiser import optimise_batched
 from guardfl.redteam.modality.image.models import ConvNetSmall
 
 

@@ -20,7 +20,8 @@ import torch
 
 from guardfl.defenses import DPSGD, GradPrune, InstaHide, Outpost
 from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
-from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, optimise_batched
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.optimisation.optimiser import optimise_batched
 from guardfl.redteam.modality.image.models import resnet18_cifar
 
 META = torch.device("meta")
@@ -151,7 +152,7 @@ def test_samples_batched_in_one_call_run_on_the_device(name, wide_lenet, faces):
 
 
 def test_the_batched_optimiser_over_samples_never_syncs_with_the_host(wide_lenet, faces):
-    from guardfl.redteam.attacks.optimisation.engine import observation_target, stack_targets
+    from guardfl.redteam.attacks.optimisation.targets import observation_target, stack_targets
 
     observations = [simulate_client(wide_lenet, faces[i : i + 1], torch.tensor([i])).to(META) for i in range(3)]
     knowledge = [ThreatModel(labels="known").knowledge(o).to(META) for o in observations]

@@ -211,7 +211,9 @@ def test_capabilities_say_which_attacks_batch_samples():
 def test_samples_as_separate_forwards_give_the_vmapped_result(lenet, private):
     """``vmap_restarts=False`` (large models on a CPU) runs S x R ordinary objectives: the same result,
     each sample's anchor its own restarts' mean."""
-    from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, observation_target, optimise_batched, stack_targets
+    from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+    from guardfl.redteam.attacks.optimisation.optimiser import optimise_batched
+    from guardfl.redteam.attacks.optimisation.targets import observation_target, stack_targets
 
     observations = _clients(lenet, private, [0, 1])
     knowledge = [KNOWN.knowledge(o) for o in observations]

@@ -142,7 +142,7 @@ def test_threat_accepts_a_dataset_or_a_tensor_pair(faces):
 def test_the_simulated_defense_draws_from_the_attackers_seed(faces, lenet):
     """The same attack seed trains the same inverter against a random defense (a reproducible red team,
     the same with any worker count); the client's seed is never used."""
-    from guardfl.redteam.attacks.base import Setting
+    from guardfl.redteam.attacks.setting import Setting
 
     x, y = faces
     obs = simulate_client(lenet, x[:1], y[:1], {"kind": "outpost", "seed": 0})

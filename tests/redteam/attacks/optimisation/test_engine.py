@@ -4,7 +4,8 @@ import torch
 from guardfl.defenses import GradPrune
 from guardfl.redteam import FedAvg, FedSGD, ThreatModel, simulate_client
 from guardfl.redteam.attacks.optimisation import objectives as obj
-from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, lr_at, optimise_batched
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.optimisation.optimiser import lr_at, optimise_batched
 
 
 @pytest.mark.parametrize(
@@ -89,7 +90,7 @@ def test_replica_reproduces_noiseless_dpsgd_exactly():
 def test_adam_step_is_torch_adam_with_the_step_decay():
     """The in-place step the (possibly CUDA-graphed) loop replays is Adam (torch's update, betas 0.9/0.999,
     eps 1e-8) with Geiping et al.'s step decay, then the box projection."""
-    from guardfl.redteam.attacks.optimisation.engine import _schedule, adam_step_, lr_at
+    from guardfl.redteam.attacks.optimisation.optimiser import _schedule, adam_step_, lr_at
 
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(2, 1, 5, 5, generator=gen)
@@ -110,7 +111,7 @@ def test_adam_step_is_torch_adam_with_the_step_decay():
 
 
 def test_cuda_graph_recording_falls_back_to_the_eager_loop_without_cuda():
-    from guardfl.redteam.attacks.optimisation.engine import record_cuda_graph
+    from guardfl.redteam.attacks.optimisation.optimiser import record_cuda_graph
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

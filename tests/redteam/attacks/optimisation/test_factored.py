@@ -11,7 +11,8 @@ from torch.func import vmap
 
 from guardfl.defenses import GradPrune, SignCompression
 from guardfl.redteam import FedAvg, ThreatModel, simulate_client
-from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica, _batched_objective
+from guardfl.redteam.attacks.optimisation.engine import ObjectiveWeights, Replica
+from guardfl.redteam.attacks.optimisation.optimiser import _batched_objective
 from guardfl.redteam.attacks.optimisation.factored import choose_taps, conv_dot, conv_square, gram_pays
 from guardfl.redteam.modality.image.models import resnet18_cifar
 
@@ -156,7 +157,7 @@ def test_a_layer_called_twice_keeps_its_weight_gradient():
 
 def test_factored_loop_never_syncs_with_the_host():
     """On PyTorch's meta device (see test_device.py): taps, Grams and the vmapped restarts read nothing back."""
-    from guardfl.redteam.attacks.optimisation.engine import optimise_batched
+    from guardfl.redteam.attacks.optimisation.optimiser import optimise_batched
 
     meta = torch.device("meta")
     torch.manual_seed(0)

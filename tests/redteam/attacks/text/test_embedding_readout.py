@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
-from guardfl.redteam.attacks.base import NotApplicable, Setting
+from guardfl.redteam.attacks.base import NotApplicable
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.text.embedding_readout import EmbeddingReadout
 from guardfl.redteam.attacks.text.textleak import Bigram, assign_positions, order_sequences, position_sets
 from guardfl.redteam.auxdata import AuxData

@@ -11,7 +11,8 @@ import torch
 from guardfl.defenses import GaussianNoise, GradPrune, SignCompression
 from guardfl.redteam import FedAvg, ThreatModel, attacks, simulate_client
 from guardfl.redteam.attacks.optimisation import objectives as obj
-from guardfl.redteam.attacks.base import NotApplicable, Setting
+from guardfl.redteam.attacks.base import NotApplicable
+from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.text.tag import TAG, token_bag
 from guardfl.redteam.modality.image.models import LeNetZhu
 from guardfl.redteam.modality.text.models import TextClassifier, Transformer3, next_token_labels
