@@ -20,8 +20,9 @@ different thread count, results may differ in the last bits of floating point (r
 sentinel, and a write to a dead worker's pipe fails. A worker that dies at any point (starting, loading
 the run, in a job, idle) fails the run with one :class:`WorkerError` line (which worker, its job, its
 signal; finished jobs are in the state folder, so ``--resume`` continues), and the others are ended.
-Workers ignore SIGINT (they are spawned with it ignored, so one still importing prints nothing): a Ctrl-C
-is the main process's, which ends them; a worker whose main process is gone (even SIGKILLed) exits.
+Workers ignore SIGINT (they are spawned with it blocked and ignore it first thing, so one still importing
+prints nothing, and the main process never loses a Ctrl-C that arrives while it spawns): a Ctrl-C is the
+main process's, which ends them; a worker whose main process is gone (even SIGKILLed) exits.
 """
 
 from __future__ import annotations
@@ -110,10 +111,18 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="guardfl-parent-watch", daemon=True).start()
 
 
+def ignore_sigint() -> None:
+    """A spawned process's first step: SIGINT ignored (the main process handles Ctrl-C and ends its
+    workers), then unblocked, so a Ctrl-C held since the spawn (``sigint_held``) is discarded."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _worker_main(conn, app_dir: str | None, threads: int) -> None:
     """A worker's life: the run's pickle (bytes), then tasks until ``None`` or end-of-file. SIGINT is
     ignored (the main process handles Ctrl-C and ends its workers); any exception of a task is sent back."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_sigint()
     _exit_with_parent()
     tune_malloc()  # a guardfl process: keep the blocks every iteration reuses (allocator.py)
     torch.set_num_threads(threads)
@@ -184,20 +193,23 @@ class Job:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while a worker is spawned: the ignored disposition is inherited through exec, so a
-    Ctrl-C that reaches a worker still starting (importing torch) does not print a traceback there. Only
-    the main thread may change handlers; elsewhere this does nothing."""
+def sigint_held() -> Iterator[None]:
+    """SIGINT blocked (held pending, never lost) while a worker is spawned. The blocked mask is inherited
+    through fork and exec, so a Ctrl-C that reaches a worker still starting (importing torch) waits there
+    until ``_worker_main`` ignores SIGINT and unblocks it (then it is discarded: no traceback in a worker),
+    and the main process's own Ctrl-C is delivered as soon as the spawn returns. (Ignoring SIGINT in the
+    main process around the spawn, as before, lost a Ctrl-C that arrived in that window: the run went on.)
+    Only the main thread's mask is changed; elsewhere this does nothing."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # None: set outside Python
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class _Worker:
@@ -212,7 +224,7 @@ class _Worker:
         self.conn, child = mp.Pipe(duplex=True)
         self.process = mp.Process(target=_worker_main, args=(child, app_dir, threads),
                                   name=f"guardfl-worker-{number}", daemon=True)
-        with _sigint_ignored():
+        with sigint_held():
             self.process.start()
         child.close()
         self.ready = False  # it has loaded the run

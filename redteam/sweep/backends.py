@@ -48,6 +48,15 @@ class Sequential:
         return {"backend": self.name, "workers": 1}
 
 
+def _start_worker() -> None:
+    """A sweep worker's start: Ctrl-C ignored (``workers.ignore_sigint``), the allocator tuned
+    (guardfl's own process: allocator.py)."""
+    from guardfl.redteam.runtime.workers import ignore_sigint
+
+    ignore_sigint()
+    tune_malloc()
+
+
 class Processes:
     """Spawned local processes (a fresh interpreter each: no inherited thread pools or CUDA state)."""
 
@@ -56,13 +65,13 @@ class Processes:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=tune_malloc)  # guardfl's own processes: allocator.py
+                                         initializer=_start_worker)
         self._futures: dict[Future, Any] = {}
 
     def submit(self, key: Any, fn: Callable, arg: Any) -> None:
-        from guardfl.redteam.runtime.workers import _sigint_ignored
+        from guardfl.redteam.runtime.workers import sigint_held
 
-        with _sigint_ignored():  # a worker it spawns ignores Ctrl-C (no traceback from one still starting)
+        with sigint_held():  # a worker it spawns holds Ctrl-C until it ignores it (no traceback from one still starting)
             self._futures[self._pool.submit(fn, arg)] = key
 
     def next_done(self) -> tuple[Any, Any]:

@@ -155,8 +155,8 @@ def test_a_killed_worker_fails_the_run_in_one_line(tmp_path, request, when):
 def test_ctrl_c_and_sigterm_are_one_line(tmp_path, when, how):
     out = tmp_path / "out"
     run = _start(tmp_path, out)
-    workers = []
-    _until(run, lambda: workers.extend(_children(run.pid)) or len(workers) >= 2 or _records(out) > 0, "the workers")
+    workers: set[int] = set()  # distinct pids: a poll sees the same worker again
+    _until(run, lambda: workers.update(_children(run.pid)) or len(workers) >= 2 or _records(out) > 0, "the workers")
     if when == "first-job":
         _until(run, lambda: _records(out) >= 1, "a finished job")
     if how == "ctrl-c":

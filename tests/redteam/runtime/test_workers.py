@@ -96,3 +96,49 @@ def test_workers_and_threads_must_be_positive():
     for bad in ({"workers": 0}, {"threads": 0}, {"workers": 1.5}):
         with pytest.raises(ConfigError):
             certify(LTI_AND_OPTIMISATION, **bad)
+
+
+def test_a_ctrl_c_while_a_worker_is_spawned_is_held_not_lost():
+    """The main process spawns workers with SIGINT blocked (inherited by the worker until it ignores it):
+    a Ctrl-C in that window is raised as soon as the spawn is done. (Ignoring SIGINT there lost it.)"""
+    import signal
+    import time
+
+    from guardfl.redteam.runtime.workers import sigint_held
+
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # held: nothing is raised inside
+            reached = True
+    assert reached
+
+
+def test_a_spawned_process_discards_the_held_ctrl_c_and_ignores_later_ones():
+    import multiprocessing
+    import signal
+
+    from guardfl.redteam.runtime.workers import sigint_held
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Event(), ctx.Event()
+    with pytest.raises(KeyboardInterrupt):  # the main process's own Ctrl-C, raised after the spawn
+        with sigint_held():
+            child = ctx.Process(target=_ignore_then_wait, args=(ready, go))
+            child.start()
+            os.kill(child.pid, signal.SIGINT)  # reaches the child while it starts
+            os.kill(os.getpid(), signal.SIGINT)
+    assert ready.wait(60)
+    os.kill(child.pid, signal.SIGINT)  # after its start: ignored too
+    go.set()
+    child.join(60)
+    assert child.exitcode == 0
+
+
+def _ignore_then_wait(ready, go) -> None:
+    from guardfl.redteam.runtime.workers import ignore_sigint
+
+    ignore_sigint()
+    ready.set()
+    go.wait(60)
