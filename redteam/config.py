@@ -8,13 +8,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from guardfl.config import StrictModel, validate
 from guardfl.defenses.registry import parse_config
 from guardfl.errors import ConfigError
 from guardfl.redteam import modality
 from guardfl.redteam.modality import DATA_SOURCES
+from guardfl.redteam.threat import ThreatModel, inter_instahide
 from guardfl.yamlio import load_yaml
 
 
@@ -154,21 +156,9 @@ class ClientSection(StrictModel):
         return self.batch_size if self.protocol == "fedsgd" else (self.samples or self.batch_size)
 
 
-class ThreatSection(StrictModel):
-    labels: Literal["known", "inferred"] = Field(default="inferred", json_schema_extra={"allowed": "'known' or 'inferred'"})
-    bn: Literal["exact", "proxy", "infer", "none"] = Field(default="none", json_schema_extra={"allowed": "'exact', 'proxy', 'infer' or 'none'"})
-    defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
-    fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
-    server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
-    #: the attacker holds Inter-InstaHide's public set (``ThreatModel.public_data``)
-    public_data: Literal["known", "unknown"] = Field(default="unknown", json_schema_extra={"allowed": "'known' or 'unknown'"})
-
-
-def _public_data_refused(threat: ThreatSection, defense: dict | None) -> str | None:
+def _public_data_refused(threat: ThreatModel, defense: dict | None) -> str | None:
     """Why ``threat.public_data: known`` tests nothing here, or None: it needs an Inter-InstaHide client (the
     public set is the one its configuration names) and the defense's configuration known."""
-    from guardfl.redteam.threat import inter_instahide
-
     if inter_instahide(defense) is None:
         return ("threat.public_data: 'known', but the client's defense has no Inter-InstaHide (instahide with mode: "
                 "inter), so there is no public set to know: remove it, or use defense: {kind: instahide, mode: inter, "
@@ -182,7 +172,30 @@ def _public_data_refused(threat: ThreatSection, defense: dict | None) -> str | N
 class AttackSection(StrictModel):
     name: str
     budget: dict[str, Any] = Field(default_factory=dict)
-    threat: ThreatSection = Field(default_factory=ThreatSection)
+    #: the threat's settings (``ThreatModel.as_config``); the attacker's auxiliary data is the config's ``aux``
+    #: section, added by the run (``ThreatModel.with_aux``), never a threat key
+    threat: ThreatModel = Field(default_factory=ThreatModel)
+
+    @field_validator("threat", mode="wrap")
+    @classmethod
+    def _threat_settings(cls, value: Any, handler: Any) -> ThreatModel:
+        """A threat section as the config's: a mapping of the settings, ``aux`` refused as an unknown key."""
+        if isinstance(value, ThreatModel):
+            if value.aux is not None:
+                raise ValueError("aux: the attacker's auxiliary data is the config's aux section, not a threat setting")
+            return handler(value)
+        if not isinstance(value, dict):  # the words configs have always been refused with
+            raise PydanticCustomError("model_type", "Input should be a valid dictionary or instance of ThreatSection")
+        if "aux" not in value:
+            return handler(value)
+        marker = "\0aux"  # refused by the model as an unknown key, in its place among the others, then renamed
+        try:
+            handler({marker if k == "aux" else k: v for k, v in value.items()})
+        except ValidationError as err:
+            raise ValidationError.from_exception_data(err.title, [
+                {"type": e["type"], "loc": tuple("aux" if x == marker else x for x in e["loc"]), "input": e["input"],
+                 **({"ctx": e["ctx"]} if "ctx" in e else {})} for e in err.errors(include_url=False)]) from None
+        raise AssertionError("unreachable: a ThreatModel refuses an unknown key")
 
     @field_validator("name")
     @classmethod
@@ -390,10 +403,10 @@ class RedTeamConfig(StrictModel):
         config reloads). Checked here, before any work."""
         from guardfl.redteam.attacks import ATTACKS
 
-        defaults = ThreatSection()
+        defaults = ThreatModel()
         for i, a in enumerate(self.attacks or []):
             cls = ATTACKS[a.name]
-            set_fields = {k: getattr(a.threat, k) for k in ThreatSection.model_fields
+            set_fields = {k: getattr(a.threat, k) for k in ThreatModel.model_fields
                           if getattr(a.threat, k) != getattr(defaults, k)}
             why = cls.ignored_threat(set_fields) or cls.ignored_options(a.budget, a.threat)
             if why is None and a.threat.fedavg != defaults.fedavg and self.client.protocol == "fedsgd":
