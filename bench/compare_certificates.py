@@ -140,7 +140,8 @@ def diff(a: Any, b: Any, where: str = "") -> list[str]:
         for i, (x, y) in enumerate(zip(a, b)):
             lines += diff(x, y, f"{where}[{i}]")
         return lines
-    return [] if a == b else [f"{where or '(root)'}: {_short(a)} != {_short(b)}"]
+    same = a == b or (a != a and b != b)  # NaN (an attack that diverged) is the same as NaN
+    return [] if same else [f"{where or '(root)'}: {_short(a)} != {_short(b)}"]
 
 
 def _short(value: Any, limit: int = 100) -> str:

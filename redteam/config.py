@@ -1,4 +1,5 @@
-"""The red-team configuration (YAML, validated by pydantic; unknown keys are errors)."""
+"""The red-team configuration (YAML, validated by pydantic; unknown keys are errors): its sections
+(``config_sections``) combined, the checks across them, its hash, and ``load_config``."""
 
 from __future__ import annotations
 
@@ -14,161 +15,15 @@ from guardfl.config import StrictModel, validate
 from guardfl.defenses.registry import parse_config
 from guardfl.errors import ConfigError
 from guardfl.redteam import modality
-from guardfl.redteam.modality import DATA_SOURCES
+from guardfl.redteam.config_sections import (AttackSection, AuxSection, CertifySection, ClientSection, DataSection,
+                                             ModelSection, TargetSection)
+from guardfl.redteam.threat import ThreatModel, inter_instahide
 from guardfl.yamlio import load_yaml
 
 
-class ModelSection(StrictModel):
-    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, convnet, resnet18, resnet20, vgg16, "
-                      "transformer3, transformer3-tied, text-classifier or module:callable"})
-    #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
-    input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3,
-                                          json_schema_extra={"allowed": "null or [C, H, W] with C in [1, 16], H and W in [4, 1024]"})
-    num_classes: int = Field(default=10, ge=2, le=100_000, json_schema_extra={"allowed": "an integer in [2, 100000]"})
-    state: str = Field(
-        default="default",
-        json_schema_extra={"allowed": "'default' (PyTorch init), 'wide-init' (worst case) or a checkpoint path"},
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if ":" in name:
-            from guardfl.redteam.runtime.userref import UserCodeError, split_ref
-
-            try:
-                split_ref(name, "model.name")
-            except UserCodeError as err:
-                raise ValueError(str(err).removeprefix("model.name: ")) from None
-        return name
-
-    @field_validator("input_shape")
-    @classmethod
-    def _shape(cls, shape: list[int] | None) -> list[int] | None:
-        if shape is not None and not (1 <= shape[0] <= 16 and all(4 <= s <= 1024 for s in shape[1:])):
-            raise ValueError(f"expected [C, H, W] with C in [1, 16], H and W in [4, 1024] (got {shape})")
-        return shape
-
-
-#: the data sources (``modality.SOURCES``, the one table: images, then text)
-SourceName = Literal[DATA_SOURCES]  # type: ignore[valid-type]
-_SOURCE_HELP = {"allowed": ", ".join(DATA_SOURCES)}
-
-
-class _Source(StrictModel):
-    """Where images come from (the same sources for private, auxiliary and OOD data)."""
-
-    root: str | None = None
-    path: str | None = None
-    download: bool = False
-    image_size: int | None = Field(default=None, ge=4, le=1024, json_schema_extra={"allowed": "null or an integer in [4, 1024]"})
-    offset: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
-
-
-class DataSection(_Source):
-    """The client's private data: the POPULATION the certificate speaks for (``source`` from ``offset``,
-    ``limit`` images, null: all of it). The certified samples are drawn from it at random (seeded by the
-    config's ``seed``, recorded in the certificate), not taken from the front."""
-
-    source: SourceName = Field(default="lfw-faces", json_schema_extra=_SOURCE_HELP)
-    limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1 (population size)"})
-    #: text sources: tokens per private sample, the tokenizer, the split of a ``datasets`` name
-    seq_len: int = Field(default=16, ge=2, le=4096, json_schema_extra={"allowed": "an integer in [2, 4096] (tokens)"})
-    tokenizer: str = Field(default="gpt2", min_length=1, json_schema_extra={
-        "allowed": "'gpt2' (built in), a path to a tokenizer.json, or a Hugging Face tokenizer name already cached"})
-    split: Literal["train", "validation", "test"] = Field(default="test", json_schema_extra={
-        "allowed": "'train', 'validation' or 'test' (wikitext / cola)"})
-
-
-class OODSection(_Source):
-    """Out-of-distribution images of the attacker: used as they are (random labels) and to fit LTI-OOD's
-    DCT Gaussian, from which ``samples`` pseudo-images are drawn (Wu et al. 2023, Sec. 4.1.3)."""
-
-    source: SourceName = Field(json_schema_extra=_SOURCE_HELP)
-    limit: int | None = Field(default=None, ge=2, json_schema_extra={"allowed": "null (all) or an integer >= 2"})
-    samples: int = Field(default=2000, ge=0, le=100_000, json_schema_extra={"allowed": "an integer in [0, 100000] (pseudo-images)"})
-
-
-class AuxSection(_Source):
-    """The attacker's auxiliary data (public, disjoint from the client's private images: checked by content):
-    in-distribution images (``source``, from ``offset``, at most ``limit``) and/or ``ood`` images."""
-
-    source: SourceName | None = Field(default=None, json_schema_extra={"allowed": "null (OOD only) or " + _SOURCE_HELP["allowed"]})
-    limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1"})
-    ood: OODSection | None = None
-    #: text: the split of a ``datasets`` name (the tokenizer and sequence length are the data section's)
-    split: Literal["train", "validation", "test"] = Field(default="train", json_schema_extra={
-        "allowed": "'train', 'validation' or 'test' (wikitext / cola)"})
-
-    @model_validator(mode="after")
-    def _something(self) -> "AuxSection":
-        if self.source is None and self.ood is None:
-            raise ValueError("give in-distribution images (source) or OOD images (ood), or both")
-        return self
-
-
-class ClientSection(StrictModel):
-    protocol: Literal["fedsgd", "fedavg"] = Field(default="fedsgd", json_schema_extra={"allowed": "'fedsgd' or 'fedavg'"})
-    batch_size: int = Field(default=1, ge=1, le=4096, json_schema_extra={"allowed": "an integer in [1, 4096]"})
-    samples: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (= batch_size) or an integer in [1, 100000]"})
-    epochs: int = Field(default=1, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
-    lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "finite, > 0"})
-    momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
-    weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": "finite, >= 0"})
-    train_mode: bool = True
-    #: the client inspects every model it receives (``guardfl.inspect_model`` with the honest global model
-    #: as the reference and its first batch, as ``local_update(inspect=True)`` does) and refuses one that
-    #: is not ok: a malicious server's refused model gets nothing. Only what a malicious-server attack
-    #: sends is inspected (an honest server's model is the honest one)
-    inspect: bool = False
-    #: with ``inspect``: the inspection adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``,
-    #: Garov et al. 2024: the model in train mode on the client's first batch, per-sample weight-gradient
-    #: norms, refused above ``DSNR_THRESHOLD`` = 2 on batches of 8 or more), as
-    #: ``local_update(..., inspect=True, inspect_disaggregation=True)`` runs it
-    inspect_disaggregation: bool = False
-    #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
-    dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
-
-    @model_validator(mode="after")
-    def _disaggregation_inspects(self) -> "ClientSection":
-        if self.inspect_disaggregation and not self.inspect:
-            raise ValueError("inspect_disaggregation: true adds a check to the client's inspection, but inspect is false: "
-                             "set inspect: true, or remove inspect_disaggregation")
-        return self
-
-    @model_validator(mode="after")
-    def _fedavg_fields(self) -> "ClientSection":
-        """A FedSGD client sends one gradient: the local-training fields are FedAvg's and refused when set
-        (to other than their defaults) for it, not silently ignored."""
-        if self.protocol == "fedsgd":
-            for name in ("epochs", "samples", "lr", "momentum", "weight_decay"):
-                value = getattr(self, name)
-                if value != type(self).model_fields[name].default:
-                    raise ValueError(f"{name}: {value!r} is a FedAvg setting (local training), but protocol is 'fedsgd' "
-                                     "(one gradient, which never reads it): remove it, or set protocol: fedavg")
-        return self
-
-    @property
-    def n(self) -> int:
-        """Samples per client (one FedSGD batch, or the FedAvg local dataset)."""
-        return self.batch_size if self.protocol == "fedsgd" else (self.samples or self.batch_size)
-
-
-class ThreatSection(StrictModel):
-    labels: Literal["known", "inferred"] = Field(default="inferred", json_schema_extra={"allowed": "'known' or 'inferred'"})
-    bn: Literal["exact", "proxy", "infer", "none"] = Field(default="none", json_schema_extra={"allowed": "'exact', 'proxy', 'infer' or 'none'"})
-    defense: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
-    fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
-    server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
-    #: the attacker holds Inter-InstaHide's public set (``ThreatModel.public_data``)
-    public_data: Literal["known", "unknown"] = Field(default="unknown", json_schema_extra={"allowed": "'known' or 'unknown'"})
-
-
-def _public_data_refused(threat: ThreatSection, defense: dict | None) -> str | None:
+def _public_data_refused(threat: ThreatModel, defense: dict | None) -> str | None:
     """Why ``threat.public_data: known`` tests nothing here, or None: it needs an Inter-InstaHide client (the
     public set is the one its configuration names) and the defense's configuration known."""
-    from guardfl.redteam.threat import inter_instahide
-
     if inter_instahide(defense) is None:
         return ("threat.public_data: 'known', but the client's defense has no Inter-InstaHide (instahide with mode: "
                 "inter), so there is no public set to know: remove it, or use defense: {kind: instahide, mode: inter, "
@@ -177,105 +32,6 @@ def _public_data_refused(threat: ThreatSection, defense: dict | None) -> str | N
         return ("threat.public_data: 'known' needs threat.defense: 'known' (the public set is the one the defense's "
                 "configuration names, and without it the encodings are not decoded): remove one of them")
     return None
-
-
-class AttackSection(StrictModel):
-    name: str
-    budget: dict[str, Any] = Field(default_factory=dict)
-    threat: ThreatSection = Field(default_factory=ThreatSection)
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        from guardfl.redteam.attacks import available
-
-        if name not in available():
-            raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(available())}")
-        return name
-
-    @model_validator(mode="after")
-    def _budget(self) -> "AttackSection":
-        from guardfl.redteam.attacks import get
-
-        get(self.name, **self.budget)  # raises ConfigError naming the field
-        return self
-
-
-class TargetSection(StrictModel):
-    """The user's own client code, certified instead of a described client (see ``guardfl.redteam.client.target``)."""
-
-    clientapp: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:attr' of a flwr ClientApp"})
-    train_fn: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (model, loader) -> model"})
-    #: an NVFlare Client API site's training round: ``module:callable`` called as
-    #: ``fn(input_model: FLModel, site="site-<b+1>", **run_config) -> FLModel`` (it loads its own data)
-    nvflare: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (FLModel, site=...) -> FLModel"})
-    #: NVFlare only: the exported job whose sites' ``train`` result filters are applied to the result, as
-    #: the site applies them (a folder with one config_fed_client.json, or that file)
-    job: str | None = None
-    #: NVFlare only: result filters given here instead of a job (``[{path: module.Class, args: {...}}]``)
-    result_filters: list[dict[str, Any]] | None = None
-    #: folder put on sys.path (and, for a ClientApp, whose pyproject.toml gives the run config)
-    app_dir: str | None = None
-    #: the ConfigRecord sent with the global model (what the ServerApp's train_config holds)
-    config: dict[str, Any] = Field(default_factory=dict)
-    #: run-config overrides (on top of app_dir/pyproject.toml's [tool.flwr.app.config])
-    run_config: dict[str, Any] = Field(default_factory=dict)
-    #: the node config of the client; batch b also gets ``partition_key: b`` (Flower's partition-id convention)
-    node_config: dict[str, Any] = Field(default_factory=dict)
-    partition_key: str | None = "partition-id"
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> "TargetSection":
-        if sum(ref is not None for ref in (self.clientapp, self.train_fn, self.nvflare)) != 1:
-            raise ValueError("give exactly one of clientapp ('module:app'), train_fn ('module:callable') or nvflare "
-                             "('module:callable', an NVFlare Client API train round)")
-        if self.nvflare is None and (self.job is not None or self.result_filters is not None):
-            raise ValueError("job / result_filters: NVFlare's result filters apply to a target.nvflare only")
-        if self.job is not None and self.result_filters is not None:
-            raise ValueError("give at most one of job (an exported NVFlare job) or result_filters")
-        from guardfl.redteam.runtime.userref import UserCodeError, split_ref
-
-        for name in ("clientapp", "train_fn", "nvflare"):
-            ref = getattr(self, name)
-            if ref is not None:
-                try:
-                    split_ref(ref, name)
-                except UserCodeError as err:
-                    raise ValueError(str(err)) from None
-        return self
-
-
-class CertifySection(StrictModel):
-    max_ssim: float | None = Field(default=0.4, ge=-1, le=1, json_schema_extra={"allowed": "null or [-1, 1]"})
-    max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or finite, > 0 (dB)"})
-    min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
-    max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    #: text thresholds (a text model's certificate; the image ones apply to images only): ROUGE-1 / ROUGE-2
-    #: F-measure and the share of positions reconstructed exactly, per private sample
-    max_rouge1: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    max_rouge2: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    max_token_acc: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    #: client updates attacked (each with ``client.n`` private samples); null: as many as the claim needs
-    #: with no leak (``evidence.samples_needed``: 59 samples for 5% at 95%)
-    batches: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (enough for the claim) or an integer in [1, 100000]"})
-    #: the population claim: certified only when the one-sided ``confidence`` upper bound (Clopper-Pearson)
-    #: on the share of samples some attack reconstructs past a threshold is below ``max_leak_rate``
-    max_leak_rate: float = Field(default=0.05, gt=0, lt=1, json_schema_extra={"allowed": "a rate in (0, 1)"})
-    confidence: float = Field(default=0.95, ge=0.5, lt=1, json_schema_extra={"allowed": "a probability in [0.5, 1)"})
-    lpips_weights: str | None = None
-    #: with auxiliary data the attacker's prior guess (the mean auxiliary image, no update used) can
-    #: already resemble a private image (aligned faces: SSIM ~0.5); a reconstruction then counts against
-    #: max_ssim / max_psnr only if it also beats that prior on the image by more than this margin.
-    #: null: absolute thresholds only.
-    prior_margin: float | None = Field(default=0.05, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
-
-    @model_validator(mode="after")
-    def _some_threshold(self) -> "CertifySection":
-        if all(v is None for v in (self.max_ssim, self.max_psnr, self.min_lpips, self.max_label_acc, self.max_rouge1,
-                                   self.max_rouge2, self.max_token_acc)):
-            raise ValueError("set at least one threshold (max_ssim, max_psnr, min_lpips, max_label_acc, max_rouge1, "
-                             "max_rouge2, max_token_acc)")
-        return self
 
 
 class RedTeamConfig(StrictModel):
@@ -390,10 +146,10 @@ class RedTeamConfig(StrictModel):
         config reloads). Checked here, before any work."""
         from guardfl.redteam.attacks import ATTACKS
 
-        defaults = ThreatSection()
+        defaults = ThreatModel()
         for i, a in enumerate(self.attacks or []):
             cls = ATTACKS[a.name]
-            set_fields = {k: getattr(a.threat, k) for k in ThreatSection.model_fields
+            set_fields = {k: getattr(a.threat, k) for k in ThreatModel.model_fields
                           if getattr(a.threat, k) != getattr(defaults, k)}
             why = cls.ignored_threat(set_fields) or cls.ignored_options(a.budget, a.threat)
             if why is None and a.threat.fedavg != defaults.fedavg and self.client.protocol == "fedsgd":

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
 from guardfl.config import StrictModel
@@ -45,7 +45,9 @@ class ThreatModel(StrictModel):
         partners, coefficients or sign masks (the defense's randomness).
     aux: auxiliary data the attacker holds (public images, disjoint from the client's): a torch
         ``Dataset`` of (image, label), an ``(images, labels)`` pair of tensors in the client's input range,
-        or an ``AuxData`` (which can add OOD images for LTI-OOD). Learned attacks need it.
+        or an ``AuxData`` (which can add OOD images for LTI-OOD). Learned attacks need it. Data, not a
+        setting: given in code (``ThreatModel(aux=...)``, ``with_aux``), never dumped, and a config's
+        threat (``as_config``, the fields above) has none: a run adds the config's ``aux`` section.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -58,16 +60,31 @@ class ThreatModel(StrictModel):
     fedavg: Literal["known", "unknown"] = Field(default="known", json_schema_extra={"allowed": "'known' or 'unknown'"})
     server: Literal["honest", "malicious"] = Field(default="honest", json_schema_extra={"allowed": "'honest' or 'malicious'"})
     public_data: Literal["known", "unknown"] = Field(default="unknown", json_schema_extra={"allowed": "'known' or 'unknown'"})
-    aux: AuxData | None = Field(default=None, json_schema_extra={"allowed": "null, a torch Dataset or (images, labels)"})
+    _aux: AuxData | None = PrivateAttr(default=None)
 
-    @field_validator("aux", mode="before")
-    @classmethod
-    def _aux(cls, value: Any) -> AuxData | None:
-        return None if value is None else AuxData.from_any(value)
+    def __init__(self, aux: Any = None, **fields: Any) -> None:
+        super().__init__(**fields)
+        self._aux = None if aux is None else AuxData.from_any(aux)
+
+    @property
+    def aux(self) -> AuxData | None:
+        """The attacker's auxiliary data (None: none)."""
+        return self._aux
+
+    def with_aux(self, aux: Any) -> "ThreatModel":
+        """This threat with the attacker holding ``aux`` (anything ``ThreatModel(aux=...)`` takes; None: none)."""
+        threat = self.model_copy()
+        threat._aux = None if aux is None else AuxData.from_any(aux)
+        return threat
+
+    def as_config(self) -> dict[str, str]:
+        """The threat's settings as a config's ``threat`` section gives them (field order, no ``aux``): what a
+        certificate, its state and the config's hash record."""
+        return self.model_dump()
 
     def fingerprint(self) -> dict[str, Any]:
         """The threat as JSON-able data (auxiliary data by its content digest)."""
-        return {**self.model_dump(mode="json", exclude={"aux"}), "aux": self.aux.digest() if self.aux is not None else None}
+        return {**self.model_dump(mode="json"), "aux": self.aux.digest() if self.aux is not None else None}
 
     def knowledge(self, observation: Observation) -> "Knowledge":
         """The facts this threat model grants about ``observation``; clear errors for what is unavailable."""

@@ -16,7 +16,7 @@ from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam.attacks.base import THREAT_FIELDS, Setting
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import bn_layers
-from guardfl.redteam.config import AttackSection, RedTeamConfig, ThreatSection, load_config
+from guardfl.redteam.config import AttackSection, RedTeamConfig, load_config
 from guardfl.redteam.runtime.workers import Job, available_cores
 from guardfl.redteam.threat import ThreatModel, inter_instahide
 
@@ -47,11 +47,11 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
     if cfg.attacks is None:
         # a causal LM's labels are its next tokens, i.e. the private text: granting them grants the answer
         text_is_label = setting.modality == "text" and getattr(setting.model, "task", None) == "causal-lm"
-        strongest = ThreatSection(labels="inferred" if text_is_label else "known",
-                                  bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known",
-                                  public_data="known" if inter_instahide(setting.defense_config) else "unknown")
+        strongest = ThreatModel(labels="inferred" if text_is_label else "known",
+                                bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known",
+                                public_data="known" if inter_instahide(setting.defense_config) else "unknown")
         # a field the attack never reads stays at its default: the certificate records what it tested
-        candidates = [(name, {}, strongest.model_copy(update={**{k: ThreatSection.model_fields[k].default for k in
+        candidates = [(name, {}, strongest.model_copy(update={**{k: ThreatModel.model_fields[k].default for k in
                                                                  THREAT_FIELDS if k not in cls.capabilities.threat},
                                                               **cls.default_threat}))
                       for name, cls in sorted(attacks.items())]
@@ -60,11 +60,11 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
     for i, (name, overrides, threat) in enumerate(candidates):
         cls = attacks[name]
         budget = {**cls.budget_for(strength), **overrides}
-        reason = cls.applicable(setting, ThreatModel(**threat.model_dump(), aux=aux)) or cls(**budget).refuses(setting)
+        reason = cls.applicable(setting, threat.with_aux(aux)) or cls(**budget).refuses(setting)
         if reason is None and cfg.target is not None and cls.capabilities.server == "malicious":
             reason = ("sends the client a model of its own making, which needs the simulated client; a "
                       "target (your ClientApp / train_fn) cannot be queried that way yet")
-        line = {"attack": name, "threat": threat.model_dump(), "budget": budget, "strength": strength,
+        line = {"attack": name, "threat": threat.as_config(), "budget": budget, "strength": strength,
                 "paper_budget": cls.budget_for("paper"), "paper_reference": cls.paper_budget}
         if reason is not None:
             if cfg.attacks is not None:

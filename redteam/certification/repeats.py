@@ -33,7 +33,6 @@ from guardfl.config import validate
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam.attacks.analytic.encoded import attack_view
 from guardfl.redteam.client.simulate import Observation
-from guardfl.redteam.threat import ThreatModel
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def find_repeats(plans: list[Any]) -> list[Repeat]:
                 continue
             if not _gradient_path(attack_registry.ATTACKS[other.name]) or not _same_budget(plan, other):
                 continue
-            mine, theirs = plan.threat.model_dump(), other.threat.model_dump()
+            mine, theirs = plan.threat.as_config(), other.threat.as_config()
             mine.pop("labels"), theirs.pop("labels")
             if mine == theirs:
                 found.append(Repeat(i, j))
@@ -95,7 +94,7 @@ def _labels(plan: Any, observation: Observation, aux: Any) -> tuple[torch.Tensor
     """The labels plan's attack holds fixed on ``observation`` as the runner hands it over (the encodings'
     view under a known encoding), None when it optimises them."""
     cls = attack_registry.ATTACKS[plan.name]
-    threat = ThreatModel(**plan.threat.model_dump(), aux=aux)
+    threat = plan.threat.with_aux(aux)
     view = attack_view(observation, threat.defense == "known")
     return cls.fixed_labels(view, threat.knowledge(view))
 
@@ -139,7 +138,7 @@ def reused_record(record: dict[str, Any], job: str, plan: Any, reuse: Reuse) -> 
     objective and budget (equal by ``find_repeats``); its own job name, attack, threat and label source;
     no time of its own (``seconds`` 0) and ``reused`` naming the job it comes from and why."""
     out = copy.deepcopy(record)
-    out.update(job=job, attack=plan.name, threat=plan.threat.model_dump(), seconds=0.0,
+    out.update(job=job, attack=plan.name, threat=plan.threat.as_config(), seconds=0.0,
                reused={"from": record["job"], "reason": reuse.reason})
     out["info"] = {**out.get("info", {}), "labels": reuse.labels}
     return out

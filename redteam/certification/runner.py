@@ -25,7 +25,7 @@ from guardfl.redteam.certification.state import StateCache
 from guardfl.redteam.client.simulate import ClientQuery, Observation
 from guardfl.redteam.config import AttackSection, RedTeamConfig
 from guardfl.redteam.runtime.files import StateFolder
-from guardfl.redteam.threat import ThreatModel, inter_instahide
+from guardfl.redteam.threat import inter_instahide
 
 
 class AttackRunner:
@@ -74,7 +74,7 @@ class AttackRunner:
         attack, _ = self._attack(plan, i, 0)
         cache, info = PreparedCache(), {}
         try:
-            attack.prepare(self.setting, ThreatModel(**plan.threat.model_dump(), aux=self.aux), cache=cache,
+            attack.prepare(self.setting, plan.threat.with_aux(self.aux), cache=cache,
                            on_done=info.update)
         except (KeyboardInterrupt, GuardflError):
             raise
@@ -103,7 +103,7 @@ class AttackRunner:
         ``reconstruct_many`` call: one (record, reconstruction) per batch, each seeded by its batch."""
         attack, budget = self._attack(plan, i, bs[0])
         seeds = [self.seed_of(type(attack), b) for b in bs]
-        threat = ThreatModel(**plan.threat.model_dump(), aux=self.aux)
+        threat = plan.threat.with_aux(self.aux)
         where = f"client batch {bs[0]}" if len(bs) == 1 else f"client batches {bs[0]}-{bs[-1]}"
         t0 = time.time()
         out = []
@@ -131,7 +131,7 @@ class AttackRunner:
                 rec, encodings = decode(raw, obs, known, public=public) if view is not None else (raw, None)
                 m = measure(self.cfg, rec, x, y, obs.input_range)
                 record: dict[str, Any] = {
-                    "job": record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.model_dump(),
+                    "job": record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.as_config(),
                     "budget": {k: v for k, v in {**budget, "seed": seed}.items() if k != "progress"}}
                 if encodings is not None:
                     record["encodings"] = encoding_metrics(encodings, obs, view)

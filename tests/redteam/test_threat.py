@@ -64,3 +64,33 @@ def test_unseeded_strips_every_seed_and_nothing_else():
     dumped = parse_config(cfg).model_dump(mode="json")
     assert all(leaf.seed is None for leaf in parse_config(unseeded(dumped)).leaves())
     assert augment.unseeded is unseeded and setting.unseeded is unseeded  # one function: the simulator's and the settings'
+
+
+def test_a_configs_threat_is_a_threat_model_without_aux():
+    """The config's threat section is a ``ThreatModel``: its settings, in the order certificates record
+    them; the attacker's auxiliary data is added by the run and never settable from a config."""
+    from guardfl.errors import ConfigError
+    from guardfl.redteam.config import load_config
+
+    threat = load_config({"attacks": [{"name": "dlg", "threat": {"labels": "known"}}]}).attacks[0].threat
+    assert isinstance(threat, ThreatModel) and threat.aux is None
+    assert threat.as_config() == {"labels": "known", "bn": "none", "defense": "known", "fedavg": "known",
+                                  "server": "honest", "public_data": "unknown"}
+    assert list(threat.as_config()) == ["labels", "bn", "defense", "fedavg", "server", "public_data"]
+    x, y = torch.rand(3, 1, 8, 8), torch.tensor([0, 1, 2])
+    held = threat.with_aux((x, y))
+    assert held.aux is not None and len(held.aux.images) == 3 and threat.aux is None
+    assert held.as_config() == threat.as_config() and held.labels == "known"
+    assert held.fingerprint()["aux"] == held.aux.digest() and threat.fingerprint()["aux"] is None
+    assert held.with_aux(None).aux is None
+    allowed = "allowed: bn, defense, fedavg, labels, public_data, server"
+    with pytest.raises(ConfigError) as err:
+        load_config({"attacks": [{"name": "dlg", "threat": {"aux": "faces.npz"}}]})
+    assert str(err.value) == f"config.attacks.0.threat.aux: unknown key; {allowed}"
+    with pytest.raises(ConfigError) as err:
+        load_config({"attacks": [{"name": "dlg", "threat": {"zz": 1, "labels": "maybe", "aux": None}}]})
+    assert str(err.value) == ("config.attacks.0.threat.labels: Input should be 'known' or 'inferred' (got 'maybe'); "
+                              f"allowed: 'known' or 'inferred'; config.attacks.0.threat.zz: unknown key; {allowed}; "
+                              f"config.attacks.0.threat.aux: unknown key; {allowed}")
+    with pytest.raises(ConfigError, match=r"^config.attacks.0.threat: Input should be a valid dictionary .* \(got 'known'\)$"):
+        load_config({"attacks": [{"name": "dlg", "threat": "known"}]})
