@@ -86,10 +86,10 @@ def pinned(path: Path, seed: int):
     from guardfl.redteam.config import load_config
 
     cfg = load_config(path)
-    data = cfg.model_dump(mode="json")
-    if data.get("defense") is not None and data["defense"].get("seed") is None:
-        data["defense"]["seed"] = seed
-    return load_config(data)
+    if cfg.defense is not None and cfg.defense.get("seed") is None:
+        # a typed copy: dumping and loading again fills sections a target config must leave out (data)
+        return cfg.model_copy(update={"defense": {**cfg.defense, "seed": seed}})
+    return cfg
 
 
 def run_one(path: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
