@@ -17,6 +17,8 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
 from guardfl.config import StrictModel
+from guardfl.defenses import DefenseConfig, parse_config
+from guardfl.defenses.stack import StackConfig
 from guardfl.errors import ConfigError
 from guardfl.redteam import modality
 from guardfl.redteam.auxdata import AuxData, content_hashes
@@ -127,7 +129,7 @@ class Knowledge:
     labels: Tensor | None
     bn_mode: str
     bn_target: list[tuple[Tensor, Tensor]] | None
-    defense_config: dict | None
+    defense_config: DefenseConfig | None
     protocol: FedSGD | FedAvg | None
     aux: AuxData | None = None
 
@@ -140,32 +142,29 @@ class Knowledge:
         return replace(self, labels=self.labels.to(device) if self.labels is not None else None, bn_target=bn)
 
 
-def unseeded(config: Any) -> Any:
-    """A defense configuration without its ``seed`` entries, at any depth (a stack's members included;
+def unseeded(config: DefenseConfig | None) -> DefenseConfig | None:
+    """A defense configuration with every ``seed`` cleared, at any depth (a stack's members included;
     None stays None): what the attacker knows of the defense, never its randomness. The one place seeds
-    are stripped: the attacker's simulator builds its defense from it (``augment``), and settings are
-    compared with it (``attacks.setting.setting_mismatch``)."""
-    if isinstance(config, dict):
-        return {k: unseeded(v) for k, v in config.items() if k != "seed"}
-    if isinstance(config, (list, tuple)):
-        return [unseeded(v) for v in config]
-    return config
+    are cleared: the attacker's simulator builds its defense from it (``augment``), and settings are
+    compared with it (``attacks.setting.setting_mismatch``). The caller's configuration is left alone."""
+    if config is None:
+        return None
+    update: dict[str, Any] = {"seed": None}
+    if isinstance(config, StackConfig):
+        update["defenses"] = [unseeded(member) for member in config.defenses]
+    return config.model_copy(update=update)
 
 
-def defense_kinds(config: dict | None) -> list[dict]:
-    """The leaf defense configs (a stack expanded at every depth, defaults filled in), empty when unknown
-    or none."""
-    if not config:
-        return []
-    from guardfl.defenses import parse_config
-
-    return [leaf.model_dump(mode="json") for leaf in parse_config(config).leaves()]
+def defense_kinds(config: DefenseConfig | dict | None) -> list[DefenseConfig]:
+    """The leaf defense configs (a stack expanded at every depth), empty when unknown or none. A dict (a
+    ``RedTeamConfig.defense`` as its JSON holds it) is parsed; a parsed config is walked as it is."""
+    return parse_config(config).leaves() if config else []
 
 
-def inter_instahide(config: dict | None) -> dict | None:
+def inter_instahide(config: DefenseConfig | dict | None) -> DefenseConfig | None:
     """The Inter-InstaHide leaf of a defense configuration (InstaHide with ``mode: inter``), or None: the
     one defense whose decoding ``threat.public_data`` changes."""
     for leaf in defense_kinds(config):
-        if leaf["kind"] == "instahide" and leaf.get("mode") == "inter":
+        if leaf.kind == "instahide" and getattr(leaf, "mode", None) == "inter":
             return leaf
     return None

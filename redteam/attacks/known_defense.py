@@ -10,8 +10,9 @@ unknown perturbation, which the scale-free cosine distance tolerates).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
+from guardfl.defenses import DefenseConfig
 from guardfl.redteam.threat import defense_kinds
 
 
@@ -30,36 +31,36 @@ class KnownDefense:
     #: DP-SGD noise multiplier (noise std = multiplier * C on the summed gradient)
     noise_multiplier: float | None = None
     #: an input encoding's config (MixUp / InstaHide): attacks reconstruct encodings, then demix
-    encoding: dict[str, Any] | None = None
+    encoding: DefenseConfig | None = None
 
 
-def _outpost(c: dict) -> dict:
-    return {"pruned": c.get("prune", 0) > 0}
+def _outpost(c: DefenseConfig) -> dict:
+    return {"pruned": c.prune > 0}
 
 
-def _dpsgd(c: dict) -> dict:
-    return {"clip_norm": float(c["max_grad_norm"]), "noise_multiplier": c.get("noise_multiplier")}
+def _dpsgd(c: DefenseConfig) -> dict:
+    return {"clip_norm": float(c.max_grad_norm), "noise_multiplier": c.noise_multiplier}
 
 
-#: kind -> the fields its configuration sets (noise variances add up across stages)
-RULES: dict[str, Callable[[dict], dict]] = {
+#: kind -> the fields its (parsed) configuration sets (noise variances add up across stages)
+RULES: dict[str, Callable[[DefenseConfig], dict]] = {
     "sign": lambda c: {"signed": True},
     "gradprune": lambda c: {"pruned": True},
     "soteria": lambda c: {"pruned": True},  # zeroed columns of one layer: compare the kept coordinates
     "outpost": _outpost,
-    "gaussian": lambda c: {"noise_var": float(c["sigma"]) ** 2},
-    "laplace": lambda c: {"noise_var": 2 * float(c["scale"]) ** 2},
+    "gaussian": lambda c: {"noise_var": float(c.sigma) ** 2},
+    "laplace": lambda c: {"noise_var": 2 * float(c.scale) ** 2},
     "dpsgd": _dpsgd,
     "mixup": lambda c: {"encoding": c},
     "instahide": lambda c: {"encoding": c, "abs_tv": True},
 }
 
 
-def known_defense(config: dict | None) -> KnownDefense:
+def known_defense(config: DefenseConfig | dict | None) -> KnownDefense:
     """What the known configuration ``config`` (None: unknown or no defense) tells the attacker."""
     known = KnownDefense()
     for leaf in defense_kinds(config):
-        rule = RULES.get(leaf["kind"])
+        rule = RULES.get(leaf.kind)
         if rule is None:
             continue
         fields = rule(leaf)

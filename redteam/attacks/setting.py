@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation
 from guardfl.redteam.threat import Knowledge, unseeded
 
@@ -33,9 +34,14 @@ class Setting:
     input_shape: tuple[int, ...]
     num_classes: int
     input_range: tuple[float, float]
-    defense_config: dict | None
+    #: parsed (None: no defense); a dict given here is parsed once
+    defense_config: DefenseConfig | None
     train_mode: bool = True
     modality: str = "image"
+
+    def __post_init__(self) -> None:
+        if self.defense_config is not None:
+            object.__setattr__(self, "defense_config", parse_config(self.defense_config))
 
     @classmethod
     def of(cls, observation: Observation) -> "Setting":
@@ -61,7 +67,7 @@ class Setting:
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
             "input_range": list(self.input_range),
-            "defense": self.defense_config,
+            "defense": self.defense_config.model_dump(mode="json") if self.defense_config is not None else None,
             "train_mode": self.train_mode,
             **({"modality": self.modality} if self.modality != "image" else {}),
         }

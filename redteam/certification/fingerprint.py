@@ -149,8 +149,8 @@ def run_inputs(cfg: Any) -> dict[str, tuple[str, tuple[str, ...] | None]]:
     from guardfl.redteam.threat import inter_instahide
 
     inter = inter_instahide(cfg.defense)
-    if inter is not None and inter.get("public"):  # the client mixes with it; an attacker may hold it
-        found["defense.public"] = (str(inter["public"]), None)
+    if inter is not None and inter.public:  # the client mixes with it; an attacker may hold it
+        found["defense.public"] = (str(inter.public), None)
     return found
 
 

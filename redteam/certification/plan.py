@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
+from pydantic import ValidationError
 
+from guardfl.config import format_validation_error
 from guardfl.errors import ConfigError
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam.attacks.base import THREAT_FIELDS, Setting
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import bn_layers
-from guardfl.redteam.config import AttackSection, RedTeamConfig, load_config
+from guardfl.redteam.config import AttackSection, RedTeamConfig
 from guardfl.redteam.runtime.workers import Job, available_cores
 from guardfl.redteam.threat import ThreatModel, inter_instahide
 
@@ -88,11 +90,17 @@ def with_samples(cfg: RedTeamConfig, samples: int | None) -> tuple[RedTeamConfig
         raise ConfigError(f"samples: expected an integer >= 1 (got {samples!r})")
     configured = cfg.certify.batches * cfg.client.n
     batches = -(-samples // cfg.client.n)
-    data = cfg.model_dump(mode="json")
-    data["certify"]["batches"] = batches
+    # a typed copy; only what reads certify.batches is checked again: the field's bounds and the section's
+    # own validators (RedTeamConfig's _enough_batches fills a null count only, and nothing else reads it)
+    certify = cfg.certify.model_copy()
+    try:
+        type(certify).__pydantic_validator__.validate_assignment(certify, "batches", batches)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "config.certify", type(certify))) from None
     weaker = "fewer samples than the config's, so a weaker claim" if batches * cfg.client.n < configured else "not the config's count"
-    return load_config(data), [f"the sample count was set on the command line (--samples {samples}: {batches * cfg.client.n} "
-                               f"samples; the config asks for {configured}): {weaker}"]
+    return cfg.model_copy(update={"certify": certify}), [
+        f"the sample count was set on the command line (--samples {samples}: {batches * cfg.client.n} samples; the "
+        f"config asks for {configured}): {weaker}"]
 
 
 #: private batches per job for attacks that reconstruct many client updates in one batched optimisation

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from guardfl.defenses import parse_config
 from guardfl.errors import ConfigError
 from guardfl.redteam.attacks.base import PreparedCache
 from guardfl.redteam.certification.fingerprint import changed_inputs, resume_key, run_inputs
@@ -54,7 +55,7 @@ def pack_observation(obs: Observation) -> dict[str, Any]:
         "protocol": asdict(obs.protocol),
         "model": {"state": dict(obs.model.state_dict()), "training": [m.training for m in obs.model.modules()]},
         "update": dict(obs.update), "num_samples": obs.num_samples, "input_shape": tuple(obs.input_shape),
-        "num_classes": obs.num_classes, "input_range": tuple(obs.input_range), "defense_config": obs.defense_config,
+        "num_classes": obs.num_classes, "input_range": tuple(obs.input_range), "defense_config": None if obs.defense_config is None else obs.defense_config.model_dump(mode="json"),
         "released_bn_stats": [tuple(p) for p in obs.released_bn_stats],
         "side": {"labels": side.labels, "bn_batch_stats": [tuple(p) for p in side.bn_batch_stats],
                  "defense_stats": json.loads(json.dumps(list(side.defense_stats), default=str)),  # logs
@@ -80,7 +81,7 @@ def unpack_observation(d: dict[str, Any], model: torch.nn.Module) -> Observation
     return Observation(
         protocol=protocol, model=global_model, update=dict(d["update"]), num_samples=d["num_samples"],
         input_shape=tuple(d["input_shape"]), num_classes=d["num_classes"], input_range=tuple(d["input_range"]),
-        defense_config=d["defense_config"], released_bn_stats=[tuple(p) for p in d["released_bn_stats"]],
+        defense_config=None if d["defense_config"] is None else parse_config(d["defense_config"]), released_bn_stats=[tuple(p) for p in d["released_bn_stats"]],
         side=SideKnowledge(labels=side["labels"], bn_batch_stats=[tuple(p) for p in side["bn_batch_stats"]],
                            defense_stats=list(side["defense_stats"]), input_hashes=tuple(side["input_hashes"]),
                            trained=[tuple(p) for p in side["trained"]]),

@@ -18,21 +18,22 @@ import warnings
 from typing import Any
 
 from guardfl.config import validate
-from guardfl.defenses import parse_config
+from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.errors import ConfigError
 
 
-def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> tuple[dict | None, dict[str, Any] | None]:
-    """(the defense configuration with DP-SGD's noise multiplier resolved, the privacy summary); both
-    unchanged / None without a DP-SGD stage. The DP-SGD stage is the first of the configuration's
-    ``leaves()``; the resolved configuration is the parsed one (every field, as ``RedTeamConfig.defense``
-    holds it) with that leaf replaced (``DefenseConfig.map_leaves``); the caller's is left alone."""
+def resolve(defense: DefenseConfig | dict | None, batch_size: int, dataset_size: int | None,
+            ) -> tuple[DefenseConfig | None, dict[str, Any] | None]:
+    """(the parsed defense configuration with DP-SGD's noise multiplier resolved, the privacy summary);
+    the configuration as parsed and None without a DP-SGD stage (None for no defense). The DP-SGD stage is
+    the first of the configuration's ``leaves()``; the resolved configuration is the parsed one with that
+    leaf replaced (``DefenseConfig.map_leaves``); the caller's is left alone."""
     if not defense:
-        return defense, None
+        return None, None
     parsed = parse_config(defense)
     leaf = next((leaf for leaf in parsed.leaves() if leaf.kind == "dpsgd"), None)  # the first DP-SGD stage
     if leaf is None:
-        return defense, None
+        return parsed, None
     dp = leaf.model_dump(mode="json")
     from opacus.accountants import create_accountant
     from opacus.accountants.utils import get_noise_multiplier
@@ -44,7 +45,7 @@ def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> 
         if dp.get("target_epsilon") is not None:
             raise ConfigError("client.dataset_size: needed to turn dpsgd.target_epsilon into a noise multiplier (the "
                               "client's local dataset size; sample rate = batch_size / dataset_size)")
-        return defense, {"epsilon": None, "note": "give client.dataset_size and dpsgd.epochs to account epsilon",
+        return parsed, {"epsilon": None, "note": "give client.dataset_size and dpsgd.epochs to account epsilon",
                          "noise_multiplier": dp["noise_multiplier"], "max_grad_norm": dp.get("max_grad_norm", 1.0)}
     if dataset_size < batch_size:
         raise ConfigError(f"client.dataset_size: {dataset_size} is smaller than the batch size {batch_size}; allowed: >= batch size")
@@ -65,4 +66,4 @@ def resolve(defense: dict | None, batch_size: int, dataset_size: int | None) -> 
     else:
         summary["note"] = "give dpsgd.epochs (passes over the local dataset) to account epsilon"
     resolved = validate(type(leaf), dp, "dpsgd")
-    return parsed.map_leaves(lambda x: resolved if x is leaf else x).model_dump(mode="json"), summary
+    return parsed.map_leaves(lambda x: resolved if x is leaf else x), summary

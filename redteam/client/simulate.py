@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from guardfl.defenses import Defense, Identity, from_config
+from guardfl.defenses import Defense, DefenseConfig, Identity, from_config, parse_config
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.inspect import inspect_model
 from guardfl.integrations.round import FedAvg, FedSGD, Protocol, RoundResult, bn_layers, client_round
@@ -78,7 +78,8 @@ class Observation:
     input_shape: tuple[int, ...]
     num_classes: int
     input_range: tuple[float, float]
-    defense_config: dict | None
+    #: the client's defense configuration, parsed (None: no defense); a dict given here is parsed once
+    defense_config: DefenseConfig | None
     #: BatchNorm running statistics the client releases with its model after local training
     released_bn_stats: list[tuple[Tensor, Tensor]]
     side: SideKnowledge
@@ -92,6 +93,10 @@ class Observation:
     #: ``input_range`` the id range ``(0, vocab - 1)``, the model follows ``textmodels``' protocol; its
     #: labels are the next tokens ``(N, L)`` for a causal LM, classes ``(N,)`` for a classifier)
     modality: str = "image"
+
+    def __post_init__(self) -> None:
+        if self.defense_config is not None:
+            self.defense_config = parse_config(self.defense_config)
 
     @property
     def batch_size(self) -> int:
@@ -184,7 +189,7 @@ def simulate_client(
         input_shape=tuple(inputs.shape[1:]),
         num_classes=num_classes,
         input_range=input_range,
-        defense_config=None if defense is None else defense_obj.config.model_dump(mode="json"),
+        defense_config=None if defense is None else defense_obj.config,
         released_bn_stats=released,
         side=SideKnowledge(labels=labels.detach().clone(), bn_batch_stats=list(result.bn_inputs),
                            defense_stats=result.defense_stats, input_hashes=tuple(content_hashes(inputs, input_range)),
@@ -253,7 +258,7 @@ class ClientQuery:
     (nothing trained, nothing sent) and is counted in ``refused``. ``disaggregation=True``: the inspection
     adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``, train mode)."""
 
-    def __init__(self, inputs: Tensor, labels: Tensor, defense_config: dict | None, protocol: Protocol,
+    def __init__(self, inputs: Tensor, labels: Tensor, defense_config: DefenseConfig | dict | None, protocol: Protocol,
                  *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
                  inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False) -> None:
         if inspect and reference is None:
@@ -261,7 +266,8 @@ class ClientQuery:
         if disaggregation and not inspect:
             raise ConfigError("client.inspect_disaggregation: true adds a check to the client's inspection, but inspect is false")
         self._inputs, self._labels = inputs, labels
-        self.defense_config, self.protocol = defense_config, protocol
+        self.defense_config = parse_config(defense_config) if defense_config is not None else None  # parsed once
+        self.protocol = protocol
         self.input_range, self.train_mode = tuple(input_range), train_mode
         self.inspect, self.reference, self.disaggregation = inspect, reference, disaggregation
         self.num_samples = int(inputs.shape[0])

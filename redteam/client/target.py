@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.integrations.round import record_first_bn_inputs
 from guardfl.integrations.update import key_mismatch
 from guardfl.redteam.client.capture import Step, TrainingCapture
@@ -236,12 +237,13 @@ def _distinct(steps: list[Step]) -> tuple[Tensor, Tensor, int]:
 
 
 def observe(global_model: nn.Module, returned: Mapping[str, Tensor], steps: list[Step], protocol: FedAvg,
-            defense_config: dict | None, field: str, declared_samples: int | None = None) -> TargetRun:
+            defense_config: DefenseConfig | dict | None, field: str, declared_samples: int | None = None) -> TargetRun:
     """Check what the client did against what is declared (``protocol``; ``declared_samples`` when the
     config states it) and build the ``Observation``. With DP-SGD's Poisson sampling declared, batch sizes
     are random, so only the declared hyperparameters are used (the attacker's replica replays fixed
     batches: an approximation, as it would be for a real attacker)."""
     _check_steps(steps, field)
+    defense_config = parse_config(defense_config) if defense_config is not None else None  # once per observation
     inputs, labels, first_epoch = _distinct(steps)
     n, batch_sizes = inputs.shape[0], [int(s.inputs.shape[0]) for s in steps]
     _check_geometry(n, steps, batch_sizes, first_epoch, protocol, defense_config, field, declared_samples)
@@ -282,13 +284,13 @@ def _check_steps(steps: list[Step], field: str) -> None:
 
 
 def _check_geometry(n: int, steps: list[Step], batch_sizes: list[int], first_epoch: int, protocol: FedAvg,
-                    defense_config: dict | None, field: str, declared_samples: int | None) -> None:
+                    defense_config: DefenseConfig | None, field: str, declared_samples: int | None) -> None:
     """Refuse a run of more than ``MAX_SAMPLES`` distinct samples, or (without Poisson sampling) one whose
     samples, steps or batch size differ from the declared ones (TargetError)."""
     if n > MAX_SAMPLES:
         raise TargetError(f"{field}: the client trained on {n} distinct samples; the attacks reconstruct at most "
                           f"{MAX_SAMPLES}. Give it a smaller private set for the red team (target.run_config / node_config)")
-    poisson = any(c.get("kind") == "dpsgd" and c.get("poisson_sampling", True) for c in defense_kinds(defense_config))
+    poisson = any(c.kind == "dpsgd" and getattr(c, "poisson_sampling", True) for c in defense_kinds(defense_config))
     if not poisson and declared_samples is not None and declared_samples != n:
         raise TargetError(f"client.samples: declares {declared_samples}, but the client trained on {n} distinct samples")
     expected = protocol.epochs * math.ceil(n / protocol.batch_size)

@@ -72,7 +72,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from guardfl.defenses import Defense, Stack
+from guardfl.defenses import Defense, DefenseConfig, Stack, parse_config
 from guardfl.defenses.base import StepContext, make_generator
 from guardfl.errors import ConfigError
 from guardfl.protect import SAMPLING_STREAM, soft_cross_entropy, split_stages
@@ -93,14 +93,14 @@ class TransmitSimulator:
     the partner images of an Inter-InstaHide encoding (see the module docstring).
     """
 
-    def __init__(self, model: nn.Module, defense_config: dict | None, protocol: FedSGD | FedAvg, *,
+    def __init__(self, model: nn.Module, defense_config: DefenseConfig | dict | None, protocol: FedSGD | FedAvg, *,
                  train_mode: bool = True, device: torch.device | str = "cpu", chunk: int = 256,
                  seed: int | None = None, public: Tensor | None = None) -> None:
         self.device = torch.device(device)
         self.protocol = protocol
         self.chunk = chunk
-        self.defense: Defense | None = (attacker_defense(unseeded(defense_config), public)
-                                        if defense_config else None)
+        self.defense: Defense | None = (attacker_defense(unseeded(parse_config(defense_config)), public)
+                                        if defense_config is not None else None)
         if self.defense is not None and seed is not None:
             self.defense.reseed(seed)  # the attacker's own stream: a reproducible red team
         dp, encodings, gradient = split_stages(self.defense) if self.defense is not None else ([], [], [])

@@ -24,7 +24,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -34,6 +34,9 @@ from guardfl.errors import ConfigError
 from guardfl.redteam import modality
 from guardfl.redteam.modality import SOURCES, UTILITY_SOURCES
 from guardfl.yamlio import load_yaml
+
+if TYPE_CHECKING:
+    from guardfl.redteam.config import RedTeamConfig
 
 #: which way each known defense parameter makes the defense stronger (more private): what autotune bisects
 STRONGER: dict[tuple[str, str], str] = {
@@ -197,8 +200,8 @@ class Point:
     value: int | float
     #: the defense as deployed (the template with the value; no seed unless the template had one)
     defense: dict[str, Any] | None
-    #: the red-team config of this point (the base with ``defense`` seeded for reproducibility)
-    redteam: dict[str, Any]
+    #: the red-team config of this point (the base with ``defense`` seeded for reproducibility), validated once
+    redteam: RedTeamConfig
 
     @property
     def id(self) -> str:
@@ -273,16 +276,17 @@ def load_sweep(source: str | Path | dict) -> SweepPlan:
     cfg = validate(SweepConfig, data, prefix="sweep")
     merged = deep_merge(_base_data(cfg, path), cfg.override)
     try:
-        base = load_config({**merged, "defense": None}).model_dump(mode="json")
+        base_cfg = load_config({**merged, "defense": None})
     except ConfigError as err:
         raise ConfigError(f"sweep.base: {err}") from None
+    base = base_cfg.model_dump(mode="json")
     _check_base(cfg, base)
     axes, directions = [], []
     for a, axis in enumerate(cfg.axes):
         points, direction = _axis_points(cfg, a, axis, base)
         axes.append(points)
         directions.append(direction)
-    baseline = Point(-1, 0, 0, None, {**base, "defense": None})
+    baseline = Point(-1, 0, 0, None, base_cfg)  # its defense is None
     digest = hashlib.sha256(json.dumps(
         {"sweep": cfg.model_dump(mode="json", exclude={"base", "override", "max_points"}), "base": base}, sort_keys=True,
         default=str).encode()).hexdigest()[:16]
@@ -360,7 +364,7 @@ def _axis_points(cfg: SweepConfig, a: int, axis: AxisSection, base: dict) -> tup
         deployed = _strip_defaults(defense, axis.defense)
         red = {**base, "defense": _seeded(defense, point_seed(cfg.seed, a, i))}
         try:
-            red = load_config(red).model_dump(mode="json")
+            red = load_config(red)
         except ConfigError as err:
             raise ConfigError(f"{where} ({axis.param} = {value}): {err}") from None
         points.append(Point(a, i, value, deployed, red))

@@ -99,14 +99,17 @@ def _prepare_out(out: Path) -> Path:
 
 def point_spec(plan: SweepPlan, point: Point, out_dir: Path, resume: bool, strength: str | None,
                device: str | None, threads: int, redteam: bool = True) -> dict[str, Any]:
-    """Everything a job needs (plain data: it travels to a Ray task or a process)."""
+    """Everything a job needs (it travels, pickled, to a Ray task or a process): plain data, keyed by its
+    hash, and the point's validated red-team config (``config``; its JSON, ``redteam_config``, is hashed)."""
     label = "no defense" if point.axis < 0 else f"{plan.config.axes[point.axis].name()} = {point.value}"
     spec = {"id": point.id, "axis": point.axis, "index": point.index, "value": point.value, "label": label,
-            "defense": point.defense, "redteam_config": point.redteam, "utility": plan.config.utility.model_dump(mode="json"),
+            "defense": point.defense, "redteam_config": point.redteam.model_dump(mode="json"),
+            "utility": plan.config.utility.model_dump(mode="json"),
             "strength": strength, "device": device, "threads": threads, "redteam": redteam}
     spec["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
     spec["out"] = str(out_dir / "points" / point.id)
     spec["resume"] = resume
+    spec["config"] = point.redteam
     return spec
 
 
@@ -230,7 +233,8 @@ _TASKS: dict[str, Any] = {}  # per process: the utility task's data and the unde
 
 
 def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
-    """One point: the red team (unless ``spec['redteam']`` is false) and the utility. Plain data in and out."""
+    """One point: the red team (unless ``spec['redteam']`` is false) on the spec's validated config, and the
+    utility. A plain record out."""
     from guardfl.redteam.sweep import utility as utility_mod
 
     torch.set_num_threads(spec["threads"])
@@ -259,7 +263,7 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
 
         # a point on Ray runs its jobs as tasks of the same cluster (nested; the certificate is the same); Ray
         # releases the CPU of this task while it waits for them, so a small cluster does not deadlock
-        cert = certify(red, out=spec["out"], workers=1, threads=spec["threads"], strength=spec["strength"],
+        cert = certify(spec["config"], out=spec["out"], workers=1, threads=spec["threads"], strength=spec["strength"],
                        device=spec["device"], resume=spec["resume"] and same, progress=False,
                        backend=RayJobs() if inside_ray_task() else None)
         record.update(summarize(cert))

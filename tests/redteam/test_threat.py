@@ -10,7 +10,7 @@ from guardfl.redteam.threat import defense_kinds, unseeded
 def test_knowledge_follows_the_threat(wide_lenet, faces):
     obs = simulate_client(wide_lenet, faces[:1], torch.tensor([3]), GradPrune(0.5), FedAvg())
     k = ThreatModel(labels="known").knowledge(obs)
-    assert torch.equal(k.labels, torch.tensor([3])) and k.defense_config["kind"] == "gradprune"
+    assert torch.equal(k.labels, torch.tensor([3])) and k.defense_config.kind == "gradprune"
     k = ThreatModel(labels="inferred", defense="unknown", fedavg="unknown").knowledge(obs)
     assert k.labels is None and k.defense_config is None and k.protocol is None
 
@@ -26,8 +26,9 @@ def test_unavailable_knowledge_is_refused(wide_lenet, faces):
 
 
 def test_defense_kinds_flattens_stacks():
-    cfg = Stack(GradPrune(0.5), Stack(SignCompression())).config.model_dump()
-    assert [c["kind"] for c in defense_kinds(cfg)] == ["gradprune", "sign"]
+    cfg = Stack(GradPrune(0.5), Stack(SignCompression())).config
+    assert [c.kind for c in defense_kinds(cfg)] == ["gradprune", "sign"]
+    assert [c.kind for c in defense_kinds(cfg.model_dump())] == ["gradprune", "sign"]  # a dict is parsed
     assert defense_kinds(None) == []
 
 
@@ -47,22 +48,22 @@ def test_inter_instahide_is_found_in_a_stack(tmp_path):
     inter = {"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5},
                                            {"kind": "instahide", "mode": "inter", "public": str(tmp_path / "public.npz")}]}
     assert inter_instahide({"kind": "instahide", "mode": "intra"}) is None and inter_instahide(None) is None
-    assert inter_instahide(inter)["mode"] == "inter"
+    assert inter_instahide(inter).mode == "inter"
 
 
-def test_unseeded_strips_every_seed_and_nothing_else():
+def test_unseeded_clears_every_seed_and_nothing_else():
     from guardfl.defenses import parse_config
     from guardfl.redteam.client import transmit as augment
     from guardfl.redteam.attacks import setting
 
-    cfg = {"kind": "stack", "seed": 1, "nonfinite": "zero", "defenses": [
-        {"kind": "gradprune", "ratio": 0.5, "seed": 2}, {"kind": "stack", "seed": 3, "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]}
-    assert unseeded(cfg) == {"kind": "stack", "nonfinite": "zero", "defenses": [
-        {"kind": "gradprune", "ratio": 0.5}, {"kind": "stack", "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]}
-    assert cfg["seed"] == 1 and cfg["defenses"][0]["seed"] == 2  # the caller's config is left alone
+    cfg = parse_config({"kind": "stack", "seed": 1, "nonfinite": "zero", "defenses": [
+        {"kind": "gradprune", "ratio": 0.5, "seed": 2}, {"kind": "stack", "seed": 3, "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]})
+    bare = parse_config({"kind": "stack", "nonfinite": "zero", "defenses": [
+        {"kind": "gradprune", "ratio": 0.5}, {"kind": "stack", "defenses": [{"kind": "gaussian", "sigma": 0.1}]}]})
+    assert unseeded(cfg) == bare and unseeded(cfg).model_dump(mode="json") == bare.model_dump(mode="json")
+    assert cfg.seed == 1 and cfg.defenses[0].seed == 2 and cfg.defenses[1].seed == 3  # the caller's config is left alone
     assert unseeded(None) is None
-    dumped = parse_config(cfg).model_dump(mode="json")
-    assert all(leaf.seed is None for leaf in parse_config(unseeded(dumped)).leaves())
+    assert all(leaf.seed is None for leaf in unseeded(cfg).leaves()) and unseeded(cfg).defenses[1].seed is None
     assert augment.unseeded is unseeded and setting.unseeded is unseeded  # one function: the simulator's and the settings'
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import Reconstruction
 from guardfl.redteam.attacks.analytic.demix import demix
 from guardfl.redteam.attacks.analytic.demix_public import decode_public
@@ -32,26 +33,26 @@ from guardfl.redteam.attacks.known_defense import known_defense
 from guardfl.redteam.client.simulate import FedAvg, Observation
 
 
-def encoding_of(observation: Observation, defense_known: bool) -> dict | None:
+def encoding_of(observation: Observation, defense_known: bool) -> DefenseConfig | None:
     """The input encoding's configuration when the attacker knows it, else None."""
     return known_defense(observation.defense_config).encoding if defense_known else None
 
 
-def public_set(encoding: dict) -> Tensor:
+def public_set(encoding: DefenseConfig) -> Tensor:
     """The public images of an Inter-InstaHide configuration (its ``public`` .npz, read as the client reads
     it); ``ConfigError`` naming ``instahide.public`` when the configuration names none (a public set given
     to the defense as a tensor: pass it to ``decode`` yourself)."""
     from guardfl.defenses.encoding import load_public
     from guardfl.errors import ConfigError
 
-    if not encoding.get("public"):
+    if not getattr(encoding, "public", None):
         raise ConfigError("instahide.public: the configuration names no public .npz (the set was given as a tensor), "
                           "so threat.public_data: 'known' has no public set to read; pass public= to decode")
-    return load_public(encoding["public"])
+    return load_public(encoding.public)
 
 
-def encoded_range(encoding: dict, input_range: tuple[float, float]) -> tuple[float, float]:
-    if encoding["kind"] == "instahide":
+def encoded_range(encoding: DefenseConfig, input_range: tuple[float, float]) -> tuple[float, float]:
+    if encoding.kind == "instahide":
         m = max(abs(input_range[0]), abs(input_range[1]))
         return (-m, m)
     return tuple(input_range)
@@ -87,23 +88,24 @@ def decode(rec: Reconstruction, observation: Observation, defense_known: bool, *
         return rec, None
     n, shape = observation.num_samples, observation.input_shape
     y = rec.inputs.detach().float().cpu().flatten(1)
-    if enc["kind"] == "instahide":
+    if enc.kind == "instahide":
         y = y.abs()
     lo, hi = observation.input_range
     info = dict(rec.info)
-    if enc["kind"] == "instahide" and enc.get("mode") == "inter" and public is not None:
-        found, weights, stats = decode_public(y.reshape(-1, *shape), public.detach().float().cpu(), n, int(enc["k"]),
-                                              float(enc["max_coeff"]), (lo, hi))
+    inter = enc.kind == "instahide" and enc.mode == "inter"
+    if inter and public is not None:
+        found, weights, stats = decode_public(y.reshape(-1, *shape), public.detach().float().cpu(), n, int(enc.k),
+                                              float(enc.max_coeff), (lo, hi))
         x = found.flatten(1)
         info.update(decode=f"public partners identified in the known public set ({public.shape[0]} images) and "
                            f"subtracted, {y.shape[0]} encodings combined into {n} images",
                     demix_residual=stats["residual"], private_weight=stats["private_weight"])
-    elif enc["kind"] == "instahide" and enc.get("mode") == "inter":
+    elif inter:
         x = y[:n].clamp(lo, hi)
         weights = torch.eye(y.shape[0], n)
         info["decode"] = "|encoding| (inter-InstaHide, public set unknown: public partners are not demixed)"
     else:
-        x, weights, residual = demix(y, n, int(enc["k"]), float(enc["max_coeff"]), (lo, hi), iterations=iterations)
+        x, weights, residual = demix(y, n, int(enc.k), float(enc.max_coeff), (lo, hi), iterations=iterations)
         info.update(decode=f"blind demixing of {y.shape[0]} encodings into {n} images", demix_residual=residual)
     labels = _labels(rec.labels.cpu(), weights, observation.num_classes)
     decoded = Reconstruction(x.reshape(n, *shape), labels, rec.objective, rec.restart_objectives, info)

@@ -91,7 +91,7 @@ from pydantic import Field
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from guardfl.defenses import parse_config
+from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import DECODING_THREAT, Attack, AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.labels import labels_for
 from guardfl.redteam.attacks.setting import Setting, on_device
@@ -103,7 +103,7 @@ from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.client.transmit import TransmitSimulator, flatten_update
 from guardfl.redteam.auxdata import random_flips, training_pool
 from guardfl.redteam.client.simulate import FedAvg
-from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.threat import ThreatModel, inter_instahide
 
 #: models with more parameters than this are hashed to ``0.5 x`` by default (the paper's ResNet-20 choice)
 AUTO_HASH_ABOVE = 100_000
@@ -181,14 +181,13 @@ def _group(images: Tensor, labels: Tensor, batch: int, gen: torch.Generator) -> 
     return images[idx], labels[idx]
 
 
-def simulated_public(defense: dict | None, threat: ThreatModel) -> Tensor:
+def simulated_public(defense: DefenseConfig | None, threat: ThreatModel) -> Tensor:
     """The public partners of a simulated Inter-InstaHide client: the client's own public set when the
     attacker holds it (``threat.public_data: known``: the .npz the configuration names, read as the client
     reads it), else the attacker's own in-distribution auxiliary images as stand-ins."""
-    if threat.public_data == "known" and defense is not None:
-        inter = [leaf for leaf in parse_config(defense).leaves() if leaf.kind == "instahide" and leaf.mode == "inter"]
-        if inter:
-            return public_set(inter[0].model_dump(mode="json"))
+    inter = inter_instahide(defense) if threat.public_data == "known" else None
+    if inter is not None:
+        return public_set(inter)
     return threat.aux.images
 
 

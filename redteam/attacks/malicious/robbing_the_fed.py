@@ -53,7 +53,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor, nn
 
-from guardfl.defenses import parse_config
+from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
@@ -128,7 +128,7 @@ def craft(model: nn.Module, input_shape: tuple[int, ...], cuts: Tensor, gain: fl
     return Imprinted(block, copy.deepcopy(model))
 
 
-def padding_for(defense_config: dict | None, bins: int) -> int:
+def padding_for(defense_config: DefenseConfig | dict | None, bins: int) -> int:
     """Dead rows that make a per-layer pruning of the imprint layer keep every bin row: the pruning keeps
     ``n - ceil(ratio (n - 1))`` of the layer's ``n`` entries, the largest; with ``bins / (1 - ratio)`` rows
     in all, that is at least the bins' entries, and the dead rows' gradient is exactly 0 (the server knows
@@ -149,7 +149,7 @@ def padding_for(defense_config: dict | None, bins: int) -> int:
 NOISE_BOOST = 1e5
 
 
-def boost_for(defense_config: dict | None) -> float:
+def boost_for(defense_config: DefenseConfig | dict | None) -> float:
     """``NOISE_BOOST`` when the defense adds noise whose scale does not follow the gradient's (Gaussian,
     Laplace, Outpost), else 1 (pruning, sign, DP-SGD's per-sample clipping: a larger gradient buys
     nothing there)."""
@@ -157,7 +157,7 @@ def boost_for(defense_config: dict | None) -> float:
     return NOISE_BOOST if kinds & {"gaussian", "laplace", "outpost"} else 1.0
 
 
-def _leaves(config: dict | None) -> list:
+def _leaves(config: DefenseConfig | dict | None) -> list[DefenseConfig]:
     return [] if not config else parse_config(config).leaves()
 
 

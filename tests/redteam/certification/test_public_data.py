@@ -99,7 +99,7 @@ def test_the_true_encodings_decode_far_better_with_the_public_set(files, protoco
 
 def test_public_set_needs_a_path():
     with pytest.raises(ConfigError, match="instahide.public"):
-        public_set({"kind": "instahide", "mode": "inter", "public": None})
+        public_set(InstaHide(k=2, mode="inter", public=torch.rand(4, 3, 32, 32)).config)  # a tensor: no file named
 
 
 def test_a_certification_with_the_public_set_known_recovers_more(files):

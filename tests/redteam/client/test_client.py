@@ -15,7 +15,7 @@ def test_fedsgd_transmits_the_defended_gradient(wide_lenet, faces):
     F.cross_entropy(wide_lenet(x), y).backward()
     for name, p in wide_lenet.named_parameters():
         assert torch.equal(obs.update[name], p.grad.sign())
-    assert obs.defense_config["kind"] == "sign" and obs.batch_size == 2
+    assert obs.defense_config.kind == "sign" and obs.batch_size == 2
 
 
 def test_fedavg_without_defense_is_plain_sgd(wide_lenet, faces):

@@ -10,8 +10,8 @@ def test_target_epsilon_resolves_to_the_noise_that_spends_it():
     cfg = {"kind": "stack", "defenses": [{"kind": "dpsgd", "target_epsilon": 4.0, "epochs": 5, "delta": 1e-5},
                                          {"kind": "gradprune", "ratio": 0.5}]}
     resolved, summary = resolve(cfg, batch_size=32, dataset_size=5000)
-    dp = resolved["defenses"][0]
-    assert dp["target_epsilon"] is None and dp["noise_multiplier"] > 0
+    dp = resolved.defenses[0]
+    assert dp.target_epsilon is None and dp.noise_multiplier > 0
     assert summary["epsilon"] == pytest.approx(4.0, abs=0.05)
     assert summary["sample_rate"] == 32 / 5000
     assert cfg["defenses"][0]["target_epsilon"] == 4.0  # the caller's config is left alone
@@ -27,7 +27,9 @@ def test_errors_name_the_field():
         resolve({"kind": "dpsgd", "target_epsilon": 1.0, "epochs": 1}, 8, None)
     with pytest.raises(ConfigError, match="client.dataset_size"):
         resolve({"kind": "dpsgd", "noise_multiplier": 1.0}, 8, 4)
-    assert resolve({"kind": "gradprune", "ratio": 0.5}, 8, None) == ({"kind": "gradprune", "ratio": 0.5}, None)
+    resolved, summary = resolve({"kind": "gradprune", "ratio": 0.5}, 8, None)
+    assert resolved.kind == "gradprune" and resolved.ratio == 0.5 and summary is None
+    assert resolve(None, 8, None) == (None, None)
 
 
 def test_shipped_dp_config_spends_the_epsilon_it_states():
@@ -86,5 +88,5 @@ def test_a_parsed_config_resolves_to_itself_with_the_dp_leaf_replaced():
     expected = {**cfg, "defenses": [cfg["defenses"][0], {**cfg["defenses"][1], "defenses": [
         {**cfg["defenses"][1]["defenses"][0], "noise_multiplier": summary["noise_multiplier"], "target_epsilon": None},
         cfg["defenses"][1]["defenses"][1]]}]}
-    assert resolved == expected and list(resolved) == list(cfg)
-    assert parse_config(resolved).leaves()[1].noise_multiplier == summary["noise_multiplier"] > 0
+    assert resolved.model_dump(mode="json") == expected and list(resolved.model_dump(mode="json")) == list(cfg)
+    assert resolved.leaves()[1].noise_multiplier == summary["noise_multiplier"] > 0

@@ -46,16 +46,16 @@ def test_a_sweep_from_a_mapping():
     assert plan.config.autotune is True and plan.config.utility.source == "lfw-detection"
     assert plan.base["model"]["name"] == "lenet" and plan.base["defense"] is None
     assert plan.baseline.axis == -1 and plan.baseline.id == "baseline" and plan.baseline.defense is None
-    assert plan.baseline.redteam["defense"] is None
+    assert plan.baseline.redteam.defense is None and plan.baseline.redteam.model_dump(mode="json") == plan.base
     for a, axis in enumerate(plan.axes):
         assert [p.axis for p in axis] == [a] * len(axis)
         assert [p.index for p in axis] == list(range(len(axis)))
         assert [p.id for p in axis] == [f"a{a}-v{i}" for i in range(len(axis))]
         for p in axis:
-            load_config(p.redteam)  # each point's red-team config validates as is
-            assert p.redteam["defense"]["kind"] == p.defense["kind"]
-            assert {k: v for k, v in p.redteam.items() if k != "defense"} == \
-                {k: v for k, v in plan.base.items() if k != "defense"}
+            red = p.redteam.model_dump(mode="json")
+            assert load_config(red) == p.redteam  # each point's red-team config, validated once, reloads as is
+            assert p.redteam.defense["kind"] == p.defense["kind"]
+            assert {k: v for k, v in red.items() if k != "defense"} == {k: v for k, v in plan.base.items() if k != "defense"}
     assert [p.defense["ratio"] for p in plan.axes[0]] == [0.5, 0.7, 0.9, 0.99]
     assert [p.defense["max_grad_norm"] for p in plan.axes[1]] == [2.0, 1.0, 0.5]
     assert all(p.defense["noise_multiplier"] == 1.0 for p in plan.axes[1])
@@ -85,7 +85,7 @@ def test_override_deep_merges():
     assert plan.base["certify"]["max_ssim"] == 0.4            # the rest of the section is kept
     assert plan.base["data"] == {**plan.base["data"], "source": "lfw-faces", "limit": 32}
     assert [a["name"] for a in plan.base["attacks"]] == ["dlg"]  # a list replaces
-    assert all(p.redteam["certify"]["batches"] == 4 for p in plan.axes[0])
+    assert all(p.redteam.certify.batches == 4 for p in plan.axes[0])
 
 
 def test_deep_merge_and_set_path_copy():
@@ -266,20 +266,20 @@ def test_a_stack_member_parameter():
     for p in plan.axes[0]:
         assert p.defense["kind"] == "stack" and p.defense["defenses"][1]["sigma"] == p.value
         assert p.defense["defenses"][0]["ratio"] == 0.9
-        assert load_config(p.redteam).defense is not None
+        assert p.redteam.defense is not None
 
 
 # --- seeds -------------------------------------------------------------------------------------------
 
 def test_each_point_is_seeded_from_the_sweep_seed_only():
     plan = load_sweep(sweep(axes=[GRADPRUNE, DPSGD_NORM], seed=7))
-    seeds = [p.redteam["defense"]["seed"] for axis in plan.axes for p in axis]
+    seeds = [p.redteam.defense["seed"] for axis in plan.axes for p in axis]
     assert seeds == [point_seed(7, p.axis, p.index) for axis in plan.axes for p in axis]
     assert len(set(seeds)) == len(seeds)
     again = load_sweep(sweep(axes=[GRADPRUNE, DPSGD_NORM], seed=7))
-    assert [p.redteam["defense"]["seed"] for axis in again.axes for p in axis] == seeds
+    assert [p.redteam.defense["seed"] for axis in again.axes for p in axis] == seeds
     other = load_sweep(sweep(axes=[GRADPRUNE, DPSGD_NORM], seed=8))
-    assert all(a != b for a, b in zip(seeds, [p.redteam["defense"]["seed"] for axis in other.axes for p in axis]))
+    assert all(a != b for a, b in zip(seeds, [p.redteam.defense["seed"] for axis in other.axes for p in axis]))
     for axis in plan.axes:
         for p in axis:
             assert "seed" not in p.defense  # the deployed defense draws from OS entropy
@@ -288,7 +288,7 @@ def test_each_point_is_seeded_from_the_sweep_seed_only():
 def test_a_template_seed_is_kept():
     plan = load_sweep(sweep(axes=[{**GRADPRUNE, "defense": {"kind": "gradprune", "seed": 11}}]))
     for p in plan.axes[0]:
-        assert p.redteam["defense"]["seed"] == 11 and p.defense["seed"] == 11
+        assert p.redteam.defense["seed"] == 11 and p.defense["seed"] == 11
 
 
 def test_point_seed():

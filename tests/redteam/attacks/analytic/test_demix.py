@@ -58,4 +58,4 @@ def test_view_and_decode_follow_the_known_encoding():
     decoded, kept = decode(Reconstruction(encodings, soft, 0.0), obs, defense_known=True)
     assert decoded.inputs.shape == x.shape and torch.equal(kept, encodings)
     assert float(decoded.inputs.min()) >= 0  # back in the private range
-    assert encoded_range({"kind": "mixup"}, (0.0, 1.0)) == (0.0, 1.0)
+    assert encoded_range(MixUp(k=2).config, (0.0, 1.0)) == (0.0, 1.0)
