@@ -19,6 +19,7 @@ from torch import nn
 
 from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation
+from guardfl.redteam.modality.registry import DEFAULT as DEFAULT_MODALITY
 from guardfl.redteam.threat import Knowledge, unseeded
 
 
@@ -37,7 +38,7 @@ class Setting:
     #: parsed (None: no defense); a dict given here is parsed once
     defense_config: DefenseConfig | None
     train_mode: bool = True
-    modality: str = "image"
+    modality: str = DEFAULT_MODALITY
 
     def __post_init__(self) -> None:
         if self.defense_config is not None:
@@ -47,7 +48,7 @@ class Setting:
     def of(cls, observation: Observation) -> "Setting":
         return cls(observation.model, observation.protocol, observation.num_samples, tuple(observation.input_shape),
                    observation.num_classes, tuple(observation.input_range), observation.defense_config,
-                   getattr(observation, "train_mode", True), getattr(observation, "modality", "image"))
+                   getattr(observation, "train_mode", True), getattr(observation, "modality", DEFAULT_MODALITY))
 
     @property
     def param_names(self) -> list[str]:
@@ -69,7 +70,7 @@ class Setting:
             "input_range": list(self.input_range),
             "defense": self.defense_config.model_dump(mode="json") if self.defense_config is not None else None,
             "train_mode": self.train_mode,
-            **({"modality": self.modality} if self.modality != "image" else {}),
+            **({"modality": self.modality} if self.modality != DEFAULT_MODALITY else {}),
         }
 
 
@@ -90,7 +91,7 @@ def setting_mismatch(a: Observation, b: Observation) -> str | None:
         "input_range": (tuple(a.input_range), tuple(b.input_range)),
         "defense_config": (unseeded(a.defense_config), unseeded(b.defense_config)),
         "train_mode": (getattr(a, "train_mode", True), getattr(b, "train_mode", True)),
-        "modality": (getattr(a, "modality", "image"), getattr(b, "modality", "image")),
+        "modality": (getattr(a, "modality", DEFAULT_MODALITY), getattr(b, "modality", DEFAULT_MODALITY)),
         "model class": (type(a.model), type(b.model)),
         "updated layers": ([(k, tuple(v.shape)) for k, v in a.update.items()],
                            [(k, tuple(v.shape)) for k, v in b.update.items()]),

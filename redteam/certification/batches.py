@@ -23,39 +23,31 @@ from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, simulat
 from guardfl.redteam.client.target import (flower_run_config, load_object, nvflare_result_filters, observe, run_clientapp,
                                            run_nvflare, run_train_fn)
 from guardfl.redteam.config import RedTeamConfig
-from guardfl.redteam.modality.image import data as data_mod
+from guardfl.redteam import modality
 from guardfl.redteam.modality.image.models import build_model, set_model_state
 from guardfl.redteam.runtime.files import StateFolder
 
 
 def load_aux(cfg: RedTeamConfig) -> AuxData | None:
-    """The attacker's auxiliary data from the config's ``aux`` section (None without one)."""
+    """The attacker's auxiliary data from the config's ``aux`` section (None without one): text is read with
+    the client's tokenizer and sequence length, for the task the source's samples feed."""
     a = cfg.aux
     if a is None:
         return None
-    k = cfg.model.num_classes
+    k, d, m = cfg.model.num_classes, cfg.data, modality.of(cfg)
 
     def take(section, limit):
         need = section.offset + limit if limit else None
-        if cfg.modality == "text":  # the client's tokenizer and sequence length; the task the source's
-            d = cfg.data
-            task = "causal-lm" if section.source in ("text", "wikitext") else "classification"
-            x, y = data_mod.load_text_data(section.source, path=section.path, seq_len=d.seq_len, tokenizer=d.tokenizer,
-                                           task=task, num_classes=k, split=section.split, limit=need, field="aux")
-            x, y = x[section.offset : need], y[section.offset : need]
-            if not len(x):
-                raise ConfigError(f"aux: {section.source} has no sequences from offset {section.offset}")
-            return x, y
-        x, y = data_mod.load(section.source, root=section.root, path=section.path, download=section.download,
-                             image_size=section.image_size or cfg.data.image_size, num_classes=k, limit=need)
+        x, y = m.load(section, num_classes=k, limit=need, field="aux", image_size=d.image_size, seq_len=d.seq_len,
+                      tokenizer=d.tokenizer)
         x, y = x[section.offset : need], y[section.offset : need]
         if not len(x):
-            raise ConfigError(f"aux: {section.source} has no images from offset {section.offset}")
+            raise ConfigError(f"aux: {section.source} has no {m.units} from offset {section.offset}")
         return x, y
 
     images, labels = (take(a, a.limit) if a.source is not None else (torch.zeros(0), torch.zeros(0, dtype=torch.long)))
     ood = take(a.ood, a.ood.limit)[0] if a.ood is not None else None
-    if len(labels) and cfg.modality == "image" and int(labels.max()) >= k:
+    if len(labels) and m.class_labels and int(labels.max()) >= k:
         raise ConfigError(f"aux: {a.source} has label {int(labels.max())} but model.num_classes={k}")
     return AuxData(images, labels, ood=ood, ood_samples=a.ood.samples if a.ood is not None else 0,
                    name=f"{a.source or ''}{'+ood:' + a.ood.source if a.ood else ''}")
@@ -97,86 +89,47 @@ class BatchSource:
         #: the population the certificate speaks for, and the drawn samples (indices into x_all)
         self.population: dict[str, Any] = {}
         self.drawn: list[int] = []
-        #: a text client's tokenizer (None for images)
-        self.tokenizer = None
-        if cfg.modality == "text":
-            self._open_text(aux)
-        else:
-            self._open_image(aux)
+        self._open(aux)
 
-    def _open_text(self, aux: AuxData | None) -> None:
-        """A text client: its model (``_text_model``), then the population of sequences for the model's task
-        and the drawn samples, which the auxiliary data must not share."""
-        cfg = self.cfg
-        self.model = self._text_model()
-        self._load_data(task=self.model.task)
-        set_model_state(self.model, cfg.model.state, seed=cfg.seed)
-        if aux is not None:
-            aux.check_disjoint(self.x_all[self.drawn])
-
-    def _open_image(self, aux: AuxData | None) -> None:
-        """An image client: the population and drawn samples (unless a ClientApp / NVFlare target brings its
-        own data: then the model's input shape is declared), the model, and a target's client code."""
-        cfg = self.cfg
+    def _open(self, aux: AuxData | None) -> None:
+        """The model, the population and the drawn samples (which the auxiliary data must not share), and a
+        target's client code. A model built before its data (text: its task picks the samples,
+        ``Modality.client_model``) comes first; otherwise the data's shape builds it, and a ClientApp /
+        NVFlare target, which brings its own data, declares the model's input shape."""
+        cfg, m = self.cfg, modality.of(self.cfg)
+        model = m.client_model(cfg.model.name, cfg.model.num_classes, tokenizer=cfg.data.tokenizer, seq_len=cfg.data.seq_len)
         if self.target is not None and (self.target.clientapp is not None or self.target.nvflare is not None):
             in_shape = tuple(cfg.model.input_shape) if cfg.model.input_shape else None
             if in_shape is None and ":" not in cfg.model.name:
                 raise ConfigError("model.input_shape: needed with a target.clientapp / target.nvflare and a built-in model "
                                   "(or use model.name 'module:callable', the app's own model factory)")
         else:
-            self._load_data()
+            self._load_data(m, task=getattr(model, "task", None))
             in_shape = tuple(self.x_all.shape[1:])
             if aux is not None:
                 aux.check_disjoint(self.x_all[self.drawn])
-        self.model = build_model(cfg.model.name, in_shape, cfg.model.num_classes)
+        self.model = model if model is not None else build_model(cfg.model.name, in_shape, cfg.model.num_classes)
         set_model_state(self.model, cfg.model.state, seed=cfg.seed)
         if self.target is not None:
             self._client = self._load_client()
 
-    def _text_model(self) -> torch.nn.Module:
-        """The text model: built for the tokenizer's vocabulary, checked against the protocol, the
-        vocabulary and the sequence length (one-line errors naming the field)."""
-        from guardfl.redteam.modality.text.models import is_text_model
-        from guardfl.redteam.modality.text.tokenizer import load_tokenizer
-
-        d, name = self.cfg.data, self.cfg.model.name
-        self.tokenizer = load_tokenizer(d.tokenizer)
-        model = build_model(name, (d.seq_len,), self.cfg.model.num_classes, self.tokenizer.vocab_size)
-        if not is_text_model(model):
-            raise ConfigError(f"model.name: {name} is not a text model (it needs .task 'causal-lm' or 'classification', "
-                              "get_input_embeddings() and forward(tokens) / forward(inputs_embeds=...))")
-        vocab = model.get_input_embeddings().num_embeddings
-        if vocab != self.tokenizer.vocab_size:
-            raise ConfigError(f"data.tokenizer: {d.tokenizer!r} has {self.tokenizer.vocab_size} tokens, the model's "
-                              f"embedding {vocab}; use the model's own tokenizer")
-        context = getattr(model, "context", None)
-        if context is not None and d.seq_len > context:
-            raise ConfigError(f"data.seq_len: {d.seq_len} tokens is longer than the model's context ({context}); "
-                              f"allowed: 2..{context}")
-        return model
-
-    def _load_data(self, task: str | None = None) -> None:
-        """The population (the data section's images from ``offset``, ``limit`` of them; a text model's
-        sequences, ``textdata``) and the ``batches x n`` private samples drawn from it at random
+    def _load_data(self, m: modality.Modality, task: str | None = None) -> None:
+        """The population (the data section's samples from ``offset``, ``limit`` of them; a text model's
+        sequences for its ``task``) and the ``batches x n`` private samples drawn from it at random
         (``sampling``)."""
         cfg = self.cfg
         d = cfg.data
         n = cfg.client.n
         need = cfg.certify.batches * n
         limit = d.offset + d.limit if d.limit else None
-        if task is not None:
-            x, y = data_mod.load_text_data(d.source, path=d.path, seq_len=d.seq_len, tokenizer=d.tokenizer, task=task,
-                                           num_classes=cfg.model.num_classes, split=d.split, limit=limit)
-        else:
-            x, y = data_mod.load(d.source, root=d.root, path=d.path, download=d.download, image_size=d.image_size,
-                                 num_classes=cfg.model.num_classes, limit=limit)
+        x, y = m.load(d, num_classes=cfg.model.num_classes, limit=limit, task=task, seq_len=d.seq_len, tokenizer=d.tokenizer)
         self.x_all, self.y_all = x[d.offset :], y[d.offset :]
         population = Population(d.source, d.offset, len(self.x_all), d.path)
         if population.size < need:
             raise ConfigError(f"data: {d.source} has {population.size} images from offset {d.offset}"
                               f"{f' (limit {d.limit})' if d.limit else ''}; certify.batches={cfg.certify.batches} x "
                               f"{n} samples needs {need} distinct ones (fewer batches, or a larger population)")
-        if task is None and int(self.y_all.max()) >= cfg.model.num_classes:
+        if m.class_labels and int(self.y_all.max()) >= cfg.model.num_classes:
             raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(self.y_all.max())}")
         self.drawn = population.draw(need, cfg.seed)
         self.population = population.describe(self.drawn, cfg.seed)

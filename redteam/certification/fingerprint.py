@@ -20,9 +20,8 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
-#: the folder torchvision reads for each built-in source under ``root``
-_TORCHVISION_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnist": "MNIST",
-                     "fashion-mnist": "FashionMNIST"}
+from guardfl.redteam.modality.sources import SOURCES
+
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 _CHUNK = 1 << 20
 
@@ -107,9 +106,10 @@ def _source_entries(prefix: str, section: Any) -> dict[str, str]:
     src = section.source
     if src in ("npz", "imagefolder"):
         return {f"{prefix}.path": section.path or ""}
-    if src in _TORCHVISION_DIRS:
+    folder = SOURCES[src].folder if src in SOURCES else None  # the folder torchvision reads under ``root``
+    if folder is not None:
         root = Path(section.root).expanduser() if section.root else Path.home() / ".cache" / "guardfl" / "data"
-        return {f"{prefix}.root": str(root / _TORCHVISION_DIRS[src])}
+        return {f"{prefix}.root": str(root / folder)}
     if src in ("lfw-faces", "lfw-nonfaces"):  # scikit-image's shipped file (no import to find it)
         origin = module_origin("skimage")
         if origin and origin != "built-in":

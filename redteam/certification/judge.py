@@ -8,11 +8,12 @@ attacker's prior guess (no update used) plus ``prior_margin``, whichever is larg
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from guardfl.defenses import untouched_layers
+from guardfl.redteam import modality
 from guardfl.redteam.certification import evidence
 from guardfl.redteam.config import RedTeamConfig
 
@@ -35,15 +36,9 @@ def defense_warnings(defense: dict | None, model: torch.nn.Module) -> list[str]:
             f"attacker can use as if undefended: {listed}"]
 
 
-#: the per-image thresholds: metric -> (config field, "max" when a larger value leaks more)
-IMAGE_THRESHOLDS = {"ssim": ("max_ssim", "max"), "psnr": ("max_psnr", "max"), "lpips": ("min_lpips", "min")}
-#: the per-sample thresholds of a text client (``textmetrics``)
-TEXT_THRESHOLDS = {"rouge1": ("max_rouge1", "max"), "rouge2": ("max_rouge2", "max"), "token_acc": ("max_token_acc", "max")}
-
-
-def _thresholds(cfg: RedTeamConfig) -> dict[str, tuple[str, str]]:
+def _thresholds(cfg: RedTeamConfig) -> Mapping[str, tuple[str, str]]:
     """The per-sample thresholds of the config's modality (image thresholds never judge text, nor the reverse)."""
-    return TEXT_THRESHOLDS if cfg.modality == "text" else IMAGE_THRESHOLDS
+    return modality.of(cfg).thresholds
 
 
 def _image_limits(cfg: RedTeamConfig, prior_row: dict | None) -> dict[str, tuple[float, str]]:
@@ -178,7 +173,7 @@ def verdict_checks(cfg: RedTeamConfig, results: list[dict], lpips_available: boo
         else:
             check.update(worst=None, passed=False, note="no attack produced this metric")
         checks.append(check)
-    if c.min_lpips is not None and not lpips_available and cfg.modality != "text":
+    if c.min_lpips is not None and not lpips_available and "lpips" in _thresholds(cfg):
         checks.append({"metric": "lpips", "threshold": c.min_lpips, "rule": f">= {c.min_lpips}", "passed": False,
                        "note": "LPIPS unavailable: the threshold cannot be verified"})
     if not ran:

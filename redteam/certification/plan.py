@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from guardfl.config import format_validation_error
 from guardfl.errors import ConfigError
 from guardfl.redteam import attacks as attack_registry
+from guardfl.redteam import modality
 from guardfl.redteam.attacks.base import THREAT_FIELDS, Setting
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import bn_layers
@@ -48,7 +49,7 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
     plans: list[AttackSection] = []
     if cfg.attacks is None:
         # a causal LM's labels are its next tokens, i.e. the private text: granting them grants the answer
-        text_is_label = setting.modality == "text" and getattr(setting.model, "task", None) == "causal-lm"
+        text_is_label = modality.of(setting).targets_are_inputs(setting.model)
         strongest = ThreatModel(labels="inferred" if text_is_label else "known",
                                 bn="exact" if bn_layers(setting.model) else "none", defense="known", fedavg="known",
                                 public_data="known" if inter_instahide(setting.defense_config) else "unknown")

@@ -20,6 +20,7 @@ import torch
 from guardfl.defenses import parse_config
 from guardfl.errors import ConfigError
 from guardfl.redteam.attacks.base import PreparedCache
+from guardfl.redteam import modality
 from guardfl.redteam.certification.fingerprint import changed_inputs, resume_key, run_inputs
 from guardfl.redteam.client.simulate import FedAvg, FedSGD, Observation, SideKnowledge
 from guardfl.redteam.config import RedTeamConfig
@@ -85,7 +86,7 @@ def unpack_observation(d: dict[str, Any], model: torch.nn.Module) -> Observation
         side=SideKnowledge(labels=side["labels"], bn_batch_stats=[tuple(p) for p in side["bn_batch_stats"]],
                            defense_stats=list(side["defense_stats"]), input_hashes=tuple(side["input_hashes"]),
                            trained=[tuple(p) for p in side["trained"]]),
-        train_mode=d["train_mode"], modality=d.get("modality", "image"),
+        train_mode=d["train_mode"], modality=d.get("modality", modality.DEFAULT),
     )
 
 

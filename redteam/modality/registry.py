@@ -17,6 +17,18 @@ from guardfl.redteam.modality.sources import SOURCES
 DEFAULT = "image"
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """How a certificate counts the private samples that came back: past the main threshold, and exactly."""
+
+    #: the main per-sample metric, and its ``certify`` config field (``above_max_<metric>`` counts those past it)
+    metric: str
+    threshold: str
+    #: a sample came back exactly when ``exact_metric`` is at least ``exact_at``
+    exact_metric: str
+    exact_at: float
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class Modality:
     """One modality: its sample unit, its per-sample thresholds, and the hooks the red team calls."""
@@ -46,6 +58,20 @@ class Modality:
     vocab_size: Callable[[str], Any]
     #: (path, field) -> None, or a one-line ConfigError when the file at ``path`` is too large to read whole
     check_path: Callable[[Any, str], None]
+    #: (reconstruction, inputs, labels, input_range=, lpips_weights=, tokenizer=) -> {"per_image", "summary"}:
+    #: the per-sample metrics of a reconstruction (a ``Reconstruction`` or a tensor) against the private batch
+    evaluate: Callable[..., dict]
+    #: the certificate's count of recovered samples (``certification.measure.recovered``)
+    recovery: Recovery
+    #: (name, num_classes, tokenizer=, seq_len=) -> the client's model when it is built before its data and
+    #: its task picks the samples (text); None when the data's shape builds it (images)
+    client_model: Callable[..., Any]
+    #: model -> True when the client's targets are its private inputs (a causal LM's next tokens): granting
+    #: the attacker the labels would grant it the answer
+    targets_are_inputs: Callable[[Any], bool]
+    #: the targets are class labels the red team checks against ``model.num_classes`` (text: the loader
+    #: checks a classifier's, and a causal LM's are tokens)
+    class_labels: bool = True
     #: what only images support: OOD pseudo-data (LTI-OOD's DCT images), the user's own client code as a
     #: target, the client's inspection of the model, input encodings (convex combinations of inputs)
     ood: bool = True

@@ -1,1 +1,1 @@
-"""Reports a person reads: the certificate's page, its text section, the sweep's page."""
+"""Reports a person reads: the certificate's page, its image and text sections, the sweep's page."""

@@ -1,84 +1,24 @@
-"""The certificate's page (``report.html``): its sections composed in the page shell (``page``), and the
-PNG grids of the reconstructions it embeds."""
+"""The certificate's page (``report.html``): its sections composed in the page shell (``page``), the
+client batches shown by their modality's view (``image``: PNG grids; ``text``: tokens side by side)."""
 
 from __future__ import annotations
 
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
-import torch
-from PIL import Image, ImageDraw
-
-from guardfl.redteam.reports import text as report_text
-from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam import modality
-from guardfl.redteam.modality.text.tokenizer import load_tokenizer
-from guardfl.redteam.reports.page import document, fmt, img_tag, json_pre, png_bytes, verdict_colour, warnings_html
+from guardfl.redteam.certification.certificate import Certificate
+from guardfl.redteam.reports import image as report_image
+from guardfl.redteam.reports import text as report_text
+from guardfl.redteam.reports.page import document, fmt, json_pre, verdict_colour, warnings_html
 from guardfl.redteam.runtime.files import atomic_write
 from guardfl.redteam.certification.evidence import INSUFFICIENT, NOT_CERTIFIED
 
 #: the certificate page's own CSS: the pictures' pixels shown as they are
 IMAGE_CSS = "img { image-rendering: pixelated; border: 1px solid #ddd; }\n"
-
-
-def _to_pil(images: torch.Tensor, scale: int) -> list[Image.Image]:
-    out = []
-    for img in images.detach().float().cpu().clamp(0, 1):
-        arr = (img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-        pil = Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
-        out.append(pil.resize((pil.width * scale, pil.height * scale), Image.NEAREST))
-    return out
-
-
-def grid(rows: list[torch.Tensor], max_cols: int = 16, marked: set[tuple[int, int]] = frozenset()) -> Image.Image:
-    """Rows of images (each ``(n, C, H, W)`` in [0, 1]) as one picture, 2 px gaps; the (row, column)
-    cells in ``marked`` get a red frame (a leaked sample)."""
-    h, w = rows[0].shape[-2:]
-    scale = max(1, 64 // max(h, w))
-    cols = min(max_cols, max(len(r) for r in rows))
-    gap = 2
-    canvas = Image.new("RGB", (cols * (w * scale + gap) + gap, len(rows) * (h * scale + gap) + gap), "white")
-    draw = ImageDraw.Draw(canvas)
-    for i, row in enumerate(rows):
-        for j, pil in enumerate(_to_pil(row[:cols], scale)):
-            x, y = gap + j * (w * scale + gap), gap + i * (h * scale + gap)
-            canvas.paste(pil.convert("RGB"), (x, y))
-            if (i, j) in marked:
-                draw.rectangle((x - 1, y - 1, x + w * scale, y + h * scale), outline=(220, 30, 30), width=2)
-    return canvas
-
-
-def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]]:
-    """Every attacked sample at a glance: pictures of up to ``per_picture`` samples (columns), the
-    originals in the first row and one row per attack, a red frame where that attack leaked the sample.
-    Returns (caption, PNG) pairs."""
-    attacks = sorted({r["attack"] for r in cert.results if cert.reconstructions.get(r["job"]) is not None})
-    leaked = {(row["batch"], row["image"], hit["attack"]) for row in cert.evidence.get("leaked_samples", []) for hit in row["by"]}
-    samples = [(b, i) for b, x in sorted(cert.originals.items()) for i in range(len(x))]
-    by_job = {(r["batch"], r["attack"]): r for r in cert.results}
-    pictures = []
-    for lo in range(0, len(samples), per_picture):
-        chunk = samples[lo : lo + per_picture]
-        rows = [torch.stack([cert.originals[b][i] for b, i in chunk])]
-        marked = set()
-        for a, attack in enumerate(attacks, 1):
-            cells = []
-            for j, (b, i) in enumerate(chunk):
-                r = by_job.get((b, attack))
-                rec = cert.reconstructions.get(r["job"]) if r else None
-                if rec is None:
-                    cells.append(torch.ones_like(rows[0][j]))
-                    continue
-                matched = next((p["matched"] for p in r["metrics"]["per_image"] if p["index"] == i), i)
-                cells.append(rec[matched])
-                if (b, i, attack) in leaked:
-                    marked.add((a, j))
-            rows.append(torch.stack(cells))
-        caption = f"samples {lo + 1}-{lo + len(chunk)} (batches {chunk[0][0]}-{chunk[-1][0]}); rows: original / {' / '.join(attacks)}"
-        pictures.append((caption, png_bytes(grid(rows, max_cols=per_picture, marked=marked))))
-    return pictures
 
 
 def inspection_line(cert) -> str:
@@ -149,75 +89,44 @@ def _evidence_html(cert: Certificate) -> str:
             + (f"<h3>Leaked samples</h3><ul>{leaked}</ul>" if leaked else ""))
 
 
+@dataclass(frozen=True)
+class SampleView:
+    """How the page shows one modality's samples (:data:`VIEWS`, keyed by the modality's name)."""
+
+    #: (certificate, out) -> (batch, section) for every client batch (pictures saved in ``out``)
+    batch_sections: Callable[[Certificate, Path], list[tuple[int, str]]]
+    #: the setting's line on what "best" means in the tables
+    best_note: Callable[[Certificate], str]
+    #: the population claim's picture of every attacked sample (None: no picture)
+    overview: Callable[[Certificate], str] | None
+    #: the worst single one, in the heading ("image", "sample")
+    worst: str
+    #: the view's own CSS
+    css: str = ""
+
+
+#: the page's view of each modality's samples
+VIEWS = {
+    "image": SampleView(report_image.batch_sections, report_image.best_note, report_image.overview_html, "image"),
+    "text": SampleView(report_text.batch_sections, report_text.best_note, None, "sample", css=report_text.STYLE),
+}
+
+
 def write_report(cert: Certificate, out: Path) -> None:
-    """``report.html`` and ``grid-batch<b>.png`` (originals, then one row per attack) in ``out``."""
+    """``report.html`` and, for images, ``grid-batch<b>.png`` (originals, then one row per attack) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    sections = []
-    text = modality.of(cert.config).tokenized
-    tokenizer = load_tokenizer(cert.config["data"]["tokenizer"]) if text else None
-    for b, originals in sorted(cert.originals.items()):
-        if text:
-            classifier = any(r["batch"] == b and r.get("metrics", {}).get("summary", {}).get("label_acc") is not None
-                             for r in cert.results) or cert.config["model"]["name"] == "text-classifier"
-            ignore = (tokenizer.eos_id,) if classifier and tokenizer.eos_id is not None else ()
-            sections.append((b, report_text.batch_section(cert, b, originals, tokenizer, ignore)))
-            continue
-        sections.append((b, _image_batch_section(cert, b, originals, out)))
-    evidence = _evidence_html(cert) + (_overview_html(cert) if cert.originals and not text else "")
+    view = VIEWS[modality.of(cert.config).name]
+    sections = view.batch_sections(cert, out)
+    evidence = _evidence_html(cert) + (view.overview(cert) if cert.originals and view.overview is not None else "")
     body = "\n".join([
-        _setting_html(cert, text),
+        _setting_html(cert, view.best_note(cert)),
         warnings_html(cert.warnings) + _privacy_html(cert) + _encoding_html(cert) + _malicious_html(cert),
-        evidence, _checks_html(cert), _worst_html(cert, text), _batches_html(cert, sections),
+        evidence, _checks_html(cert), _worst_html(cert, view.worst), _batches_html(cert, sections),
         _attacks_html(cert), _preparations_html(cert), _run_html(cert),
     ])
     banner = f"{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small>"
-    css = IMAGE_CSS + (report_text.STYLE if text else "")
-    page = document(f"guardfl red team: {cert.verdict}", banner, verdict_colour(cert.verdict), body, css)
+    page = document(f"guardfl red team: {cert.verdict}", banner, verdict_colour(cert.verdict), body, IMAGE_CSS + view.css)
     atomic_write(out / "report.html", page)
-
-
-def _image_batch_section(cert: Certificate, b: int, originals: torch.Tensor, out: Path) -> str:
-    """Client batch ``b`` of images: the grid (originals, the prior guess, one row per attack; also saved as
-    ``grid-batch<b>.png``) and a table row per attack."""
-    rows, labels = [originals], ["original"]
-    if cert.reconstructions.get(f"b{b}-prior") is not None:
-        rows.append(cert.reconstructions[f"b{b}-prior"])
-        labels.append("prior guess (mean aux image, no update: a baseline, not an attack)")
-    for r in cert.results:
-        if r["batch"] == b and cert.reconstructions.get(r["job"]) is not None:
-            rows.append(cert.reconstructions[r["job"]])
-            labels.append(r["attack"])
-    png = png_bytes(grid(rows))
-    atomic_write(out / f"grid-batch{b}.png", png)
-    legend = " / ".join(html.escape(x) for x in labels)
-    table = ["<tr><th>attack</th><th>threat</th><th>SSIM mean</th><th>SSIM best</th><th>PSNR best</th>"
-             "<th>LPIPS best</th><th>label acc</th><th>images above max SSIM</th><th>time (s)</th></tr>"]
-    prior = cert.priors.get(str(b))
-    if prior:
-        ssims = [p["ssim"] for p in prior]
-        table.append(f"<tr><td><i>prior guess</i></td><td>no update used</td><td>{fmt(sum(ssims) / len(ssims))}</td>"
-                     f"<td>{fmt(max(ssims))}</td><td>{fmt(max(p['psnr'] for p in prior))}</td><td colspan=3>baseline: "
-                     "what the attacker's auxiliary data alone gives</td><td></td></tr>")
-    table += [_image_result_row(r) for r in cert.results if r["batch"] == b]
-    return (f"<h2 id=batch-{b}>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag(png, f'batch {b}')}"
-            f"<table>{''.join(table)}</table>")
-
-
-def _image_result_row(r: dict) -> str:
-    """One attack on one client batch of images: its threat (and what decoding or a refusal did), metrics, time."""
-    threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
-    if r.get("info", {}).get("decode"):
-        threat += f"; decoded: {r['info']['decode']}"
-    if r.get("info", {}).get("refused"):
-        reason = r["info"]["refused"]
-        threat += f"; REFUSED by the client's inspection (nothing sent): {reason[:160]}{'...' if len(reason) > 160 else ''}"
-    rec_ = r.get("recovered") or {}
-    recovered = f"{rec_['above_max_ssim']} of {rec_['of']}" if rec_ else ""
-    s = r["metrics"]["summary"]
-    get = lambda k, f: None if s.get(k) is None else s[k][f]  # noqa: E731
-    return (f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td><td>{fmt(get('ssim', 'mean'))}</td>"
-            f"<td>{fmt(get('ssim', 'best'))}</td><td>{fmt(get('psnr', 'best'))}</td><td>{fmt(get('lpips', 'best'))}</td>"
-            f"<td>{fmt(s.get('label_acc'))}</td><td>{recovered}</td><td>{fmt(r.get('seconds'))}</td></tr>")
 
 
 def _batches_html(cert: Certificate, sections: list[tuple[int, str]]) -> str:
@@ -233,20 +142,13 @@ def _batches_html(cert: Certificate, sections: list[tuple[int, str]]) -> str:
     return shown
 
 
-def _overview_html(cert: Certificate) -> str:
-    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
-            + "".join(f"<p class=legend>{html.escape(caption)}</p>{img_tag(png, caption)}" for caption, png in overview(cert)))
-
-
-def _setting_html(cert: Certificate, text: bool) -> str:
-    """What was attacked: the client (the user's code or guardfl's simulation), the defense, the model."""
+def _setting_html(cert: Certificate, best: str) -> str:
+    """What was attacked: the client (the user's code or guardfl's simulation), the defense, the model;
+    ``best``: what "best" means in the tables."""
     defense = cert.config.get("defense")
     client = cert.client or {}
     attacked = (f"the user's {client.get('kind')} <code>{html.escape(str(client.get('ref')))}</code>"
                 if client.get("kind") in ("clientapp", "train_fn", "nvflare") else "guardfl's client simulation")
-    best = ('"best" = the most leaking sample; text metrics per sample after matching.' if text else
-            '"best" = the most leaking image. LPIPS: ' + ('available' if cert.lpips['available'] else
-                                                          'unavailable (' + html.escape(cert.lpips['reason']) + ')') + '.')
     return f"""<p>Attacked: {attacked}. {html.escape(client.get('note', '')[:1].upper() + client.get('note', '')[1:])}.<br>
 Defense: <code>{html.escape(json.dumps(defense))}</code><br>
 Model: <code>{html.escape(json.dumps(cert.config['model']))}</code>, client: <code>{html.escape(json.dumps(cert.config['client']))}</code><br>
@@ -312,14 +214,14 @@ def _checks_html(cert: Certificate) -> str:
             f"<table><tr><th>requirement</th><th>rule</th><th>measured</th><th>where</th><th>result</th><th>note</th></tr>{checks}</table>")
 
 
-def _worst_html(cert: Certificate, text: bool) -> str:
+def _worst_html(cert: Certificate, unit: str) -> str:
     worst = "".join(
         f"<tr class={'fail' if w['exceeds'] else 'pass'}><td>{html.escape(w['metric'])}</td><td>{html.escape(w['rule'])}</td>"
         f"<td>{fmt(w.get('worst'))}</td><td>{_where(w.get('where'))}</td>"
         f"<td>{'past its limit' if w['exceeds'] else 'within'}</td></tr>"
         for w in cert.worst
     )
-    return f"""<h2>Worst single {'sample' if text else 'image'}</h2>
+    return f"""<h2>Worst single {unit}</h2>
 <p>Per threshold, the one reconstruction that leaked most over every attack and sample (its limit accounts for the
 attacker's prior guess on that image). Shown for inspection; the verdict is the population claim above.</p>
 <table><tr><th>metric</th><th>rule</th><th>worst</th><th>where</th><th>result</th></tr>{worst}</table>"""

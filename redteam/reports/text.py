@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from guardfl.redteam.modality.text.tokenizer import load_tokenizer
 from guardfl.redteam.reports.page import fmt
 
 #: the per-sample text metrics the report shows, in order
@@ -43,6 +44,24 @@ def tokens_html(ids: list[int], truth: list[int], tokenizer, ignore: tuple[int, 
             cls = ""
         out.append(f'<span class="{cls}">{html.escape(text)}</span>' if cls else html.escape(text))
     return "".join(out)
+
+
+def batch_sections(cert, out=None) -> list[tuple[int, str]]:
+    """(update, its section) for every client update (:func:`batch_section`), tokens shown with the
+    client's tokenizer; a classifier's end-of-text padding is left out. ``out``: nothing is saved there."""
+    tokenizer = load_tokenizer(cert.config["data"]["tokenizer"])
+    sections = []
+    for b, originals in sorted(cert.originals.items()):
+        classifier = any(r["batch"] == b and r.get("metrics", {}).get("summary", {}).get("label_acc") is not None
+                         for r in cert.results) or cert.config["model"]["name"] == "text-classifier"
+        ignore = (tokenizer.eos_id,) if classifier and tokenizer.eos_id is not None else ()
+        sections.append((b, batch_section(cert, b, originals, tokenizer, ignore)))
+    return sections
+
+
+def best_note(cert) -> str:
+    """What "best" means in the tables."""
+    return '"best" = the most leaking sample; text metrics per sample after matching.'
 
 
 def batch_section(cert, b: int, originals: torch.Tensor, tokenizer, ignore: tuple[int, ...] = ()) -> str:

@@ -373,12 +373,10 @@ def _axis_points(cfg: SweepConfig, a: int, axis: AxisSection, base: dict) -> tup
 
 def _known_model(name: str) -> None:
     """A built-in model name must exist (a 'module:callable' is imported when a point runs)."""
-    from guardfl.redteam.modality.image.models import MODELS
-    from guardfl.redteam.modality.text.models import TEXT_MODELS
-
-    if ":" not in name and name not in MODELS and name not in TEXT_MODELS:
+    known = {known for m in modality.MODALITIES.values() for known in m.models}
+    if ":" not in name and name not in known:
         raise ConfigError(f"sweep.base: model.name: unknown model {name!r}; allowed: "
-                          f"{', '.join(sorted({*MODELS, *TEXT_MODELS}))} or 'module:callable'")
+                          f"{', '.join(sorted(known))} or 'module:callable'")
 
 
 def _strip_defaults(defense: dict, template: dict) -> dict:

@@ -164,3 +164,46 @@ def test_functions_are_short():
                 long.add(f"{m}:{node.name}")
     assert sorted(long - KNOWN_LONG) == []
     assert sorted(KNOWN_LONG - long) == [], "paid: remove from KNOWN_LONG"
+
+
+#: the modality names, and the per-modality lists of sources or models a branch would test membership in
+#: (``source in TEXT_SOURCES``); a registry keyed by the modality's name (``TEXT_MATHS[setting.modality]``) is
+#: a lookup, not a branch
+MODALITY_NAMES = {"image", "text"}
+MODALITY_LISTS = (("TEXT_", "IMAGE_"), ("SOURCES", "MODELS"))
+
+
+def modality_branches(tree: ast.AST) -> list[str]:
+    """Comparisons that branch on a modality's name: a string ``'image'`` / ``'text'`` against anything that
+    names a modality (``cfg.modality == "text"``), or membership in a per-modality list of sources or models
+    (``name not in TEXT_MODELS``)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any(isinstance(s, ast.Constant) and s.value in MODALITY_NAMES for s in sides)
+        if named and any("modality" in ast.unparse(s).lower() for s in sides if not isinstance(s, ast.Constant)):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        for op, right in zip(node.ops, node.comparators):
+            if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Name, ast.Attribute)):
+                last = right.id if isinstance(right, ast.Name) else right.attr
+                if last.upper().startswith(MODALITY_LISTS[0]) and last.upper().endswith(MODALITY_LISTS[1]):
+                    found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_modality_name_is_compared_outside_modality():
+    """What differs between images and text is asked of the ``Modality`` registry (its fields and hooks),
+    never decided by comparing its name: only ``modality/`` may."""
+    inside = f"{PACKAGE}.modality"
+    found = sorted(f"{m}:{hit}" for m, p in modules().items() if m != inside and not m.startswith(inside + ".")
+                   for hit in modality_branches(ast.parse(p.read_text())))
+    assert found == []
+
+
+def test_the_modality_check_sees_a_branch():
+    code = ('if cfg.modality == "text": pass\nif "image" != modality.of(cfg).name: pass\n'
+            'if source in TEXT_SOURCES: pass\nif name not in IMAGE_MODELS: pass\n'
+            'if m.tokenized and name == "text-classifier": pass\nif setting.modality in TEXT_MATHS: pass\n')
+    assert [hit.split(":")[0] for hit in modality_branches(ast.parse(code))] == ["1", "2", "3", "4"]

@@ -168,7 +168,3 @@ def load_section(section, *, num_classes: int, limit: int | None = None, image_s
     return load(section.source, root=section.root, path=section.path, download=section.download,
                 image_size=section.image_size or image_size, num_classes=num_classes, limit=limit)
 
-
-# certification.certify still reads text through this module; after issue 38's certify split it reads
-# ``modality.for_source(source).load(section, ...)`` (or ``modality.text.data.load_text_data``) and this goes
-from guardfl.redteam.modality.text.data import load_text_data  # noqa: E402,F401

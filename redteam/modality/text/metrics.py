@@ -154,3 +154,29 @@ def evaluate_text(recon: Tensor, truth: Tensor, tokenizer, *, ignore_ids: Iterab
         "notes": "best = the worst case for privacy (most leakage); matching: Hungarian on token agreement; "
                  "ROUGE: rouge-score F-measure on decoded text, no stemmer, Unicode words",
     }
+
+
+def evaluate_reconstruction(reconstruction, inputs: Tensor, labels: Tensor | None, *, tokenizer: str,
+                            **_image: object) -> dict[str, Any]:
+    """A text client's measure of a reconstruction (a ``Reconstruction`` or token ids; one row: the same
+    guess for every sample, the prior): :func:`evaluate_text` with the tokenizer named ``tokenizer`` and,
+    for a classifier, the restored labels' accuracy (``label_correct``, ``summary["label_acc"]``). A
+    classifier's sentences are padded with end-of-text: padding is no private token. The image options
+    (``input_range``, ``lpips_weights``) are not text's."""
+    from guardfl.redteam.modality.text.tokenizer import load_tokenizer
+
+    recon = reconstruction.inputs if hasattr(reconstruction, "inputs") else reconstruction
+    if recon.dim() == 1:  # one guess for every sample (the prior)
+        recon = recon.expand_as(inputs)
+    tok = load_tokenizer(tokenizer)
+    classifier = labels is not None and labels.dim() == 1
+    ignore = (tok.eos_id,) if classifier and tok.eos_id is not None else ()
+    m = evaluate_text(recon.cpu(), inputs.cpu(), tok, ignore_ids=ignore)
+    rec_labels = getattr(reconstruction, "labels", None)
+    if rec_labels is not None and classifier:
+        rl = rec_labels.detach().cpu().reshape(-1)
+        for row in m["per_image"]:
+            j = row.get("matched", row["index"])
+            row["label_correct"] = bool(rl[j] == labels[row["index"]]) if j < len(rl) else False
+        m["summary"]["label_acc"] = sum(r["label_correct"] for r in m["per_image"]) / max(1, len(m["per_image"]))
+    return m

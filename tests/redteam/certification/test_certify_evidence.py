@@ -68,7 +68,7 @@ def test_leaks_count_per_sample_per_attack_and_per_class(tmp_path):
     assert "Population claim" in page and f"{leaked} of 3" in page and f"{rate['upper_bound']:.3g}" in page
     assert "Per class" in page and "Leaked samples" in page
     assert "Every attacked sample" in page and "samples 1-3 (batches 0-2); rows: original / dlg" in page
-    from guardfl.redteam.reports.certificate import overview
+    from guardfl.redteam.reports.image import overview
 
     ((caption, png),) = overview(cert)
     assert png.startswith(b"\x89PNG") and "rows: original / dlg" in caption

@@ -1,0 +1,134 @@
+"""The report's view of an image client: per client batch, the originals and every attack's matched
+reconstruction in one PNG grid (leaked samples framed in red) with a table row per attack, and the
+picture of every attacked sample under the population claim."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from guardfl.redteam.certification.certificate import Certificate
+from guardfl.redteam.reports.page import fmt, img_tag, png_bytes
+from guardfl.redteam.runtime.files import atomic_write
+
+
+def _to_pil(images: torch.Tensor, scale: int) -> list[Image.Image]:
+    out = []
+    for img in images.detach().float().cpu().clamp(0, 1):
+        arr = (img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        pil = Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
+        out.append(pil.resize((pil.width * scale, pil.height * scale), Image.NEAREST))
+    return out
+
+
+def grid(rows: list[torch.Tensor], max_cols: int = 16, marked: set[tuple[int, int]] = frozenset()) -> Image.Image:
+    """Rows of images (each ``(n, C, H, W)`` in [0, 1]) as one picture, 2 px gaps; the (row, column)
+    cells in ``marked`` get a red frame (a leaked sample)."""
+    h, w = rows[0].shape[-2:]
+    scale = max(1, 64 // max(h, w))
+    cols = min(max_cols, max(len(r) for r in rows))
+    gap = 2
+    canvas = Image.new("RGB", (cols * (w * scale + gap) + gap, len(rows) * (h * scale + gap) + gap), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, row in enumerate(rows):
+        for j, pil in enumerate(_to_pil(row[:cols], scale)):
+            x, y = gap + j * (w * scale + gap), gap + i * (h * scale + gap)
+            canvas.paste(pil.convert("RGB"), (x, y))
+            if (i, j) in marked:
+                draw.rectangle((x - 1, y - 1, x + w * scale, y + h * scale), outline=(220, 30, 30), width=2)
+    return canvas
+
+
+def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]]:
+    """Every attacked sample at a glance: pictures of up to ``per_picture`` samples (columns), the
+    originals in the first row and one row per attack, a red frame where that attack leaked the sample.
+    Returns (caption, PNG) pairs."""
+    attacks = sorted({r["attack"] for r in cert.results if cert.reconstructions.get(r["job"]) is not None})
+    leaked = {(row["batch"], row["image"], hit["attack"]) for row in cert.evidence.get("leaked_samples", []) for hit in row["by"]}
+    samples = [(b, i) for b, x in sorted(cert.originals.items()) for i in range(len(x))]
+    by_job = {(r["batch"], r["attack"]): r for r in cert.results}
+    pictures = []
+    for lo in range(0, len(samples), per_picture):
+        chunk = samples[lo : lo + per_picture]
+        rows = [torch.stack([cert.originals[b][i] for b, i in chunk])]
+        marked = set()
+        for a, attack in enumerate(attacks, 1):
+            cells = []
+            for j, (b, i) in enumerate(chunk):
+                r = by_job.get((b, attack))
+                rec = cert.reconstructions.get(r["job"]) if r else None
+                if rec is None:
+                    cells.append(torch.ones_like(rows[0][j]))
+                    continue
+                matched = next((p["matched"] for p in r["metrics"]["per_image"] if p["index"] == i), i)
+                cells.append(rec[matched])
+                if (b, i, attack) in leaked:
+                    marked.add((a, j))
+            rows.append(torch.stack(cells))
+        caption = f"samples {lo + 1}-{lo + len(chunk)} (batches {chunk[0][0]}-{chunk[-1][0]}); rows: original / {' / '.join(attacks)}"
+        pictures.append((caption, png_bytes(grid(rows, max_cols=per_picture, marked=marked))))
+    return pictures
+
+
+def overview_html(cert: Certificate) -> str:
+    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
+            + "".join(f"<p class=legend>{html.escape(caption)}</p>{img_tag(png, caption)}" for caption, png in overview(cert)))
+
+
+def batch_sections(cert: Certificate, out: Path) -> list[tuple[int, str]]:
+    """(batch, its section) for every client batch (:func:`batch_section`; the grids saved in ``out``)."""
+    return [(b, batch_section(cert, b, originals, out)) for b, originals in sorted(cert.originals.items())]
+
+
+def best_note(cert: Certificate) -> str:
+    """What "best" means in the tables, and whether LPIPS was measured."""
+    return '"best" = the most leaking image. LPIPS: ' + ('available' if cert.lpips['available'] else
+                                                       'unavailable (' + html.escape(cert.lpips['reason']) + ')') + '.'
+
+
+def batch_section(cert: Certificate, b: int, originals: torch.Tensor, out: Path) -> str:
+    """Client batch ``b`` of images: the grid (originals, the prior guess, one row per attack; also saved as
+    ``grid-batch<b>.png``) and a table row per attack."""
+    rows, labels = [originals], ["original"]
+    if cert.reconstructions.get(f"b{b}-prior") is not None:
+        rows.append(cert.reconstructions[f"b{b}-prior"])
+        labels.append("prior guess (mean aux image, no update: a baseline, not an attack)")
+    for r in cert.results:
+        if r["batch"] == b and cert.reconstructions.get(r["job"]) is not None:
+            rows.append(cert.reconstructions[r["job"]])
+            labels.append(r["attack"])
+    png = png_bytes(grid(rows))
+    atomic_write(out / f"grid-batch{b}.png", png)
+    legend = " / ".join(html.escape(x) for x in labels)
+    table = ["<tr><th>attack</th><th>threat</th><th>SSIM mean</th><th>SSIM best</th><th>PSNR best</th>"
+             "<th>LPIPS best</th><th>label acc</th><th>images above max SSIM</th><th>time (s)</th></tr>"]
+    prior = cert.priors.get(str(b))
+    if prior:
+        ssims = [p["ssim"] for p in prior]
+        table.append(f"<tr><td><i>prior guess</i></td><td>no update used</td><td>{fmt(sum(ssims) / len(ssims))}</td>"
+                     f"<td>{fmt(max(ssims))}</td><td>{fmt(max(p['psnr'] for p in prior))}</td><td colspan=3>baseline: "
+                     "what the attacker's auxiliary data alone gives</td><td></td></tr>")
+    table += [_result_row(r) for r in cert.results if r["batch"] == b]
+    return (f"<h2 id=batch-{b}>Client batch {b}</h2><p class=legend>rows: {legend}</p>{img_tag(png, f'batch {b}')}"
+            f"<table>{''.join(table)}</table>")
+
+
+def _result_row(r: dict) -> str:
+    """One attack on one client batch of images: its threat (and what decoding or a refusal did), metrics, time."""
+    threat = ", ".join(f"{k}={v}" for k, v in r["threat"].items())
+    if r.get("info", {}).get("decode"):
+        threat += f"; decoded: {r['info']['decode']}"
+    if r.get("info", {}).get("refused"):
+        reason = r["info"]["refused"]
+        threat += f"; REFUSED by the client's inspection (nothing sent): {reason[:160]}{'...' if len(reason) > 160 else ''}"
+    rec_ = r.get("recovered") or {}
+    recovered = f"{rec_['above_max_ssim']} of {rec_['of']}" if rec_ else ""
+    s = r["metrics"]["summary"]
+    get = lambda k, f: None if s.get(k) is None else s[k][f]  # noqa: E731
+    return (f"<tr><td>{html.escape(r['attack'])}</td><td>{html.escape(threat)}</td><td>{fmt(get('ssim', 'mean'))}</td>"
+            f"<td>{fmt(get('ssim', 'best'))}</td><td>{fmt(get('psnr', 'best'))}</td><td>{fmt(get('lpips', 'best'))}</td>"
+            f"<td>{fmt(s.get('label_acc'))}</td><td>{recovered}</td><td>{fmt(r.get('seconds'))}</td></tr>")
