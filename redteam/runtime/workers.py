@@ -199,7 +199,10 @@ def sigint_held() -> Iterator[None]:
     until ``_worker_main`` ignores SIGINT and unblocks it (then it is discarded: no traceback in a worker),
     and the main process's own Ctrl-C is delivered as soon as the spawn returns. (Ignoring SIGINT in the
     main process around the spawn, as before, lost a Ctrl-C that arrived in that window: the run went on.)
-    Only the main thread's mask is changed; elsewhere this does nothing."""
+    Only the main thread's mask is changed; elsewhere this does nothing. A terminal's Ctrl-C is sent to the
+    process: another thread of the main process with SIGINT unblocked (one a library started earlier) may
+    take it, and Python then raises ``KeyboardInterrupt`` in the main thread at once, inside the spawn:
+    not lost either (a worker half started has ``daemon`` set and dies with its parent)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):

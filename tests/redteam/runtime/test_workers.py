@@ -100,8 +100,11 @@ def test_workers_and_threads_must_be_positive():
 
 def test_a_ctrl_c_while_a_worker_is_spawned_is_held_not_lost():
     """The main process spawns workers with SIGINT blocked (inherited by the worker until it ignores it):
-    a Ctrl-C in that window is raised as soon as the spawn is done. (Ignoring SIGINT there lost it.)"""
+    a Ctrl-C in that window is raised as soon as the spawn is done. (Ignoring SIGINT there lost it.)
+    The signal is sent to the main thread: a process-directed one may be taken by another thread that
+    earlier tests started with SIGINT unblocked (gRPC, Ray), and Python then raises it at once (CI did)."""
     import signal
+    import threading
     import time
 
     from guardfl.redteam.runtime.workers import sigint_held
@@ -109,7 +112,7 @@ def test_a_ctrl_c_while_a_worker_is_spawned_is_held_not_lost():
     reached = False
     with pytest.raises(KeyboardInterrupt):
         with sigint_held():
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             time.sleep(0.05)  # held: nothing is raised inside
             reached = True
     assert reached
