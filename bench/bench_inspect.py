@@ -11,7 +11,8 @@ classes each). Every model is inspected with and without the client's first batc
 it was not trained on) and, for benign ones, a non-IID batch (mostly one class), also against a fresh
 initialisation of the same architecture as the client's own model (the isolation check's reference).
 Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
-(two chains, one chain, and 8 rows adapted to the isolation check) and class fishing without the
+(two chains, one chain, and 8 rows adapted to the isolation check), the same through BatchNorm (FC-2 with
+BatchNorm1d: the cut-offs in its affine parameters; whole layer, 8 and 3 rows) and class fishing without the
 zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained.
 The opt-in disaggregation check (SEER's D-SNR, ``inspect_model(..., disaggregation=True)``) is run too and
 counted apart: flagged by it, and flagged by it alone.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from guardfl import inspect as I  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers  # noqa: E402
-from guardfl.redteam.modality.image.models import FC2  # noqa: E402
+from guardfl.redteam.modality.image.models import FC2, FC2BN  # noqa: E402
 from tests import malicious as M  # noqa: E402
 
 
@@ -77,8 +78,8 @@ def fresh_init(model, seed: int = 1234):
 def trap(base, aux, chains=2, rows=None, seed=0):
     """Trap weights (the red team's construction, guardfl.redteam.attacks.malicious.trap_weights) in ``base``."""
     layers = trap_layers(base, (3, 32, 32))
-    sent, _, _, _ = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())),
-                          torch.Generator().manual_seed(seed), rows, 32)
+    sent = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())),
+                          torch.Generator().manual_seed(seed), rows, 32).sent
     return sent
 
 
@@ -137,6 +138,8 @@ def main() -> None:
         benign.setdefault("default init: linear", []).append(M.linear_model(s))
         torch.manual_seed(s)
         benign.setdefault("default init: FC-2 (3072-256-10)", []).append(FC2())
+        torch.manual_seed(s)
+        benign.setdefault("default init: FC-2 with BatchNorm1d", []).append(FC2BN())
     for s in range(max(2, args.seeds // 5) if args.resnet else 0):
         benign.setdefault("default init: ResNet-18", []).append(M.resnet18(s))
         torch.manual_seed(s)
@@ -149,12 +152,16 @@ def main() -> None:
             benign.setdefault("trained: linear", []).append(M.train(M.linear_model(s), x, y, epochs=epochs, lr=0.01, seed=s))
             torch.manual_seed(s)
             benign.setdefault("trained: FC-2", []).append(M.train(FC2(), x, y, epochs=epochs, lr=0.01, seed=s))
+            torch.manual_seed(s)
+            benign.setdefault("trained: FC-2 with BatchNorm1d", []).append(M.train(FC2BN(), x, y, epochs=epochs, seed=s))
     if args.resnet:
         benign["trained: ResNet-18 (1 epoch)"] = [M.train(M.resnet18(0), x[:512], y[:512], epochs=1, lr=0.05)]
     for s in range(2):
         benign.setdefault("FedAvg IID rounds: small CNN", []).extend(M.fedavg(M.small_cnn(s), x, y, clients=4, rounds=5))
         benign.setdefault("FedAvg IID rounds: LeNet", []).extend(M.fedavg(M.lenet(s), x, y, clients=4, rounds=5, lr=0.1))
         benign.setdefault("FedAvg non-IID rounds: small CNN", []).extend(fedavg_non_iid(M.small_cnn(s), x, y, rounds=5))
+        torch.manual_seed(s)
+        benign.setdefault("FedAvg IID rounds: FC-2 with BatchNorm1d", []).extend(M.fedavg(FC2BN(), x, y, clients=4, rounds=5))
 
     trained_cnn = benign["trained: small CNN"][1]
     trained_lenet = benign["trained: LeNet"][1]
@@ -184,6 +191,13 @@ def main() -> None:
         for t in range(args.targets):
             malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
             malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
+    trained_bn = benign["trained: FC-2 with BatchNorm1d"][1]
+    torch.manual_seed(0)
+    for name, base in (("FC-2 BN", FC2BN()), ("FC-2 BN trained", trained_bn)):
+        for seed in range(5):  # the cut-offs in BatchNorm's affine parameters (trap_norm)
+            malicious.setdefault("trap weights through BatchNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
+            malicious.setdefault("trap weights through BatchNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
+            malicious.setdefault("trap weights through BatchNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
 
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],

@@ -26,6 +26,11 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   inserted block or inside the honest model's own first layer (trap weights with scaled, shuffled rows
   and two measurement chains, which pass every weight check above), are flagged; a few trapped rows are
   not (the red team's ``trap_weights`` with ``rows`` runs exactly that, and a defense has to hold there).
+  Behind a normalisation (``BatchNorm1d``, ``LayerNorm``, ``GroupNorm`` reading a linear layer's output),
+  the gradient into the linear layer mixes the batch (BatchNorm's backward pass) or a sample's units, and
+  hides every bin; the bins are in the gradient at the normalisation's OUTPUT, which is examined too (as
+  layer ``'linear -> norm'``): a trap whose cut-offs sit in BatchNorm's affine parameters reads the
+  samples up to two batch-wide terms (red team: ``trap_weights`` on ``fc2bn``).
 - **disaggregation** (opt-in, ``disaggregation=True``, with ``batch``): SEER's D-SNR (Garov et al. 2024):
   the model in train mode, each sample's own weight gradient, flagged when one sample's norm exceeds
   ``DSNR_THRESHOLD`` times the others' together (see docs/malicious-server.md for what it adds).
@@ -852,6 +857,22 @@ class _eval_forward(_training_forward):
         return self.module
 
 
+#: normalisations whose output is examined for isolation when they read a linear layer's output
+_NORMS = (nn.BatchNorm1d, nn.LayerNorm, nn.GroupNorm)
+
+
+def _record(ran: list, names: Mapping[int, str], m: nn.Module, inp, out) -> None:
+    """A forward hook's record of the layers the isolation checks differentiate: every ``nn.Linear`` (name,
+    module, output, input), and a normalisation that reads the output of the linear layer just recorded,
+    as ``'linear -> norm'`` (its output; no input: the per-sample norms of the concentration check need
+    the linear layer's own)."""
+    if isinstance(m, nn.Linear) and id(m) in names:
+        ran.append((names[id(m)], m, out, inp[0] if inp and isinstance(inp[0], Tensor) else None))
+    elif (isinstance(m, _NORMS) and id(m) in names and ran and inp and isinstance(ran[-1][1], nn.Linear)
+          and inp[0] is ran[-1][2]):
+        ran.append((f"{ran[-1][0]} -> {names[id(m)]}", m, out, None))
+
+
 def _batch_checks(module: nn.Module, batch, examined: str | None = None,
                   baseline: nn.Module | None = None, disaggregation: bool = False) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
@@ -864,12 +885,11 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
         return [], {"batch": {"skipped": "the model has no nn.Linear classification layer"}}
     ran: list[tuple[str, nn.Linear, Any]] = []  # linear layers in the order they ran, with their outputs
     bad: list[str] = []  # the first module whose output held NaN / inf
-    linear_names = {id(m): name for name, m in linear}
+    names = {id(m): name for name, m in module.named_modules()}
 
     def watch(name):
         def hook(m, inp, out):
-            if id(m) in linear_names:
-                ran.append((linear_names[id(m)], m, out, inp[0] if inp and isinstance(inp[0], Tensor) else None))
+            _record(ran, names, m, inp, out)
             if not bad and any(not bool(torch.isfinite(t).all()) for t in _outputs(out)):
                 bad.append(name or "the model")
         return hook
@@ -910,7 +930,8 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
         return ([f"batch: none of the model's {len(linear)} nn.Linear layer(s) ran on the batch "
                  f"({_some(name for name, _ in linear)}): the layers the weight checks examined do not compute its output"],
                 {"batch": {"skipped": "no nn.Linear layer ran"}})
-    heads = [(name, m, o) for name, m, o, _ in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == n]
+    heads = [(name, m, o) for name, m, o, _ in ran
+             if isinstance(m, nn.Linear) and isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == n]
     if not heads:
         return [], {"batch": {"skipped": f"no nn.Linear layer gave one row of logits per sample (shape [{n}, classes])"}}
     name, head, raw_logits = heads[-1]
@@ -989,8 +1010,13 @@ def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) ->
     """The isolation reason for one layer, or None: an excess over the client's own model's count on the
     same batch of at least ``ISOLATION_MIN_SAMPLES`` and ``ISOLATION_SHARE`` of the batch (no baseline:
     not judged, see ``ISOLATION_MIN_SAMPLES``)."""
-    what = (f"layer '{name}' singles out {isolated} of {n} samples in its weight gradient (one row, or the difference of "
-            f"two rows after peeling, holds the sample alone: the server reads those samples' inputs to the layer exactly)")
+    if " -> " in name:
+        what = (f"layer '{name}' singles out {isolated} of {n} samples in the gradient at the normalisation's output (one "
+                f"unit, or the difference of two units after peeling, holds the sample alone: the server reads those "
+                f"samples' inputs to the linear layer up to terms shared by the batch)")
+    else:
+        what = (f"layer '{name}' singles out {isolated} of {n} samples in its weight gradient (one row, or the difference of "
+                f"two rows after peeling, holds the sample alone: the server reads those samples' inputs to the layer exactly)")
     if baseline is None:
         return None
     if isolated - baseline >= max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n):
@@ -1004,10 +1030,10 @@ def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor, train: bool =
     cannot run: meta tensors, another input shape; the counts are then not judged)."""
     if any(t.is_meta for t in baseline.state_dict().values() if isinstance(t, Tensor)):
         return None
-    names = {id(m): name for name, m in baseline.named_modules() if isinstance(m, nn.Linear)}
+    names = {id(m): name for name, m in baseline.named_modules()}
     ran: list = []
-    hooks = [m.register_forward_hook(lambda m, i, o: ran.append((names[id(m)], m, o, i[0] if i else None)))
-             for m in baseline.modules() if id(m) in names]
+    hooks = [m.register_forward_hook(lambda m, i, o: _record(ran, names, m, i, o))
+             for m in baseline.modules() if isinstance(m, (nn.Linear, *_NORMS))]
     try:
         inputs = x.detach().to(next((p.device for p in baseline.parameters()), torch.device("cpu")))
         if inputs.is_floating_point():
@@ -1019,7 +1045,8 @@ def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor, train: bool =
     finally:
         for h in hooks:
             h.remove()
-    heads = [o for _, _, o, _ in ran if isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == x.shape[0]]
+    heads = [o for _, m, o, _ in ran
+             if isinstance(m, nn.Linear) and isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == x.shape[0]]
     if not heads:
         return None
     _, isolation, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None)

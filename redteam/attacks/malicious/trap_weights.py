@@ -6,8 +6,9 @@ architecture's own layers made to leak; Garov et al. 2024, SEER: a server disgui
 checks). The architecture is the client's own, so the architecture comparison sees nothing.
 
 Construction, for a model whose first parameterised layer (in forward order) is an ``nn.Linear(d -> U)``
-on the flattened input, followed by an ``nn.ReLU`` and an ``nn.Linear(U -> K)`` that reads those units
-(FC-2, MLPs; elsewhere: not applicable, with the reason):
+on the flattened input, followed by an ``nn.ReLU`` (optionally after an affine ``nn.BatchNorm1d``, below)
+and an ``nn.Linear(U -> K)`` that reads those units (FC-2, MLPs; elsewhere, LayerNorm and GroupNorm
+included: not applicable, with the reason):
 
 - The ``U`` rows form ``chains`` measurement chains of ``U // chains`` rows (left-over rows never fire).
   Chain c measures ``s = <m_c, x>`` along a random unit direction ``m_c``; its rows cut ``s`` at
@@ -45,6 +46,14 @@ on the flattened input, followed by an ``nn.ReLU`` and an ``nn.Linear(U -> K)`` 
   bin and gives no candidate. The isolation check still counts the bins' samples: ``rows`` of 4 to 6 keep
   that count near the honest model's on batches of 64 (it compares counts, not which samples).
 
+Through BatchNorm (``nn.Linear -> nn.BatchNorm1d -> nn.ReLU -> nn.Linear``, e.g. ``fc2bn``): in train mode
+every row of a chain normalises to the same standardised measurement, so the cut-offs go in BatchNorm's
+affine parameters (``beta_i = -gamma_i c_i``, quantiles of the standardised measurement; the linear rows
+keep their honest biases, which BatchNorm cancels), and the recovery undoes BatchNorm's backward pass up
+to two batch-wide images estimated on the auxiliary data (``trap_norm``: not bit-exact, SSIM > 0.9 on
+most of a batch). It passes the isolation check at the linear layer (BatchNorm mixes the batch there) and
+D-SNR; ``inspect_model`` examines the gradient at BatchNorm's output for that. Our construction.
+
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
 is a fresh chance for a sample to be alone in a bin; ``inspect_model``'s isolation check counts the
@@ -58,7 +67,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from pydantic import Field, model_validator
@@ -67,16 +76,29 @@ from torch import Tensor, nn
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
+from guardfl.redteam.attacks.malicious import trap_norm
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
 from guardfl.redteam.attacks.malicious.server import ServerAttack, server_labels
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.threat import ThreatModel
 
 
-def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[str, nn.Linear, str, nn.Linear] | str:
-    """(name, first linear, name, next linear) of a model that can host trap weights, or the reason it
-    cannot: the modules that run on one probe input, in order, must start with an ``nn.Linear`` on the
-    flattened input, then an ``nn.ReLU``, then an ``nn.Linear`` reading the first one's outputs."""
+class TrapLayers(NamedTuple):
+    """Where trap weights go: the first linear layer, the linear layer that reads its units, and the
+    ``BatchNorm1d`` between them (None when the first layer's units go straight into the ReLU)."""
+
+    first_name: str
+    first: nn.Linear
+    second_name: str
+    second: nn.Linear
+    norm_name: str | None = None
+    norm: nn.BatchNorm1d | None = None
+
+
+def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | str:
+    """The layers of a model that can host trap weights, or the reason it cannot: the modules that run on
+    one probe input, in order, must start with an ``nn.Linear`` on the flattened input, then (optionally)
+    an affine ``nn.BatchNorm1d`` of its units, then an ``nn.ReLU``, then an ``nn.Linear`` reading them."""
     names = {id(m): n for n, m in model.named_modules()}
     order: list[nn.Module] = []
     hooks = [m.register_forward_hook(lambda m, i, o: order.append(m)) for m in model.modules()
@@ -92,16 +114,24 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[str, nn
         for h in hooks:
             h.remove()
         model.train(was)
-    layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, nn.ReLU)]
+    normalising = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)  # with or without parameters
+    layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, (nn.ReLU, *normalising))]
     d = math.prod(input_shape)
     if len(layers) < 3 or not isinstance(layers[0], nn.Linear) or layers[0].in_features != d:
         first = type(layers[0]).__name__ if layers else "none"
         return (f"trap weights need a first layer that is an nn.Linear on the whole flattened input ({d} features); "
                 f"this model's first layer is {first}")
-    first, relu, second = layers[0], layers[1], layers[2]
+    norm = layers[1] if isinstance(layers[1], normalising) else None
+    if norm is not None:
+        if not isinstance(norm, nn.BatchNorm1d) or norm.num_features != layers[0].out_features or not norm.affine:
+            return (f"the first layer's units go through {type(norm).__name__}: trap weights need an affine nn.BatchNorm1d "
+                    "of all of them there (the cut-offs go in its bias), or none")
+        layers = [layers[0], *layers[2:]]
+    first, relu, second = layers[0], layers[1], layers[2] if len(layers) > 2 else None
     if not isinstance(relu, nn.ReLU) or not isinstance(second, nn.Linear) or second.in_features != first.out_features:
-        return "trap weights need nn.Linear -> nn.ReLU -> nn.Linear reading all of the first layer's units"
-    return names[id(first)], first, names[id(second)], second
+        return "trap weights need nn.Linear -> (nn.BatchNorm1d ->) nn.ReLU -> nn.Linear reading all of the first layer's units"
+    return TrapLayers(names[id(first)], first, names[id(second)], second,
+                      None if norm is None else names[id(norm)], norm)
 
 
 def quantile_cuts(measure: Tensor | None, rows: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
@@ -149,48 +179,87 @@ def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tu
     return _cuts_at(q, measure, input_range, direction)
 
 
-def craft(model: nn.Module, layers: tuple[str, nn.Linear, str, nn.Linear], input_shape: tuple[int, ...],
+class Trap(NamedTuple):
+    """A crafted model and what its recovery needs: the rows of each chain in cut-off order, the state-dict
+    names of the first layer's weight and bias, and through a BatchNorm its name and, per chain, the
+    measurement direction, the rows' scales and the BatchNorm weights sent (``trap_norm``)."""
+
+    sent: nn.Module
+    chains: list[Tensor]
+    weight: str
+    bias: str
+    norm: str | None = None
+    norm_chains: list[tuple[Tensor, Tensor, Tensor]] | None = None
+
+
+def _cuts(measure: Tensor | None, k: int, rows: int | None, cuts: str, samples: int,
+          input_range: tuple[float, float], m: Tensor) -> Tensor:
+    """A chain's cut-offs of ``<m, x>``: quantiles of the whole range (``rows`` None), the top or the middle."""
+    if rows is None:
+        return quantile_cuts(measure, k, input_range, m)
+    if cuts == "middle":
+        return middle_cuts(measure, k, samples, input_range, m)
+    return top_cuts(measure, k, samples, input_range, m)
+
+
+def _norm_cuts(t_aux: Tensor | None, k: int, rows: int | None, cuts: str, samples: int) -> Tensor:
+    """The same cut-offs of the standardised measurement (through a BatchNorm: ``trap_norm``). A small
+    trap's cuts sit at quantiles ``1 / (B + 1)`` apart, finer than a few dozen auxiliary images resolve:
+    those come from N(0, 1), what a random projection of images is once standardised."""
+    if rows is None:
+        return trap_norm.standard_cuts(t_aux, torch.arange(k, dtype=torch.float64) / k, samples, True)
+    if cuts == "middle":
+        q = (0.5 + (torch.arange(k, dtype=torch.float64) - (k - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
+    else:
+        q = 1 - torch.arange(k, 0, -1, dtype=torch.float64) / (samples + 1)
+    return trap_norm.standard_cuts(None, q, samples, False)
+
+
+def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
           aux: Tensor | None, chains: int, column_noise: float, input_range: tuple[float, float],
           gen: torch.Generator, rows: int | None = None, samples: int = 1,
-          boost: float = 1.0, cuts: str = "top") -> tuple[nn.Module, list[Tensor], str, str]:
-    """The trapped model (a deep copy), the rows of each chain in cut-off order, and the names of the
-    first layer's weight and bias. ``rows``: rows per chain at the top of the measurement (``cuts="top"``)
-    or around its median (``cuts="middle"``: the rows also scaled by ``1 / boost``), the other rows keep
-    their honest weights; None: the whole layer, ``U // chains`` rows per chain."""
+          boost: float = 1.0, cuts: str = "top") -> Trap:
+    """The trapped model (a deep copy) and what the recovery needs (``Trap``). ``rows``: rows per chain at
+    the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
+    scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
+    chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``)."""
     sent = copy.deepcopy(model)
-    first_name, _, second_name, _ = layers
     modules = dict(sent.named_modules())
-    first, second = modules[first_name], modules[second_name]
+    first, second = modules[layers.first_name], modules[layers.second_name]
+    norm = None if layers.norm_name is None else modules[layers.norm_name]
     units, d = first.out_features, first.in_features
     k = units // chains if rows is None else min(rows, units // chains)
     order = torch.randperm(units, generator=gen)
-    chain_rows = []
+    chain_rows, norm_chains = [], []
     with torch.no_grad():
         if rows is None:
             first.weight.zero_()
-            first.bias.fill_(-1.0)  # left-over rows never fire
+            (first.bias if norm is None else norm.bias).fill_(-1.0)  # left-over rows never fire
         for c in range(chains):
             m = torch.randn(d, generator=gen, dtype=torch.float64)
             m /= m.norm()
-            measure = None if aux is None else aux.flatten(1).double() @ m
-            if rows is None:
-                cut = quantile_cuts(measure, k, input_range, m)
-            elif cuts == "middle":
-                cut = middle_cuts(measure, k, samples, input_range, m)
-            else:
-                cut = top_cuts(measure, k, samples, input_range, m)
             scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
             if rows is not None and cuts == "middle":
                 scale = scale / boost  # half the batch fires these rows: their activations (and logits) stay honest
             chain = order[c * k:(c + 1) * k]
-            first.weight[chain] = (scale[:, None] * m[None, :]).to(first.weight.dtype)
-            first.bias[chain] = (-scale * cut).to(first.bias.dtype)
+            if norm is None:
+                cut = _cuts(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
+                first.weight[chain] = (scale[:, None] * m[None, :]).to(first.weight.dtype)
+                first.bias[chain] = (-scale * cut).to(first.bias.dtype)
+            else:  # the linear rows measure (their bias cancels in the BatchNorm); its affine cuts
+                cut = _norm_cuts(trap_norm.standardised(aux, m), k, rows, cuts, samples)
+                alpha = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+                first.weight[chain] = (alpha[:, None] * m[None, :]).to(first.weight.dtype)
+                norm.weight[chain] = scale.to(norm.weight.dtype)
+                norm.bias[chain] = (-scale * cut).to(norm.bias.dtype)
+                norm_chains.append((m, alpha, scale))
             column = torch.randn(second.out_features, generator=gen, dtype=torch.float64)
             column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
             noise = 1 + column_noise * torch.randn(second.out_features, k, generator=gen, dtype=torch.float64)
             second.weight[:, chain] = (column[:, None] * noise).to(second.weight.dtype)
             chain_rows.append(chain)
-    return sent, chain_rows, f"{first_name}.weight", f"{first_name}.bias"
+    return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
+                norm_chains if norm is not None else None)
 
 
 def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, input_shape: tuple[int, ...],
@@ -203,6 +272,24 @@ def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, in
         parts = [(dw[:-1], db[:-1]) for dw, db in parts]
     return candidates(torch.cat([dw for dw, _ in parts]), torch.cat([db for _, db in parts]), input_shape, samples,
                       input_range, min_mass)
+
+
+def recover_through_norm(update: dict[str, Tensor], trap: Trap, eps: float, aux: Tensor | None, samples: int,
+                         input_shape: tuple[int, ...], input_range: tuple[float, float], min_mass: float,
+                         top_row: bool = True) -> tuple[Tensor, int]:
+    """``recover`` for a trap behind a BatchNorm (``trap_norm.bins``: BatchNorm's coupling undone, the two
+    batch-wide terms estimated on ``aux``)."""
+    d = math.prod(input_shape)
+    images, masses = [], []
+    for rows, (m, alpha, gamma) in zip(trap.chains, trap.norm_chains):
+        xbar, t_term, var_s = trap_norm.batch_terms(aux, m, input_range, d)
+        image, mass = trap_norm.bins(update[trap.weight][rows], update[f"{trap.norm}.weight"][rows],
+                                     update[f"{trap.norm}.bias"][rows], alpha, gamma, eps, xbar, t_term, var_s)
+        cut = None if top_row else -1
+        images.append(image[:cut])
+        masses.append(mass[:cut])
+    mass = torch.cat(masses)
+    return candidates(torch.cat(images) * mass[:, None], mass, input_shape, samples, input_range, min_mass)
 
 
 class TrapWeightsConfig(AttackConfig):
@@ -246,8 +333,8 @@ class TrapWeights(ServerAttack):
         found = trap_layers(setting.model, tuple(setting.input_shape))
         if isinstance(found, str):
             return found
-        if found[1].out_features // 2 < 2:
-            return f"the first linear layer has {found[1].out_features} units: too few for chains of bins"
+        if found.first.out_features // 2 < 2:
+            return f"the first linear layer has {found.first.out_features} units: too few for chains of bins"
         return None
 
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
@@ -255,15 +342,22 @@ class TrapWeights(ServerAttack):
         c = self.config
         shape, n = tuple(setting.input_shape), setting.num_samples
         layers = trap_layers(setting.model, shape)
-        chains = min(c.chains, layers[1].out_features // 2)
+        chains = min(c.chains, layers.first.out_features // 2)
         aux = None if threat.aux is None else threat.aux.images
-        sent, rows, wname, bname = craft(setting.model, layers, shape, aux, chains, c.column_noise,
-                                         setting.input_range, gen, c.rows, n, c.boost, c.cuts)
-        observation = client(sent)
-        images, found = recover(observation.update[wname], observation.update[bname], rows, n, shape,
-                                setting.input_range, c.min_mass, top_row=c.rows is None or c.cuts == "top")
+        trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, c.rows, n,
+                     c.boost, c.cuts)
+        observation = client(trap.sent)
+        top_row = c.rows is None or c.cuts == "top"
+        if trap.norm is None:
+            images, found = recover(observation.update[trap.weight], observation.update[trap.bias], trap.chains, n, shape,
+                                    setting.input_range, c.min_mass, top_row=top_row)
+        else:
+            images, found = recover_through_norm(observation.update, trap, layers.norm.eps, aux, n, shape,
+                                                 setting.input_range, c.min_mass, top_row=top_row)
         labels, source = server_labels(observation, setting, threat)
+        extra = {} if trap.norm is None else {"through": f"BatchNorm1d '{trap.norm}' (cut-offs in its affine parameters; "
+                                                         "batch terms estimated " + ("on aux)" if aux is not None else "for uniform pixels)")}
         return Reconstruction(images, labels.cpu(), 0.0, [], {
-            "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in rows), "candidates": found,
-            "layer": wname.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": c.boost, "cuts": c.cuts if c.rows else "quantiles",
-            "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": sent})
+            "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
+            "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": c.boost, "cuts": c.cuts if c.rows else "quantiles",
+            **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -126,6 +127,22 @@ class FC2(nn.Module):
         return self.net(x)
 
 
+class FC2BN(nn.Module):
+    """FC-2 with batch normalisation: flatten, ``Linear(d, hidden)``, ``BatchNorm1d(hidden)``, ReLU, a linear
+    output. The normalised MLP of tabular and small-image FL: in train mode every hidden unit's gradient
+    mixes the whole batch (the setting in which Wang and Li 2025, "Hear No Evil", expect malicious-server
+    constructions to fail; ``trap_weights`` adapts to it)."""
+
+    def __init__(self, in_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, hidden: int = 256) -> None:
+        super().__init__()
+        size = math.prod(in_shape)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(size, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                 nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
 class _BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
@@ -177,7 +194,7 @@ def vgg16(in_shape: tuple[int, int, int] = (3, 224, 224), num_classes: int = 100
     return model
 
 
-MODELS.update({"fc2": FC2, "resnet20": ResNet20, "vgg16": vgg16})
+MODELS.update({"fc2": FC2, "fc2bn": FC2BN, "resnet20": ResNet20, "vgg16": vgg16})
 
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:

@@ -99,6 +99,19 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     assert all(r["recovered"]["above_max_ssim"] == 0 for r in defended.results)
 
 
+def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_and_a_small_one_leaks():
+    """configs/malicious-adaptive-bn.yaml: FC-2 with BatchNorm1d, the trap's cut-offs in BatchNorm's affine
+    parameters. The whole-layer and 8-row traps are refused at BatchNorm's output (isolation 'net.1 ->
+    net.2'); the 3-row trap passes and reads a face: the config does not certify."""
+    result = certify(str(CONFIGS / "malicious-adaptive-bn.yaml"))
+    assert result.status == "NOT CERTIFIED"
+    by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("cuts")): r for r in result.results}
+    for key in (("trap_weights", None, None), ("trap_weights", 8, None)):
+        assert by[key]["info"]["refused"].startswith("isolation: layer 'net.1 -> net.2'")
+    small = by[("trap_weights", 3, None)]
+    assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
+
+
 def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishing_only():
     import torch
 

@@ -151,3 +151,79 @@ def test_a_client_query_with_dsnr_needs_inspection():
     x, y = batch(4)
     with pytest.raises(Exception, match="^client.inspect_disaggregation: true adds a check"):
         ClientQuery(x, y, None, FedSGD(), disaggregation=True)
+
+
+# -- through BatchNorm (Linear -> BatchNorm1d -> ReLU -> Linear): the cut-offs in its affine parameters --------
+def setup_bn(n=32):
+    from guardfl.redteam.modality.image.models import FC2BN
+
+    model, setting, threat = setup(n)
+    torch.manual_seed(0)
+    bn = FC2BN()
+    return bn, replace(setting, model=bn), threat
+
+
+def test_applicable_through_an_affine_batchnorm_only():
+    from guardfl.redteam.attacks.malicious.trap_weights import trap_layers
+
+    bn, setting, threat = setup_bn()
+    assert get("trap_weights").applicable(setting, threat) is None
+    assert trap_layers(bn, SHAPE).norm_name == "net.2"
+    plain = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 64), torch.nn.BatchNorm1d(64, affine=False),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    assert "affine nn.BatchNorm1d" in get("trap_weights").applicable(replace(setting, model=plain), threat)
+
+
+def test_through_batchnorm_the_bins_are_the_samples_up_to_two_batch_terms():
+    """trap_norm.bins with the batch's own mean, T and variance gives each single-sample bin's image
+    exactly: the maths of BatchNorm's backward pass, undone (the attack estimates those terms on aux)."""
+    from guardfl.redteam.attacks.malicious import trap_norm
+    from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
+
+    bn, _, threat = setup_bn()
+    x, y = batch(16)
+    trap = craft(bn, trap_layers(bn, SHAPE), SHAPE, threat.aux.images, 1, 0.0, (0.0, 1.0), torch.Generator().manual_seed(0),
+                 None, 16)
+    trap.sent.train()
+    loss = torch.nn.functional.cross_entropy(trap.sent(x), y)
+    names = [k for k, _ in trap.sent.named_parameters()]
+    grads = dict(zip(names, torch.autograd.grad(loss, list(trap.sent.parameters()))))
+    (rows,), ((m, alpha, gamma),) = trap.chains, trap.norm_chains
+    flat = x.flatten(1).double()
+    s = flat @ m
+    t = (s - s.mean()) / s.std(unbiased=False)
+    images, mass = trap_norm.bins(grads["net.1.weight"][rows], grads["net.2.weight"][rows], grads["net.2.bias"][rows],
+                                  alpha, gamma, 1e-5, flat.mean(0), (t[:, None] * flat).mean(0), float(s.var(unbiased=False)))
+    cuts = -trap.sent.net[2].bias.detach().double()[rows] / gamma
+    fires = t[:, None] > cuts[None, :]  # batch x rows
+    alone = [i for i in range(len(rows)) if int(fires[:, i].sum()) - int(fires[:, i + 1].sum() if i + 1 < len(rows) else 0) == 1]
+    assert len(alone) >= 6
+    for i in alone:
+        n = int((fires[:, i] & ~(fires[:, i + 1] if i + 1 < len(rows) else torch.zeros_like(fires[:, i]))).nonzero())
+        assert float((images[i] - flat[n]).abs().max()) < 1e-2 and float((images[i] - flat[n]).abs().mean()) < 2e-3, i
+
+
+def test_the_trap_through_batchnorm_passes_the_linear_layer_checks_and_the_normalised_output_check_refuses_it():
+    """Behind BatchNorm every row's gradient mixes the whole batch: the isolation at the linear layer sees
+    nothing, D-SNR neither; the bins are in the gradient at BatchNorm's output, which inspect_model examines."""
+    bn, setting, threat = setup_bn()
+    x, y = batch()
+    rec = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert exact(rec, x) >= 8 and rec.info["through"].startswith("BatchNorm1d 'net.2'")
+    found = inspect_model(rec.info["malicious_model"], bn, batch=(x, y), disaggregation=True)
+    layers = found.checks["isolation"]["layers"]
+    assert layers["net.1"]["isolated"] == 0 and found.checks["disaggregation"]["max"] < 2
+    assert layers["net.1 -> net.2"]["isolated"] >= 16 and not found.ok
+    assert [r for r in found.reasons if r.startswith("isolation: layer 'net.1 -> net.2'")] == found.reasons
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=bn)
+    assert get("trap_weights", seed=0).interrogate(client, setting, threat).info["refused"].startswith("isolation:")
+
+
+def test_a_small_trap_through_batchnorm_passes_the_inspection_and_reads_a_sample():
+    """The construction adapted to the check at BatchNorm's output: three rows at the top (on this batch the
+    honest model already isolates 13 of 32 there; seeds 0 and 3 of this trap are refused, 1 and 2 pass)."""
+    bn, setting, threat = setup_bn()
+    x, y = batch()
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=bn)
+    rec = get("trap_weights", seed=1, chains=1, rows=3).interrogate(client, setting, threat)
+    assert "refused" not in rec.info and max(r["ssim"] for r in metrics.evaluate(rec, x)["per_image"]) > 0.8
