@@ -258,16 +258,26 @@ def test_trainer_refuses_a_malicious_model_before_training():
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()) and trainer.state.rounds == 0
 
 
+def plain_net(seed=0):
+    """``net`` without its BatchNorm."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
 def test_trainer_inspect_disaggregation_refuses_what_only_dsnr_sees():
     from guardfl.redteam.attacks.malicious.fishing import fishing_model
 
-    fished = fishing_model(net(), 3, 1, 50.0, disguise=True)  # label 1 has one sample in the first batch
-    plain = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True)
+    fished = fishing_model(plain_net(), 3, 1, 50.0, disguise=True)  # label 1 has one sample in the first batch
+    plain = gn.GuardedTrainer(plain_net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True)
     plain.train(fl_model(fished), DataLoader(DATA, batch_size=8))  # D-SNR off: every default check passes
-    trainer = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True, inspect_disaggregation=True)
+    trainer = gn.GuardedTrainer(plain_net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True, inspect_disaggregation=True)
     with pytest.raises(MaliciousModelError, match="disaggregation: sample"):
         trainer.train(fl_model(fished), DataLoader(DATA, batch_size=8))
     assert trainer.state.rounds == 0
+    # with BatchNorm the same fishing is refused by default: the isolation check at BatchNorm's output
+    bn = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True)
+    with pytest.raises(MaliciousModelError, match="isolation: layer '1 -> 2'"):
+        bn.train(fl_model(fishing_model(net(), 3, 1, 50.0, disguise=True)), DataLoader(DATA, batch_size=8))
     with pytest.raises(ConfigError, match="^inspect_disaggregation: True adds a check"):
         gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect_disaggregation=True)
 

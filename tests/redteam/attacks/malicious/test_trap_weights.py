@@ -227,3 +227,24 @@ def test_a_small_trap_through_batchnorm_passes_the_inspection_and_reads_a_sample
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=bn)
     rec = get("trap_weights", seed=1, chains=1, rows=3).interrogate(client, setting, threat)
     assert "refused" not in rec.info and max(r["ssim"] for r in metrics.evaluate(rec, x)["per_image"]) > 0.8
+
+
+def test_boost_auto_follows_the_known_defense():
+    from guardfl.redteam.attacks.malicious.trap_weights import TRAP_BOOST, boost_for
+
+    assert boost_for({"kind": "gaussian", "sigma": 0.01}) == boost_for({"kind": "outpost"}) == TRAP_BOOST
+    assert boost_for({"kind": "gradprune", "ratio": 0.9}) == TRAP_BOOST
+    assert boost_for({"kind": "sign"}) == boost_for(None) == 1.0
+    assert boost_for({"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0}) == 1.0
+    assert boost_for({"kind": "stack", "defenses": [{"kind": "sign"}, {"kind": "laplace", "scale": 0.1}]}) == TRAP_BOOST
+    model, setting, threat = setup()
+    x, y = batch()
+    noise = {"kind": "gaussian", "sigma": 0.01}
+    noisy = replace(setting, defense_config=noise)
+    known = get("trap_weights", seed=0, chains=1, rows=4).interrogate(ClientQuery(x, y, noise, FedSGD()), noisy, threat)
+    blind = get("trap_weights", seed=0, chains=1, rows=4).interrogate(ClientQuery(x, y, noise, FedSGD()), noisy,
+                                                                       threat.model_copy(update={"defense": "unknown"}))
+    assert (known.info["boost"], blind.info["boost"]) == (TRAP_BOOST, 1.0)
+    assert exact(known, x) >= 1 and exact(blind, x) == 0
+    with pytest.raises(ValueError, match="expected 'auto' or a number"):
+        get("trap_weights", boost=0.5)
