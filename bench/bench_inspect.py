@@ -12,7 +12,8 @@ it was not trained on) and, for benign ones, a non-IID batch (mostly one class),
 initialisation of the same architecture as the client's own model (the isolation check's reference).
 Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
 (two chains, one chain, and 8 rows adapted to the isolation check), the same through BatchNorm (FC-2 with
-BatchNorm1d: the cut-offs in its affine parameters; whole layer, 8 and 3 rows) and class fishing without the
+BatchNorm1d: the cut-offs in its affine parameters; whole layer, 8 and 3 rows), through GroupNorm (FC-2 as
+dp_compatible makes it) and class fishing without the
 zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained.
 The opt-in disaggregation check (SEER's D-SNR, ``inspect_model(..., disaggregation=True)``) is run too and
 counted apart: flagged by it, and flagged by it alone.
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from guardfl import inspect as I  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers  # noqa: E402
-from guardfl.redteam.modality.image.models import FC2, FC2BN  # noqa: E402
+from guardfl.redteam.modality.image.models import FC2, FC2BN, FC2GN  # noqa: E402
 from tests import malicious as M  # noqa: E402
 
 
@@ -140,6 +141,8 @@ def main() -> None:
         benign.setdefault("default init: FC-2 (3072-256-10)", []).append(FC2())
         torch.manual_seed(s)
         benign.setdefault("default init: FC-2 with BatchNorm1d", []).append(FC2BN())
+        torch.manual_seed(s)
+        benign.setdefault("default init: FC-2 with GroupNorm", []).append(FC2GN())
     for s in range(max(2, args.seeds // 5) if args.resnet else 0):
         benign.setdefault("default init: ResNet-18", []).append(M.resnet18(s))
         torch.manual_seed(s)
@@ -154,6 +157,8 @@ def main() -> None:
             benign.setdefault("trained: FC-2", []).append(M.train(FC2(), x, y, epochs=epochs, lr=0.01, seed=s))
             torch.manual_seed(s)
             benign.setdefault("trained: FC-2 with BatchNorm1d", []).append(M.train(FC2BN(), x, y, epochs=epochs, seed=s))
+            torch.manual_seed(s)
+            benign.setdefault("trained: FC-2 with GroupNorm", []).append(M.train(FC2GN(), x, y, epochs=epochs, seed=s))
     if args.resnet:
         benign["trained: ResNet-18 (1 epoch)"] = [M.train(M.resnet18(0), x[:512], y[:512], epochs=1, lr=0.05)]
     for s in range(2):
@@ -198,6 +203,13 @@ def main() -> None:
             malicious.setdefault("trap weights through BatchNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
             malicious.setdefault("trap weights through BatchNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
             malicious.setdefault("trap weights through BatchNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
+    trained_gn = benign["trained: FC-2 with GroupNorm"][1]
+    torch.manual_seed(0)
+    for name, base in (("FC-2 GN", FC2GN()), ("FC-2 GN trained", trained_gn)):
+        for seed in range(5):  # one measuring channel per group (trap_norm.write_groups)
+            malicious.setdefault("trap weights through GroupNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
+            malicious.setdefault("trap weights through GroupNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
+            malicious.setdefault("trap weights through GroupNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
 
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],

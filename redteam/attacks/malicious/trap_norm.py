@@ -83,3 +83,66 @@ def bins(weight: Tensor, gamma_update: Tensor, beta_update: Tensor, alpha: Tenso
     t = dgam / safe
     images = dg / safe[:, None] + xbar[None, :] + t[:, None] * t_term[None, :]
     return images, db
+
+
+# -- through GroupNorm (what guardfl.dp_compatible / Opacus put in BatchNorm's place) --------------------------
+# GroupNorm normalises each sample over the channels of a group, so a group is a measuring instrument of its
+# own: one channel measures ``u_n = alpha <m, x_n>``, the group's other channels are constants spread far
+# apart (``K`` times the measurement's range, symmetric around 0, tiny random weights so that no two rows
+# are equal). Their spread sets the group's variance, so the measuring channel normalises to an almost
+# linear function of ``u_n``, and GroupNorm's affine bias cuts it; the constants are never let fire
+# (weight 0.5 / sqrt(size), bias -1). Nothing mixes samples: each group's row sends ``sum D_n s_a x_n``
+# over the samples it fires for, ``s_a`` the slope of the normalised value (nearly the same for every
+# sample), so rows divided by their slopes difference to single samples as without normalisation.
+
+#: the constants' spread over the largest possible measurement
+GROUP_SPREAD = 100.0
+
+
+def group_value(u: Tensor, others: Tensor, eps: float) -> Tensor:
+    """GroupNorm's normalised value of a group's first channel for measurements ``u`` (n,), the other
+    channels holding ``others`` (float64)."""
+    z = torch.cat([u.double()[:, None], others.double()[None, :].expand(len(u), -1)], 1)
+    mu = z.mean(1, keepdim=True)
+    var = z.var(1, unbiased=False, keepdim=True)
+    return ((z - mu) / torch.sqrt(var + eps))[:, 0]
+
+
+def group_slope(u: float, others: Tensor, eps: float) -> float:
+    """``d group_value / d u`` at ``u``."""
+    with torch.enable_grad():  # the crafting runs under no_grad
+        point = torch.tensor([u], dtype=torch.float64, requires_grad=True)
+        (slope,) = torch.autograd.grad(group_value(point, others, eps).sum(), point)
+    return float(slope)
+
+
+def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Tensor, bound: float,
+                 gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Write one chain's groups (in cut-off order; see above): ``cut`` on ``<m, x>``, ``scale`` the
+    GroupNorm weights of the measuring channels. Returns their units (rows of ``first``) and each row's
+    slope ``gamma * d zhat / d z``, by which the recovery divides the row's update."""
+    size = norm.num_channels // norm.num_groups
+    others_n = size - 1
+    spread = GROUP_SPREAD * 2.0 * bound * torch.linspace(-1.0, 1.0, others_n, dtype=torch.float64)
+    units, slopes = [], []
+    row_norm = float(first.weight.detach().double().norm(dim=1).mean().clamp_min(1e-6))
+    for j, g in enumerate(groups.tolist()):
+        channels = torch.arange(g * size, (g + 1) * size)
+        pick = int(torch.randint(size, (1,), generator=gen))
+        unit, rest = int(channels[pick]), channels[torch.arange(size) != pick]
+        alpha = float(torch.rand(1, generator=gen, dtype=torch.float64)) * 1.5 + 0.5
+        others = spread[torch.randperm(others_n, generator=gen)]
+        first.weight[unit] = (alpha * m).to(first.weight.dtype)
+        first.bias[unit] = 0.0
+        first.weight[rest] = (1e-3 * row_norm / math.sqrt(first.in_features)
+                              * torch.randn(others_n, first.in_features, generator=gen)).to(first.weight.dtype)
+        first.bias[rest] = others.to(first.bias.dtype)
+        at = group_value(torch.tensor([alpha * float(cut[j])], dtype=torch.float64), others, norm.eps)[0]
+        gamma = float(scale[j])
+        norm.weight[unit] = gamma
+        norm.bias[unit] = float(-gamma * at) if bool(torch.isfinite(at)) else gamma * 10.0
+        norm.weight[rest] = 0.5 / math.sqrt(size)
+        norm.bias[rest] = -1.0
+        units.append(unit)
+        slopes.append(gamma * group_slope(alpha * float(cut[j]), others, norm.eps))
+    return torch.tensor(units), torch.tensor(slopes, dtype=torch.float64)

@@ -7,8 +7,8 @@ checks). The architecture is the client's own, so the architecture comparison se
 
 Construction, for a model whose first parameterised layer (in forward order) is an ``nn.Linear(d -> U)``
 on the flattened input, followed by an ``nn.ReLU`` (optionally after an affine ``nn.BatchNorm1d``, below)
-and an ``nn.Linear(U -> K)`` that reads those units (FC-2, MLPs; elsewhere, LayerNorm and GroupNorm
-included: not applicable, with the reason):
+and an ``nn.Linear(U -> K)`` that reads those units (FC-2, MLPs; an affine GroupNorm there too, below;
+elsewhere, LayerNorm included: not applicable, with the reason):
 
 - The ``U`` rows form ``chains`` measurement chains of ``U // chains`` rows (left-over rows never fire).
   Chain c measures ``s = <m_c, x>`` along a random unit direction ``m_c``; its rows cut ``s`` at
@@ -58,6 +58,12 @@ to two batch-wide images estimated on the auxiliary data (``trap_norm``: not bit
 most of a batch). It passes the isolation check at the linear layer (BatchNorm mixes the batch there) and
 D-SNR; ``inspect_model`` examines the gradient at BatchNorm's output for that. Our construction.
 
+Through GroupNorm (what ``guardfl.dp_compatible`` puts in BatchNorm's place for DP-SGD, groups of 3 or
+more channels): a chain's rows are groups, one measuring channel each, the group's other channels
+constants spread far apart with tiny random weights, so that the measuring channel normalises to an
+almost linear function of the measurement and GroupNorm's bias cuts it; GroupNorm couples no samples, so
+each row's update divided by its slope differences to single samples exactly (``trap_norm``). Ours too.
+
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
 is a fresh chance for a sample to be alone in a bin; ``inspect_model``'s isolation check counts the
@@ -82,6 +88,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
+from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
 from guardfl.redteam.attacks.malicious.server import ServerAttack, server_labels
 from guardfl.redteam.client.simulate import ClientQuery
@@ -97,7 +104,7 @@ class TrapLayers(NamedTuple):
     second_name: str
     second: nn.Linear
     norm_name: str | None = None
-    norm: nn.BatchNorm1d | None = None
+    norm: nn.BatchNorm1d | nn.GroupNorm | None = None
 
 
 def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | str:
@@ -128,9 +135,9 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | 
                 f"this model's first layer is {first}")
     norm = layers[1] if isinstance(layers[1], normalising) else None
     if norm is not None:
-        if not isinstance(norm, nn.BatchNorm1d) or norm.num_features != layers[0].out_features or not norm.affine:
-            return (f"the first layer's units go through {type(norm).__name__}: trap weights need an affine nn.BatchNorm1d "
-                    "of all of them there (the cut-offs go in its bias), or none")
+        reason = _norm_refusal(norm, layers[0].out_features)
+        if reason:
+            return reason
         layers = [layers[0], *layers[2:]]
     first, relu, second = layers[0], layers[1], layers[2] if len(layers) > 2 else None
     if not isinstance(relu, nn.ReLU) or not isinstance(second, nn.Linear) or second.in_features != first.out_features:
@@ -139,49 +146,15 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | 
                       None if norm is None else names[id(norm)], norm)
 
 
-def quantile_cuts(measure: Tensor | None, rows: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
-    """``rows`` increasing cut-offs of ``<direction, x>``: equal-mass quantiles of the attacker's
-    measurements ``measure`` (aux data), else of a Gaussian guess (inputs uniform in the range); the first
-    one below any possible input."""
-    q = torch.arange(1, rows, dtype=torch.float64) / rows
-    if measure is not None and measure.numel() >= 2:
-        inner = torch.quantile(measure.double(), q)
-    else:
-        lo, hi = input_range
-        mean = (lo + hi) / 2 * float(direction.sum())
-        std = (hi - lo) / math.sqrt(12) * float(direction.norm())
-        inner = torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64),
-                                           torch.tensor(max(std, 1e-12), dtype=torch.float64)).icdf(q)
-    bound = float(direction.abs().sum()) * max(abs(input_range[0]), abs(input_range[1])) + 1.0
-    cuts = torch.cat([torch.tensor([-bound], dtype=torch.float64), inner])
-    return torch.cummax(cuts + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
-
-
-def _cuts_at(q: Tensor, measure: Tensor | None, input_range: tuple[float, float], direction: Tensor) -> Tensor:
-    """Increasing cut-offs at the quantiles ``q`` of ``<direction, x>``: of the attacker's measurement
-    ``measure`` when it has two values or more (tied quantiles nudged apart), else of the normal
-    approximation for inputs uniform on ``input_range``."""
-    if measure is not None and measure.numel() >= 2:
-        return torch.cummax(torch.quantile(measure.double(), q) + torch.arange(len(q), dtype=torch.float64) * 1e-9, 0).values
-    lo, hi = input_range
-    mean = (lo + hi) / 2 * float(direction.sum())
-    std = max((hi - lo) / math.sqrt(12) * float(direction.norm()), 1e-12)
-    return torch.distributions.Normal(torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)).icdf(q)
-
-
-def top_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
-    """``rows`` increasing cut-offs at the top of ``<direction, x>``: quantiles ``1 - (rows - j) / (samples + 1)``,
-    so that each bin, and the top row, holds one sample of a batch of ``samples`` on average."""
-    q = 1 - torch.arange(rows, 0, -1, dtype=torch.float64) / (samples + 1)
-    return _cuts_at(q, measure, input_range, direction)
-
-
-def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
-    """``rows`` increasing cut-offs around the median of ``<direction, x>``: quantiles
-    ``0.5 + (j - (rows - 1) / 2) / (samples + 1)``, so that each bin between two adjacent cuts holds one
-    sample of a batch of ``samples`` on average and the lowest cut lets about half of the batch through."""
-    q = (0.5 + (torch.arange(rows, dtype=torch.float64) - (rows - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
-    return _cuts_at(q, measure, input_range, direction)
+def _norm_refusal(norm: nn.Module, units: int) -> str | None:
+    """Why trap weights cannot go through this normalisation of the first layer's ``units``, or None: an
+    affine ``nn.BatchNorm1d`` of all of them, or an affine ``nn.GroupNorm`` of groups of 3 or more."""
+    if isinstance(norm, nn.BatchNorm1d) and norm.num_features == units and norm.affine:
+        return None
+    if isinstance(norm, nn.GroupNorm) and norm.num_channels == units and norm.affine and units // norm.num_groups >= 3:
+        return None
+    return (f"the first layer's units go through {type(norm).__name__}: trap weights need an affine nn.BatchNorm1d of all "
+            "of them, an affine nn.GroupNorm of groups of 3 or more (the cut-offs go in its bias), or none")
 
 
 class Trap(NamedTuple):
@@ -195,29 +168,7 @@ class Trap(NamedTuple):
     bias: str
     norm: str | None = None
     norm_chains: list[tuple[Tensor, Tensor, Tensor]] | None = None
-
-
-def _cuts(measure: Tensor | None, k: int, rows: int | None, cuts: str, samples: int,
-          input_range: tuple[float, float], m: Tensor) -> Tensor:
-    """A chain's cut-offs of ``<m, x>``: quantiles of the whole range (``rows`` None), the top or the middle."""
-    if rows is None:
-        return quantile_cuts(measure, k, input_range, m)
-    if cuts == "middle":
-        return middle_cuts(measure, k, samples, input_range, m)
-    return top_cuts(measure, k, samples, input_range, m)
-
-
-def _norm_cuts(t_aux: Tensor | None, k: int, rows: int | None, cuts: str, samples: int) -> Tensor:
-    """The same cut-offs of the standardised measurement (through a BatchNorm: ``trap_norm``). A small
-    trap's cuts sit at quantiles ``1 / (B + 1)`` apart, finer than a few dozen auxiliary images resolve:
-    those come from N(0, 1), what a random projection of images is once standardised."""
-    if rows is None:
-        return trap_norm.standard_cuts(t_aux, torch.arange(k, dtype=torch.float64) / k, samples, True)
-    if cuts == "middle":
-        q = (0.5 + (torch.arange(k, dtype=torch.float64) - (k - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
-    else:
-        q = 1 - torch.arange(k, 0, -1, dtype=torch.float64) / (samples + 1)
-    return trap_norm.standard_cuts(None, q, samples, False)
+    slopes: Tensor | None = None  # through GroupNorm: each row's slope, by which its update is divided
 
 
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
@@ -228,6 +179,8 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
     the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
     scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
     chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``)."""
+    if isinstance(layers.norm, nn.GroupNorm):
+        return _craft_grouped(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts)
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second = modules[layers.first_name], modules[layers.second_name]
@@ -248,23 +201,59 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
                 scale = scale / boost  # half the batch fires these rows: their activations (and logits) stay honest
             chain = order[c * k:(c + 1) * k]
             if norm is None:
-                cut = _cuts(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
+                cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
                 first.weight[chain] = (scale[:, None] * m[None, :]).to(first.weight.dtype)
                 first.bias[chain] = (-scale * cut).to(first.bias.dtype)
             else:  # the linear rows measure (their bias cancels in the BatchNorm); its affine cuts
-                cut = _norm_cuts(trap_norm.standardised(aux, m), k, rows, cuts, samples)
+                cut = norm_cuts_for(trap_norm.standardised(aux, m), k, rows, cuts, samples)
                 alpha = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
                 first.weight[chain] = (alpha[:, None] * m[None, :]).to(first.weight.dtype)
                 norm.weight[chain] = scale.to(norm.weight.dtype)
                 norm.bias[chain] = (-scale * cut).to(norm.bias.dtype)
                 norm_chains.append((m, alpha, scale))
-            column = torch.randn(second.out_features, generator=gen, dtype=torch.float64)
-            column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
-            noise = 1 + column_noise * torch.randn(second.out_features, k, generator=gen, dtype=torch.float64)
-            second.weight[:, chain] = (column[:, None] * noise).to(second.weight.dtype)
+            _columns(second, chain, boost, column_noise, gen)
             chain_rows.append(chain)
     return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
                 norm_chains if norm is not None else None)
+
+
+def _columns(second: nn.Linear, chain: Tensor, boost: float, column_noise: float, gen: torch.Generator) -> None:
+    """One random column, ``boost`` times the honest columns' mean norm, for every row of a chain (each
+    with its relative ``column_noise``): every row of the chain then gets the same coefficient per sample."""
+    column = torch.randn(second.out_features, generator=gen, dtype=torch.float64)
+    column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
+    noise = 1 + column_noise * torch.randn(second.out_features, len(chain), generator=gen, dtype=torch.float64)
+    second.weight[:, chain] = (column[:, None] * noise).to(second.weight.dtype)
+
+
+def _craft_grouped(model: nn.Module, layers: TrapLayers, aux: Tensor | None, chains: int, column_noise: float,
+                   input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
+                   boost: float, cuts: str) -> Trap:
+    """``craft`` through GroupNorm: a chain's rows are groups, one measuring channel each
+    (``trap_norm.write_groups``); the other groups keep their honest weights."""
+    sent = copy.deepcopy(model)
+    modules = dict(sent.named_modules())
+    first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
+    groups, d = norm.num_groups, first.in_features
+    k = groups // chains if rows is None else min(rows, groups // chains)
+    order = torch.randperm(groups, generator=gen)
+    bound = math.sqrt(d) * max(abs(input_range[0]), abs(input_range[1])) + 1.0
+    slopes = torch.ones(first.out_features, dtype=torch.float64)
+    chain_rows = []
+    with torch.no_grad():
+        for c in range(chains):
+            m = torch.randn(d, generator=gen, dtype=torch.float64)
+            m /= m.norm()
+            scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+            if rows is not None and cuts == "middle":
+                scale = scale / boost
+            cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
+            units, slope = trap_norm.write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen)
+            slopes[units] = slope
+            _columns(second, units, boost, column_noise, gen)
+            chain_rows.append(units)
+    return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
+                None, slopes)
 
 
 def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, input_shape: tuple[int, ...],
@@ -330,6 +319,14 @@ class TrapWeightsConfig(AttackConfig):
         return self
 
 
+def _through(norm: nn.Module, name: str, aux: bool) -> str:
+    """The certificate's line on the normalisation the trap went through."""
+    if isinstance(norm, nn.GroupNorm):
+        return f"GroupNorm '{name}' (one measuring channel per group, the others spread constants; cut-offs in its affine bias)"
+    return (f"BatchNorm1d '{name}' (cut-offs in its affine parameters; batch terms estimated "
+            + ("on aux)" if aux else "for uniform pixels)"))
+
+
 #: the boost "auto" uses against a known pruning or noise defense (see ``TrapWeightsConfig.boost``): the
 #: value the shipped configs' boosted traps use
 TRAP_BOOST = 1000.0
@@ -376,15 +373,16 @@ class TrapWeights(ServerAttack):
                      boost, c.cuts)
         observation = client(trap.sent)
         top_row = c.rows is None or c.cuts == "top"
-        if trap.norm is None:
-            images, found = recover(observation.update[trap.weight], observation.update[trap.bias], trap.chains, n, shape,
+        if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
+            slopes = torch.ones(1, dtype=torch.float64) if trap.slopes is None else trap.slopes
+            w, b = observation.update[trap.weight].double(), observation.update[trap.bias].double()
+            images, found = recover(w / slopes.reshape(-1, *[1] * (w.dim() - 1)), b / slopes, trap.chains, n, shape,
                                     setting.input_range, c.min_mass, top_row=top_row)
         else:
             images, found = recover_through_norm(observation.update, trap, layers.norm.eps, aux, n, shape,
                                                  setting.input_range, c.min_mass, top_row=top_row)
         labels, source = server_labels(observation, setting, threat)
-        extra = {} if trap.norm is None else {"through": f"BatchNorm1d '{trap.norm}' (cut-offs in its affine parameters; "
-                                                         "batch terms estimated " + ("on aux)" if aux is not None else "for uniform pixels)")}
+        extra = {} if trap.norm is None else {"through": _through(layers.norm, trap.norm, aux is not None)}
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
             "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": boost, "cuts": c.cuts if c.rows else "quantiles",

@@ -143,6 +143,15 @@ class FC2BN(nn.Module):
         return self.net(x)
 
 
+class FC2GN(FC2BN):
+    """``fc2bn`` as ``guardfl.dp_compatible`` makes it for DP-SGD (Opacus's fix: ``GroupNorm(min(32, hidden),
+    hidden)`` in BatchNorm's place; the same state-dict keys): per-sample normalisation, no batch coupling."""
+
+    def __init__(self, in_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, hidden: int = 256) -> None:
+        super().__init__(in_shape, num_classes, hidden)
+        self.net[2] = nn.GroupNorm(min(32, hidden), hidden)
+
+
 class _BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
@@ -194,7 +203,7 @@ def vgg16(in_shape: tuple[int, int, int] = (3, 224, 224), num_classes: int = 100
     return model
 
 
-MODELS.update({"fc2": FC2, "fc2bn": FC2BN, "resnet20": ResNet20, "vgg16": vgg16})
+MODELS.update({"fc2": FC2, "fc2bn": FC2BN, "fc2gn": FC2GN, "resnet20": ResNet20, "vgg16": vgg16})
 
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:

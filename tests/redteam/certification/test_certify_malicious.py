@@ -112,6 +112,18 @@ def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_a
     assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
 
 
+def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_traps_that_pass():
+    """configs/malicious-adaptive-gn-dpsgd.yaml: the traps through GroupNorm that pass the inspection meet
+    DP-SGD (0 of 64 past SSIM 0.4); the whole-layer trap is refused."""
+    result = certify(str(CONFIGS / "malicious-adaptive-gn-dpsgd.yaml"))
+    assert result.status == "CERTIFIED"
+    by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
+    assert by[("trap_weights", None)]["info"]["refused"].startswith("isolation:")
+    assert by[("trap_weights", 3)]["info"].get("refused") is None
+    assert by[("trap_weights", 3)]["info"]["through"].startswith("GroupNorm 'net.2'")
+    assert all(r["recovered"]["above_max_ssim"] == 0 for r in result.results)
+
+
 def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishing_only():
     import torch
 

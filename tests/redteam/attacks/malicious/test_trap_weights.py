@@ -248,3 +248,41 @@ def test_boost_auto_follows_the_known_defense():
     assert exact(known, x) >= 1 and exact(blind, x) == 0
     with pytest.raises(ValueError, match="expected 'auto' or a number"):
         get("trap_weights", boost=0.5)
+
+
+# -- through GroupNorm (BatchNorm swapped by guardfl.dp_compatible, as Opacus needs) -------------------------------
+def setup_gn(n=32):
+    import guardfl
+
+    bn, setting, threat = setup_bn(n)
+    gn = guardfl.dp_compatible(bn)
+    assert isinstance(gn.net[2], torch.nn.GroupNorm)
+    return gn, replace(setting, model=gn), threat
+
+
+def test_through_groupnorm_every_sample_alone_in_its_group_comes_back_exactly():
+    """One measuring channel per group, the group's other channels constants spread far apart: GroupNorm
+    normalises per sample, so the bins are exact (a batch of 16 in 32 groups)."""
+    gn, setting, threat = setup_gn(16)
+    x, y = batch(16)
+    rec = get("trap_weights", seed=0, chains=1).interrogate(ClientQuery(x, y, None, FedSGD()), replace(setting, num_samples=16), threat)
+    assert rec.info["through"].startswith("GroupNorm 'net.2'") and rec.info["bins"] == 32
+    assert exact(rec, x) >= 10
+    found = inspect_model(rec.info["malicious_model"], gn, batch=(x, y))
+    assert not found.ok and any(r.startswith("isolation:") for r in found.reasons)
+
+
+def test_a_small_trap_through_groupnorm_passes_the_inspection_and_reads_a_sample():
+    gn, setting, threat = setup_gn()
+    x, y = batch()
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=gn)
+    recs = [get("trap_weights", seed=s, chains=1, rows=3).interrogate(client, setting, threat) for s in range(3)]
+    passed = [r for r in recs if "refused" not in r.info]
+    assert passed and max(exact(r, x) for r in passed) >= 1
+
+
+def test_groups_of_two_are_not_applicable():
+    _, setting, threat = setup()
+    two = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 64), torch.nn.GroupNorm(32, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 10))
+    assert "groups of 3 or more" in get("trap_weights").applicable(replace(setting, model=two), threat)
