@@ -863,13 +863,14 @@ _NORMS = (nn.BatchNorm1d, nn.LayerNorm, nn.GroupNorm)
 
 def _record(ran: list, names: Mapping[int, str], m: nn.Module, inp, out) -> None:
     """A forward hook's record of the layers the isolation checks differentiate: every ``nn.Linear`` (name,
-    module, output, input), and a normalisation that reads the output of the linear layer just recorded,
-    as ``'linear -> norm'`` (its output; no input: the per-sample norms of the concentration check need
-    the linear layer's own)."""
+    module, output, input), and a normalisation that runs next after a linear layer, as ``'linear ->
+    norm'`` (its output; no input: the per-sample norms of the concentration check need the linear
+    layer's own). Whatever sits between them (a reshape, a dropout, an activation) is not required to
+    pass the linear layer's output tensor through unchanged: a model cannot hide its normalisation's
+    output from the check by a view in between."""
     if isinstance(m, nn.Linear) and id(m) in names:
         ran.append((names[id(m)], m, out, inp[0] if inp and isinstance(inp[0], Tensor) else None))
-    elif (isinstance(m, _NORMS) and id(m) in names and ran and inp and isinstance(ran[-1][1], nn.Linear)
-          and inp[0] is ran[-1][2]):
+    elif isinstance(m, _NORMS) and id(m) in names and ran and isinstance(ran[-1][1], nn.Linear):
         ran.append((f"{ran[-1][0]} -> {names[id(m)]}", m, out, None))
 
 
@@ -883,7 +884,7 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
     linear = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not linear:
         return [], {"batch": {"skipped": "the model has no nn.Linear classification layer"}}
-    ran: list[tuple[str, nn.Linear, Any]] = []  # linear layers in the order they ran, with their outputs
+    ran: list[tuple[str, nn.Module, Any, Any]] = []  # linear layers (and their normalisations) as they ran
     bad: list[str] = []  # the first module whose output held NaN / inf
     names = {id(m): name for name, m in module.named_modules()}
 

@@ -197,3 +197,21 @@ def test_benign_batchnorm_mlps_are_never_flagged_against_an_earlier_model():
         for batch in batches:
             result = inspect_model(received, reference, batch=batch)
             assert result.ok, result.reasons
+
+
+def test_a_view_between_the_linear_layer_and_its_batchnorm_hides_nothing():
+    """A reshape in between makes BatchNorm read a new tensor: its output is examined all the same."""
+    from guardfl.redteam.modality.image.models import FC2BN
+    from tests.redteam.attacks.malicious.test_trap_weights import batch, setup_bn
+    from guardfl.redteam.attacks import get
+    from guardfl.redteam.client.simulate import ClientQuery, FedSGD
+
+    bn, setting, threat = setup_bn()
+    x, y = batch()
+    sent = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat).info["malicious_model"]
+    viewed = copy.deepcopy(sent)
+    viewed.net.insert(2, torch.nn.Sequential(torch.nn.Unflatten(1, (16, 16)), torch.nn.Flatten()))
+    reference = FC2BN()
+    reference.net.insert(2, torch.nn.Sequential(torch.nn.Unflatten(1, (16, 16)), torch.nn.Flatten()))
+    found = inspect_model(viewed, reference, batch=(x, y))
+    assert found.checks["isolation"]["layers"]["net.1 -> net.3"]["isolated"] >= 16 and not found.ok

@@ -53,11 +53,11 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor, nn
 
-from guardfl.defenses import DefenseConfig, parse_config
+from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, server_labels
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.modality.image.data import MAX_TENSOR_BYTES, gib, memory_bound
 from guardfl.redteam.threat import ThreatModel
@@ -135,7 +135,7 @@ def padding_for(defense_config: DefenseConfig | dict | None, bins: int) -> int:
     the defense's configuration). The largest per-layer ratio of the defense's GradPrune / Outpost stages;
     0 without one (a global GradPrune is not padded against)."""
     ratio = 0.0
-    for leaf in _leaves(defense_config):
+    for leaf in defense_leaves(defense_config):
         if leaf.kind == "gradprune" and leaf.scope == "layer":
             ratio = max(ratio, float(leaf.ratio))
         elif leaf.kind == "outpost":
@@ -153,12 +153,8 @@ def boost_for(defense_config: DefenseConfig | dict | None) -> float:
     """``NOISE_BOOST`` when the defense adds noise whose scale does not follow the gradient's (Gaussian,
     Laplace, Outpost), else 1 (pruning, sign, DP-SGD's per-sample clipping: a larger gradient buys
     nothing there)."""
-    kinds = {leaf.kind for leaf in _leaves(defense_config)}
+    kinds = {leaf.kind for leaf in defense_leaves(defense_config)}
     return NOISE_BOOST if kinds & {"gaussian", "laplace", "outpost"} else 1.0
-
-
-def _leaves(config: DefenseConfig | dict | None) -> list[DefenseConfig]:
-    return [] if not config else parse_config(config).leaves()
 
 
 def bin_differences(weight_update: Tensor, bias_update: Tensor) -> tuple[Tensor, Tensor]:

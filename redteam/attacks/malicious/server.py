@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction
 from guardfl.redteam.attacks.compute import exact_float32, resolve_device
 from guardfl.redteam.attacks.labels import infer_labels
@@ -87,3 +88,9 @@ def fill_batch(images: torch.Tensor, samples: int, input_range: tuple[float, flo
         return torch.full((samples, *images.shape[1:]), (lo + hi) / 2)
     reps = -(-samples // images.shape[0])
     return images.repeat(reps, *([1] * (images.dim() - 1)))[:samples]
+
+
+def defense_leaves(config: DefenseConfig | dict | None) -> list[DefenseConfig]:
+    """The stages of the client's defense (a stack's members, or the one defense; none without one), as
+    an attack that knows the defense's configuration adapts to them."""
+    return [] if not config else parse_config(config).leaves()

@@ -30,6 +30,16 @@ def quantile_cuts(measure: Tensor | None, rows: int, input_range: tuple[float, f
     return torch.cummax(cuts + torch.arange(rows, dtype=torch.float64) * 1e-9, 0).values
 
 
+def top_quantiles(rows: int, samples: int) -> Tensor:
+    """``1 - (rows - j) / (samples + 1)``: each bin, and the top row, holds one of ``samples`` on average."""
+    return 1 - torch.arange(rows, 0, -1, dtype=torch.float64) / (samples + 1)
+
+
+def middle_quantiles(rows: int, samples: int) -> Tensor:
+    """``0.5 + (j - (rows - 1) / 2) / (samples + 1)``: one of ``samples`` per bin, half of them above the lowest."""
+    return (0.5 + (torch.arange(rows, dtype=torch.float64) - (rows - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
+
+
 def _cuts_at(q: Tensor, measure: Tensor | None, input_range: tuple[float, float], direction: Tensor) -> Tensor:
     """Increasing cut-offs at the quantiles ``q`` of ``<direction, x>``: of the attacker's measurement
     ``measure`` when it has two values or more (tied quantiles nudged apart), else of the normal
@@ -45,20 +55,18 @@ def _cuts_at(q: Tensor, measure: Tensor | None, input_range: tuple[float, float]
 def top_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
     """``rows`` increasing cut-offs at the top of ``<direction, x>``: quantiles ``1 - (rows - j) / (samples + 1)``,
     so that each bin, and the top row, holds one sample of a batch of ``samples`` on average."""
-    q = 1 - torch.arange(rows, 0, -1, dtype=torch.float64) / (samples + 1)
-    return _cuts_at(q, measure, input_range, direction)
+    return _cuts_at(top_quantiles(rows, samples), measure, input_range, direction)
 
 
 def middle_cuts(measure: Tensor | None, rows: int, samples: int, input_range: tuple[float, float], direction: Tensor) -> Tensor:
     """``rows`` increasing cut-offs around the median of ``<direction, x>``: quantiles
     ``0.5 + (j - (rows - 1) / 2) / (samples + 1)``, so that each bin between two adjacent cuts holds one
     sample of a batch of ``samples`` on average and the lowest cut lets about half of the batch through."""
-    q = (0.5 + (torch.arange(rows, dtype=torch.float64) - (rows - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
-    return _cuts_at(q, measure, input_range, direction)
+    return _cuts_at(middle_quantiles(rows, samples), measure, input_range, direction)
 
 
 def cuts_for(measure: Tensor | None, k: int, rows: int | None, cuts: str, samples: int,
-          input_range: tuple[float, float], m: Tensor) -> Tensor:
+             input_range: tuple[float, float], m: Tensor) -> Tensor:
     """A chain's cut-offs of ``<m, x>``: quantiles of the whole range (``rows`` None), the top or the middle."""
     if rows is None:
         return quantile_cuts(measure, k, input_range, m)
@@ -73,8 +81,5 @@ def norm_cuts_for(t_aux: Tensor | None, k: int, rows: int | None, cuts: str, sam
     those come from N(0, 1), what a random projection of images is once standardised."""
     if rows is None:
         return trap_norm.standard_cuts(t_aux, torch.arange(k, dtype=torch.float64) / k, samples, True)
-    if cuts == "middle":
-        q = (0.5 + (torch.arange(k, dtype=torch.float64) - (k - 1) / 2) / (samples + 1)).clamp(1e-6, 1 - 1e-6)
-    else:
-        q = 1 - torch.arange(k, 0, -1, dtype=torch.float64) / (samples + 1)
+    q = middle_quantiles(k, samples) if cuts == "middle" else top_quantiles(k, samples)
     return trap_norm.standard_cuts(None, q, samples, False)

@@ -83,14 +83,13 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor, nn
 
-from guardfl.defenses import parse_config
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
-from guardfl.redteam.attacks.malicious.server import ServerAttack, server_labels
+from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, server_labels
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.threat import ThreatModel
 
@@ -194,11 +193,7 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
             first.weight.zero_()
             (first.bias if norm is None else norm.bias).fill_(-1.0)  # left-over rows never fire
         for c in range(chains):
-            m = torch.randn(d, generator=gen, dtype=torch.float64)
-            m /= m.norm()
-            scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
-            if rows is not None and cuts == "middle":
-                scale = scale / boost  # half the batch fires these rows: their activations (and logits) stay honest
+            m, scale = _chain_draw(d, k, rows, cuts, boost, gen)
             chain = order[c * k:(c + 1) * k]
             if norm is None:
                 cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
@@ -215,6 +210,18 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
             chain_rows.append(chain)
     return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
                 norm_chains if norm is not None else None)
+
+
+def _chain_draw(d: int, k: int, rows: int | None, cuts: str, boost: float,
+                gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A chain's random unit measurement direction and its ``k`` rows' scales in [0.5, 2] (over ``boost``
+    for a median trap: half the batch fires those rows, so their activations and logits stay honest)."""
+    m = torch.randn(d, generator=gen, dtype=torch.float64)
+    m /= m.norm()
+    scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+    if rows is not None and cuts == "middle":
+        scale = scale / boost
+    return m, scale
 
 
 def _columns(second: nn.Linear, chain: Tensor, boost: float, column_noise: float, gen: torch.Generator) -> None:
@@ -242,11 +249,7 @@ def _craft_grouped(model: nn.Module, layers: TrapLayers, aux: Tensor | None, cha
     chain_rows = []
     with torch.no_grad():
         for c in range(chains):
-            m = torch.randn(d, generator=gen, dtype=torch.float64)
-            m /= m.norm()
-            scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
-            if rows is not None and cuts == "middle":
-                scale = scale / boost
+            m, scale = _chain_draw(d, k, rows, cuts, boost, gen)
             cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
             units, slope = trap_norm.write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen)
             slopes[units] = slope
@@ -336,7 +339,7 @@ def boost_for(defense_config) -> float:
     """``TRAP_BOOST`` when the client's defense (any stage of a stack) prunes the update by magnitude
     (GradPrune, Outpost) or adds noise of a scale that does not follow the gradient's (Gaussian, Laplace,
     Outpost), else 1 (sign compression keeps no magnitude; DP-SGD clips each sample's gradient first)."""
-    kinds = {leaf.kind for leaf in ([] if not defense_config else parse_config(defense_config).leaves())}
+    kinds = {leaf.kind for leaf in defense_leaves(defense_config)}
     return TRAP_BOOST if kinds & {"gradprune", "outpost", "gaussian", "laplace"} else 1.0
 
 
