@@ -7,13 +7,13 @@ the trained target row kept) and feature fishing on the last layer of the small 
 default initialisations (small CNN, LeNet, ResNet-18, a linear model, FC-2) and DLG's wide
 initialisation over many seeds, checkpoints trained 1-5 epochs on
 CIFAR-10 images, and FedAvg global models over rounds (4 IID clients, and 4 non-IID clients of 2-3
-classes each). Every model is inspected with and without the client's first batch (32 CIFAR-10 images
-it was not trained on) and, for benign ones, a non-IID batch (mostly one class), also against a fresh
-initialisation of the same architecture as the client's own model (the isolation check's reference).
+classes each; FC-2 with BatchNorm IID, with LayerNorm non-IID). Every model is inspected with and
+without the client's first batch (32 CIFAR-10 images it was not trained on) and, for benign ones, a
+non-IID batch (mostly one class), also against a fresh initialisation of the same architecture as the client's own model (the isolation check's reference).
 Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
 (two chains, one chain, and 8 rows adapted to the isolation check), the same through BatchNorm (FC-2 with
 BatchNorm1d: the cut-offs in its affine parameters; whole layer, 8 and 3 rows), through GroupNorm (FC-2 as
-dp_compatible makes it) and class fishing without the
+dp_compatible makes it), through LayerNorm (spread constants, one LayerNorm weight per chain) and class fishing without the
 zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained.
 The opt-in disaggregation check (SEER's D-SNR, ``inspect_model(..., disaggregation=True)``) is run too and
 counted apart: flagged by it, and flagged by it alone.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from guardfl import inspect as I  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers  # noqa: E402
-from guardfl.redteam.modality.image.models import FC2, FC2BN, FC2GN  # noqa: E402
+from guardfl.redteam.modality.image.models import FC2, FC2BN, FC2GN, FC2LN  # noqa: E402
 from tests import malicious as M  # noqa: E402
 
 
@@ -143,6 +143,8 @@ def main() -> None:
         benign.setdefault("default init: FC-2 with BatchNorm1d", []).append(FC2BN())
         torch.manual_seed(s)
         benign.setdefault("default init: FC-2 with GroupNorm", []).append(FC2GN())
+        torch.manual_seed(s)
+        benign.setdefault("default init: FC-2 with LayerNorm", []).append(FC2LN())
     for s in range(max(2, args.seeds // 5) if args.resnet else 0):
         benign.setdefault("default init: ResNet-18", []).append(M.resnet18(s))
         torch.manual_seed(s)
@@ -159,6 +161,8 @@ def main() -> None:
             benign.setdefault("trained: FC-2 with BatchNorm1d", []).append(M.train(FC2BN(), x, y, epochs=epochs, seed=s))
             torch.manual_seed(s)
             benign.setdefault("trained: FC-2 with GroupNorm", []).append(M.train(FC2GN(), x, y, epochs=epochs, seed=s))
+            torch.manual_seed(s)
+            benign.setdefault("trained: FC-2 with LayerNorm", []).append(M.train(FC2LN(), x, y, epochs=epochs, seed=s))
     if args.resnet:
         benign["trained: ResNet-18 (1 epoch)"] = [M.train(M.resnet18(0), x[:512], y[:512], epochs=1, lr=0.05)]
     for s in range(2):
@@ -167,6 +171,8 @@ def main() -> None:
         benign.setdefault("FedAvg non-IID rounds: small CNN", []).extend(fedavg_non_iid(M.small_cnn(s), x, y, rounds=5))
         torch.manual_seed(s)
         benign.setdefault("FedAvg IID rounds: FC-2 with BatchNorm1d", []).extend(M.fedavg(FC2BN(), x, y, clients=4, rounds=5))
+        torch.manual_seed(s)
+        benign.setdefault("FedAvg non-IID rounds: FC-2 with LayerNorm", []).extend(fedavg_non_iid(FC2LN(), x, y, rounds=5))
 
     trained_cnn = benign["trained: small CNN"][1]
     trained_lenet = benign["trained: LeNet"][1]
@@ -206,10 +212,17 @@ def main() -> None:
     trained_gn = benign["trained: FC-2 with GroupNorm"][1]
     torch.manual_seed(0)
     for name, base in (("FC-2 GN", FC2GN()), ("FC-2 GN trained", trained_gn)):
-        for seed in range(5):  # one measuring channel per group (trap_norm.write_groups)
+        for seed in range(5):  # one measuring channel per group (trap_per_sample.write_groups)
             malicious.setdefault("trap weights through GroupNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
             malicious.setdefault("trap weights through GroupNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
             malicious.setdefault("trap weights through GroupNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
+    trained_ln = benign["trained: FC-2 with LayerNorm"][1]
+    torch.manual_seed(0)
+    for name, base in (("FC-2 LN", FC2LN()), ("FC-2 LN trained", trained_ln)):
+        for seed in range(5):  # spread constants, one LayerNorm weight per chain (trap_per_sample)
+            malicious.setdefault("trap weights through LayerNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
+            malicious.setdefault("trap weights through LayerNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
+            malicious.setdefault("trap weights through LayerNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
 
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],

@@ -14,7 +14,7 @@ from guardfl.redteam.threat import ThreatModel
 
 
 class ModelSection(StrictModel):
-    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, fc2bn, fc2gn, convnet, resnet18, resnet20, vgg16, "
+    name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, fc2bn, fc2gn, fc2ln, convnet, resnet18, resnet20, vgg16, "
                       "transformer3, transformer3-tied, text-classifier or module:callable"})
     #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
     input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3,

@@ -7,8 +7,8 @@ checks). The architecture is the client's own, so the architecture comparison se
 
 Construction, for a model whose first parameterised layer (in forward order) is an ``nn.Linear(d -> U)``
 on the flattened input, followed by an ``nn.ReLU`` (optionally after an affine ``nn.BatchNorm1d``, below)
-and an ``nn.Linear(U -> K)`` that reads those units (FC-2, MLPs; an affine GroupNorm there too, below;
-elsewhere, LayerNorm included: not applicable, with the reason):
+and an ``nn.Linear(U -> K)`` that reads those units (FC-2, MLPs; an affine GroupNorm or a LayerNorm there
+too, below; elsewhere: not applicable, with the reason):
 
 - The ``U`` rows form ``chains`` measurement chains of ``U // chains`` rows (left-over rows never fire).
   Chain c measures ``s = <m_c, x>`` along a random unit direction ``m_c``; its rows cut ``s`` at
@@ -62,7 +62,18 @@ Through GroupNorm (what ``guardfl.dp_compatible`` puts in BatchNorm's place for 
 more channels): a chain's rows are groups, one measuring channel each, the group's other channels
 constants spread far apart with tiny random weights, so that the measuring channel normalises to an
 almost linear function of the measurement and GroupNorm's bias cuts it; GroupNorm couples no samples, so
-each row's update divided by its slope differences to single samples exactly (``trap_norm``). Ours too.
+each row's update divided by its slope differences to single samples exactly (``trap_per_sample``). Ours
+too.
+
+Through LayerNorm (``fc2ln``; each sample normalised over all of the layer's units, which couples a
+sample's units through its mean and standard deviation): one unit in 16 is a constant spread so far apart
+that every sample's standard deviation is the same and the coupling through it negligible; a chain's rows
+are one row (each with a tiny random part, so that none repeats), so that every unit of the chain
+normalises the same measurement (the layer's mean is linear in the input: it only turns the measurement
+direction), and they share one LayerNorm weight, so that the coupling through the mean cancels in adjacent
+differences; that weight undoes the normalisation and LayerNorm's bias cuts. The honest units' weights are
+rescaled so that they compute what they did. Exact (``trap_per_sample``; 1e-5 per pixel for most bins).
+Ours.
 
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
@@ -87,6 +98,8 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
+from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns
+from guardfl.redteam.attacks.malicious.trap_per_sample import LAYER_CONSTANTS, craft_grouped, craft_layer_norm
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
 from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, server_labels
@@ -147,27 +160,18 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | 
 
 def _norm_refusal(norm: nn.Module, units: int) -> str | None:
     """Why trap weights cannot go through this normalisation of the first layer's ``units``, or None: an
-    affine ``nn.BatchNorm1d`` of all of them, or an affine ``nn.GroupNorm`` of groups of 3 or more."""
+    affine ``nn.BatchNorm1d`` of all of them, an affine ``nn.GroupNorm`` of groups of 3 or more, or a
+    ``nn.LayerNorm`` over them (8 or more) with a weight and a bias."""
     if isinstance(norm, nn.BatchNorm1d) and norm.num_features == units and norm.affine:
         return None
     if isinstance(norm, nn.GroupNorm) and norm.num_channels == units and norm.affine and units // norm.num_groups >= 3:
         return None
+    if (isinstance(norm, nn.LayerNorm) and tuple(norm.normalized_shape) == (units,) and units >= 8
+            and norm.weight is not None and norm.bias is not None):
+        return None
     return (f"the first layer's units go through {type(norm).__name__}: trap weights need an affine nn.BatchNorm1d of all "
-            "of them, an affine nn.GroupNorm of groups of 3 or more (the cut-offs go in its bias), or none")
-
-
-class Trap(NamedTuple):
-    """A crafted model and what its recovery needs: the rows of each chain in cut-off order, the state-dict
-    names of the first layer's weight and bias, and through a BatchNorm its name and, per chain, the
-    measurement direction, the rows' scales and the BatchNorm weights sent (``trap_norm``)."""
-
-    sent: nn.Module
-    chains: list[Tensor]
-    weight: str
-    bias: str
-    norm: str | None = None
-    norm_chains: list[tuple[Tensor, Tensor, Tensor]] | None = None
-    slopes: Tensor | None = None  # through GroupNorm: each row's slope, by which its update is divided
+            "of them, an affine nn.GroupNorm of groups of 3 or more, a nn.LayerNorm over 8 or more of them with a weight "
+            "and a bias (the cut-offs go in its bias), or none")
 
 
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
@@ -178,8 +182,9 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
     the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
     scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
     chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``)."""
-    if isinstance(layers.norm, nn.GroupNorm):
-        return _craft_grouped(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts)
+    if isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
+        per_sample = craft_grouped if isinstance(layers.norm, nn.GroupNorm) else craft_layer_norm
+        return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts)
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second = modules[layers.first_name], modules[layers.second_name]
@@ -193,7 +198,7 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
             first.weight.zero_()
             (first.bias if norm is None else norm.bias).fill_(-1.0)  # left-over rows never fire
         for c in range(chains):
-            m, scale = _chain_draw(d, k, rows, cuts, boost, gen)
+            m, scale = chain_draw(d, k, rows, cuts, boost, gen)
             chain = order[c * k:(c + 1) * k]
             if norm is None:
                 cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
@@ -206,57 +211,10 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
                 norm.weight[chain] = scale.to(norm.weight.dtype)
                 norm.bias[chain] = (-scale * cut).to(norm.bias.dtype)
                 norm_chains.append((m, alpha, scale))
-            _columns(second, chain, boost, column_noise, gen)
+            columns(second, chain, boost, column_noise, gen)
             chain_rows.append(chain)
     return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
                 norm_chains if norm is not None else None)
-
-
-def _chain_draw(d: int, k: int, rows: int | None, cuts: str, boost: float,
-                gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    """A chain's random unit measurement direction and its ``k`` rows' scales in [0.5, 2] (over ``boost``
-    for a median trap: half the batch fires those rows, so their activations and logits stay honest)."""
-    m = torch.randn(d, generator=gen, dtype=torch.float64)
-    m /= m.norm()
-    scale = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
-    if rows is not None and cuts == "middle":
-        scale = scale / boost
-    return m, scale
-
-
-def _columns(second: nn.Linear, chain: Tensor, boost: float, column_noise: float, gen: torch.Generator) -> None:
-    """One random column, ``boost`` times the honest columns' mean norm, for every row of a chain (each
-    with its relative ``column_noise``): every row of the chain then gets the same coefficient per sample."""
-    column = torch.randn(second.out_features, generator=gen, dtype=torch.float64)
-    column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
-    noise = 1 + column_noise * torch.randn(second.out_features, len(chain), generator=gen, dtype=torch.float64)
-    second.weight[:, chain] = (column[:, None] * noise).to(second.weight.dtype)
-
-
-def _craft_grouped(model: nn.Module, layers: TrapLayers, aux: Tensor | None, chains: int, column_noise: float,
-                   input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
-                   boost: float, cuts: str) -> Trap:
-    """``craft`` through GroupNorm: a chain's rows are groups, one measuring channel each
-    (``trap_norm.write_groups``); the other groups keep their honest weights."""
-    sent = copy.deepcopy(model)
-    modules = dict(sent.named_modules())
-    first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
-    groups, d = norm.num_groups, first.in_features
-    k = groups // chains if rows is None else min(rows, groups // chains)
-    order = torch.randperm(groups, generator=gen)
-    bound = math.sqrt(d) * max(abs(input_range[0]), abs(input_range[1])) + 1.0
-    slopes = torch.ones(first.out_features, dtype=torch.float64)
-    chain_rows = []
-    with torch.no_grad():
-        for c in range(chains):
-            m, scale = _chain_draw(d, k, rows, cuts, boost, gen)
-            cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
-            units, slope = trap_norm.write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen)
-            slopes[units] = slope
-            _columns(second, units, boost, column_noise, gen)
-            chain_rows.append(units)
-    return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
-                None, slopes)
 
 
 def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, input_shape: tuple[int, ...],
@@ -326,6 +284,9 @@ def _through(norm: nn.Module, name: str, aux: bool) -> str:
     """The certificate's line on the normalisation the trap went through."""
     if isinstance(norm, nn.GroupNorm):
         return f"GroupNorm '{name}' (one measuring channel per group, the others spread constants; cut-offs in its affine bias)"
+    if isinstance(norm, nn.LayerNorm):
+        return (f"LayerNorm '{name}' (one unit in {LAYER_CONSTANTS} a spread constant; a chain's units normalise one "
+                "measurement and share one weight, which undoes the normalisation; cut-offs in its bias)")
     return (f"BatchNorm1d '{name}' (cut-offs in its affine parameters; batch terms estimated "
             + ("on aux)" if aux else "for uniform pixels)"))
 

@@ -152,6 +152,15 @@ class FC2GN(FC2BN):
         self.net[2] = nn.GroupNorm(min(32, hidden), hidden)
 
 
+class FC2LN(FC2BN):
+    """FC-2 with layer normalisation: ``LayerNorm(hidden)`` in BatchNorm's place (the normalisation of
+    transformer MLP blocks; per sample, over the hidden units; Opacus trains it as it is)."""
+
+    def __init__(self, in_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, hidden: int = 256) -> None:
+        super().__init__(in_shape, num_classes, hidden)
+        self.net[2] = nn.LayerNorm(hidden)
+
+
 class _BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
@@ -203,7 +212,7 @@ def vgg16(in_shape: tuple[int, int, int] = (3, 224, 224), num_classes: int = 100
     return model
 
 
-MODELS.update({"fc2": FC2, "fc2bn": FC2BN, "fc2gn": FC2GN, "resnet20": ResNet20, "vgg16": vgg16})
+MODELS.update({"fc2": FC2, "fc2bn": FC2BN, "fc2gn": FC2GN, "fc2ln": FC2LN, "resnet20": ResNet20, "vgg16": vgg16})
 
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:

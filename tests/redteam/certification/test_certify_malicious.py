@@ -124,6 +124,22 @@ def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_t
     assert all(r["recovered"]["above_max_ssim"] == 0 for r in result.results)
 
 
+def test_behind_layernorm_the_small_traps_pass_and_read_faces_exactly_and_dp_sgd_holds():
+    """configs/malicious-adaptive-ln*.yaml: FC-2 with LayerNorm, the traps through it exact (spread constants,
+    one LayerNorm weight per chain). The whole-layer trap is refused at LayerNorm's output; the small traps
+    pass and read a face exactly without a defense; DP-SGD holds against them."""
+    result = certify(str(CONFIGS / "malicious-adaptive-ln.yaml"))
+    assert result.status == "NOT CERTIFIED"
+    by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
+    assert by[("trap_weights", None)]["info"]["refused"].startswith("isolation: layer 'net.1 -> net.2'")
+    small = by[("trap_weights", 3)]
+    assert small["info"].get("refused") is None and small["info"]["through"].startswith("LayerNorm 'net.2'")
+    assert small["recovered"]["above_max_ssim"] > 0
+    defended = certify(str(CONFIGS / "malicious-adaptive-ln-dpsgd.yaml"))
+    assert defended.status == "CERTIFIED"
+    assert all(r["recovered"]["above_max_ssim"] == 0 for r in defended.results)
+
+
 def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishing_only():
     import torch
 

@@ -286,3 +286,76 @@ def test_groups_of_two_are_not_applicable():
     two = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 64), torch.nn.GroupNorm(32, 64), torch.nn.ReLU(),
                               torch.nn.Linear(64, 10))
     assert "groups of 3 or more" in get("trap_weights").applicable(replace(setting, model=two), threat)
+
+
+# -- through LayerNorm (per sample, over all of the layer's units) ---------------------------------------------
+def setup_ln(n=32):
+    from guardfl.redteam.modality.image.models import FC2LN
+
+    model, setting, threat = setup(n)
+    torch.manual_seed(0)
+    ln = FC2LN()
+    return ln, replace(setting, model=ln), threat
+
+
+def single_bins(trap, x, y):
+    """(bin image, the one sample in it) for every bin of the trap that holds one sample, from the crafted
+    model's own gradient on (x, y): the ground truth the attack never sees."""
+    from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences
+
+    net = trap.sent.train()
+    fired = {}
+    hook = net.net[3].register_forward_hook(lambda m, i, o: fired.__setitem__("h", o.detach() > 0))
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    hook.remove()
+    g = dict(zip([k for k, _ in net.named_parameters()], torch.autograd.grad(loss, list(net.parameters()))))
+    pairs = []
+    for rows in trap.chains:
+        fires = fired["h"][:, rows]
+        above = torch.cat([fires[:, 1:], torch.zeros_like(fires[:, :1])], 1)
+        assert not bool((above & ~fires).any()), "the rows of a chain are nested"
+        dw, db = bin_differences(g["net.1.weight"][rows].double(), g["net.1.bias"][rows].double())
+        for i in range(len(rows)):
+            members = (fires[:, i] & ~above[:, i]).nonzero().flatten()
+            if len(members) == 1:
+                pairs.append((dw[i] / db[i], int(members[0])))
+    return pairs
+
+
+@pytest.mark.parametrize("with_aux", [True, False])
+def test_through_layernorm_every_sample_alone_in_its_bin_comes_back_exactly(with_aux):
+    """Spread constants fix every sample's standard deviation, a chain's rows normalise one measurement and
+    share one LayerNorm weight: LayerNorm's coupling of a sample's units cancels in adjacent differences."""
+    from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
+
+    ln, _, threat = setup_ln()
+    x, y = batch()
+    aux = threat.aux.images if with_aux else None
+    trap = craft(ln, trap_layers(ln, SHAPE), SHAPE, aux, 2, 0.0, (0.0, 1.0), torch.Generator().manual_seed(0), None, 32)
+    errors = sorted(float((image - x[n].flatten().double()).abs().max()) for image, n in single_bins(trap, x, y))
+    assert len(errors) >= 16
+    assert errors[len(errors) // 2] < 1e-5 and errors[-1] < 1e-2  # the worst: float32 cancellation in a low bin
+
+
+def test_through_layernorm_the_whole_layer_is_refused_and_a_small_trap_passes_and_reads():
+    """A batch of 64: on 32 uniform images the honest model at its default init already isolates all 32 at
+    LayerNorm's output (20 of 64), so no count could be judged above it."""
+    ln, setting, threat = setup_ln(64)
+    x, y = batch(64)
+    rec = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert rec.info["through"].startswith("LayerNorm 'net.2'") and exact(rec, x) >= 10
+    found = inspect_model(rec.info["malicious_model"], ln, batch=(x, y), disaggregation=True)
+    assert found.checks["isolation"]["layers"]["net.1"]["isolated"] == 0 and found.checks["disaggregation"]["max"] < 2
+    assert not found.ok and all(r.startswith("isolation: layer 'net.1 -> net.2'") for r in found.reasons)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=ln)
+    recs = [get("trap_weights", seed=s, chains=1, rows=3).interrogate(client, setting, threat) for s in range(3)]
+    passed = [r for r in recs if "refused" not in r.info]
+    assert passed and max(exact(r, x) for r in passed) >= 1
+
+
+def test_a_layernorm_without_bias_or_over_other_units_is_not_applicable():
+    _, setting, threat = setup()
+    for norm in (torch.nn.LayerNorm(64, bias=False), torch.nn.LayerNorm(64, elementwise_affine=False)):
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 64), norm, torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        assert "nn.LayerNorm over 8 or more" in get("trap_weights").applicable(replace(setting, model=model), threat)
+

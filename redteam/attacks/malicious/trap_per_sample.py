@@ -1,0 +1,207 @@
+"""Trap weights through a normalisation of each sample's own units: GroupNorm (what ``guardfl.dp_compatible``
+and Opacus put in BatchNorm's place) and LayerNorm. Neither couples the samples of a batch, so the bins
+stay exact once the normalisation's per-sample statistics are made (almost) the same for every sample:
+some of the normalised units are constants spread far apart, whose spread sets the variance. Our
+constructions, not published ones (``trap_weights`` uses them; ``trap_norm`` is the BatchNorm case).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor, nn
+
+from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns
+from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for
+
+
+# -- through GroupNorm (what guardfl.dp_compatible / Opacus put in BatchNorm's place) --------------------------
+# GroupNorm normalises each sample over the channels of a group, so a group is a measuring instrument of its
+# own: one channel measures ``u_n = alpha <m, x_n>``, the group's other channels are constants spread far
+# apart (``K`` times the measurement's range, symmetric around 0, tiny random weights so that no two rows
+# are equal). Their spread sets the group's variance, so the measuring channel normalises to an almost
+# linear function of ``u_n``, and GroupNorm's affine bias cuts it; the constants are never let fire
+# (weight 0.5 / sqrt(size), bias -1). Nothing mixes samples: each group's row sends ``sum D_n s_a x_n``
+# over the samples it fires for, ``s_a`` the slope of the normalised value (nearly the same for every
+# sample), so rows divided by their slopes difference to single samples as without normalisation.
+
+#: the constants' spread over the largest possible measurement
+GROUP_SPREAD = 100.0
+
+
+def group_value(u: Tensor, others: Tensor, eps: float) -> Tensor:
+    """GroupNorm's normalised value of a group's first channel for measurements ``u`` (n,), the other
+    channels holding ``others`` (float64)."""
+    z = torch.cat([u.double()[:, None], others.double()[None, :].expand(len(u), -1)], 1)
+    mu = z.mean(1, keepdim=True)
+    var = z.var(1, unbiased=False, keepdim=True)
+    return ((z - mu) / torch.sqrt(var + eps))[:, 0]
+
+
+def group_slope(u: float, others: Tensor, eps: float) -> float:
+    """``d group_value / d u`` at ``u``."""
+    with torch.enable_grad():  # the crafting runs under no_grad
+        point = torch.tensor([u], dtype=torch.float64, requires_grad=True)
+        (slope,) = torch.autograd.grad(group_value(point, others, eps).sum(), point)
+    return float(slope)
+
+
+def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Tensor, bound: float,
+                 gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Write one chain's groups (in cut-off order; see above): ``cut`` on ``<m, x>``, ``scale`` the
+    GroupNorm weights of the measuring channels. Returns their units (rows of ``first``) and each row's
+    slope ``gamma * d zhat / d z``, by which the recovery divides the row's update."""
+    size = norm.num_channels // norm.num_groups
+    others_n = size - 1
+    spread = GROUP_SPREAD * 2.0 * bound * torch.linspace(-1.0, 1.0, others_n, dtype=torch.float64)
+    units, slopes = [], []
+    row_norm = float(first.weight.detach().double().norm(dim=1).mean().clamp_min(1e-6))
+    for j, g in enumerate(groups.tolist()):
+        channels = torch.arange(g * size, (g + 1) * size)
+        pick = int(torch.randint(size, (1,), generator=gen))
+        unit, rest = int(channels[pick]), channels[torch.arange(size) != pick]
+        alpha = float(torch.rand(1, generator=gen, dtype=torch.float64)) * 1.5 + 0.5
+        others = spread[torch.randperm(others_n, generator=gen)]
+        first.weight[unit] = (alpha * m).to(first.weight.dtype)
+        first.bias[unit] = 0.0
+        first.weight[rest] = (1e-3 * row_norm / math.sqrt(first.in_features)
+                              * torch.randn(others_n, first.in_features, generator=gen)).to(first.weight.dtype)
+        first.bias[rest] = others.to(first.bias.dtype)
+        at = group_value(torch.tensor([alpha * float(cut[j])], dtype=torch.float64), others, norm.eps)[0]
+        gamma = float(scale[j])
+        norm.weight[unit] = gamma
+        norm.bias[unit] = float(-gamma * at) if bool(torch.isfinite(at)) else gamma * 10.0
+        norm.weight[rest] = 0.5 / math.sqrt(size)
+        norm.bias[rest] = -1.0
+        units.append(unit)
+        slopes.append(gamma * group_slope(alpha * float(cut[j]), others, norm.eps))
+    return torch.tensor(units), torch.tensor(slopes, dtype=torch.float64)
+
+
+def craft_grouped(model: nn.Module, layers, aux: Tensor | None, chains: int, column_noise: float,
+                  input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
+                  boost: float, cuts: str) -> Trap:
+    """``craft`` through GroupNorm: a chain's rows are groups, one measuring channel each
+    (``write_groups``); the other groups keep their honest weights."""
+    sent = copy.deepcopy(model)
+    modules = dict(sent.named_modules())
+    first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
+    groups, d = norm.num_groups, first.in_features
+    k = groups // chains if rows is None else min(rows, groups // chains)
+    order = torch.randperm(groups, generator=gen)
+    bound = math.sqrt(d) * max(abs(input_range[0]), abs(input_range[1])) + 1.0
+    slopes = torch.ones(first.out_features, dtype=torch.float64)
+    chain_rows = []
+    with torch.no_grad():
+        for c in range(chains):
+            m, scale = chain_draw(d, k, rows, cuts, boost, gen)
+            cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
+            units, slope = write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen)
+            slopes[units] = slope
+            columns(second, units, boost, column_noise, gen)
+            chain_rows.append(units)
+    return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
+                None, slopes)
+
+
+# -- through LayerNorm (an MLP block's normalisation: each sample over all of the layer's units) ---------------
+# LayerNorm subtracts each sample's mean over the layer's units and divides by their standard deviation,
+# so every unit's backward pass holds two terms shared by all of a sample's units: the mean of the gradient
+# into the normalised units (``m_n``) and that gradient's projection on the normalised values (``q_n``):
+# ``dL/dz_i = (gamma_i g_i - m_n - zhat_i q_n) / sigma_n``. Three choices make the bins exact again:
+# - one unit in ``LAYER_CONSTANTS`` holds a constant (tiny random weights), spread symmetrically so far
+#   apart that the layer's standard deviation is ``LAYER_SPREAD`` times any other unit's reach: ``sigma_n``
+#   is the same for every sample and every other unit's normalised value ``zhat_i`` is ~0, so ``q_n``
+#   (a sum of ``g_j zhat_j`` over the units that fire) is negligible;
+# - a chain's rows are one row ``alpha m`` (each with a tiny random part, so that no two are equal): the
+#   layer's mean ``<wbar, x> + bbar`` is linear in the input (LayerNorm reads the linear layer), so every
+#   unit of the chain normalises the same measurement ``<alpha m - wbar, x>``, cut at its quantiles;
+# - a chain's units share one LayerNorm weight, so ``m_n`` cancels in adjacent differences.
+# That weight is ``sigma``, which undoes the normalisation (once LayerNorm's bias cuts it, the unit is the
+# measurement minus its cut-off); the honest units' weights are scaled by ``sigma`` over the honest layer's
+# own per-sample standard deviation (on the attacker's data), so that they compute what they did. The
+# constants never fire (weight ``0.5 / sqrt(U)``, bias -1: ``|zhat| <= sqrt(U)``).
+
+#: LayerNorm: one unit in this many is a constant (at least 2)
+LAYER_CONSTANTS = 16
+#: LayerNorm: the layer's standard deviation over the largest value any other unit can take
+LAYER_SPREAD = 100.0
+#: LayerNorm: the random part of a chain's rows, relative to the row
+ROW_JITTER = 1e-5
+
+
+def _probe(aux: Tensor | None, input_range: tuple[float, float], d: int, gen: torch.Generator) -> Tensor:
+    """The inputs the attacker expects (float64, flattened): its auxiliary images, else 256 uniform draws."""
+    if aux is not None and aux.shape[0] >= 2:
+        return aux.flatten(1).double()
+    lo, hi = input_range
+    return lo + (hi - lo) * torch.rand(256, d, generator=gen, dtype=torch.float64)
+
+
+def _layer_sigma(first: nn.Linear, probe: Tensor, eps: float) -> float:
+    """LayerNorm's per-sample standard deviation of ``first``'s units on the probe, averaged."""
+    z = probe @ first.weight.detach().double().T + first.bias.detach().double()
+    return float(torch.sqrt(z.var(1, unbiased=False) + eps).mean())
+
+
+def _spread_constants(first: nn.Linear, constants: Tensor, others: Tensor, xmax: float, gen: torch.Generator) -> None:
+    """The constant units: tiny random weights, biases spread symmetrically so far apart that the layer's
+    standard deviation is ``LAYER_SPREAD`` times the largest value any of the ``others`` can take."""
+    w, b = first.weight.detach().double()[others], first.bias.detach().double()[others]
+    reach = float(w.abs().sum(1).max()) * xmax + float(b.abs().max()) + 1.0
+    spread = torch.linspace(-1.0, 1.0, len(constants), dtype=torch.float64)
+    peak = LAYER_SPREAD * reach * math.sqrt(first.out_features / float((spread ** 2).sum()))
+    row_norm = float(w.norm(dim=1).mean().clamp_min(1e-6))
+    first.weight[constants] = (1e-3 * row_norm / math.sqrt(first.in_features)
+                               * torch.randn(len(constants), first.in_features, generator=gen)).to(first.weight.dtype)
+    first.bias[constants] = (peak * spread[torch.randperm(len(constants), generator=gen)]).to(first.bias.dtype)
+
+
+def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, column_noise: float,
+                     input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
+                     boost: float, cuts: str) -> Trap:
+    """``craft`` through LayerNorm (above): chains of measuring units, ``U // LAYER_CONSTANTS`` constants,
+    the other units honest (their LayerNorm weights rescaled) or, for the whole layer, never firing. Every
+    measuring unit's slope is ~1: the recovery is the plain one."""
+    sent = copy.deepcopy(model)
+    modules = dict(sent.named_modules())
+    first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
+    units, d = first.out_features, first.in_features
+    spread_n = max(2, units // LAYER_CONSTANTS)
+    k = (units - spread_n) // chains if rows is None else min(rows, (units - spread_n) // chains)
+    order = torch.randperm(units, generator=gen)
+    constants, honest = order[:spread_n], order[spread_n + chains * k:]
+    probe = _probe(aux, input_range, d, gen)
+    honest_sigma = _layer_sigma(first, probe, norm.eps)
+    xmax = max(abs(input_range[0]), abs(input_range[1]))
+    chain_rows, directions = [], []
+    with torch.no_grad():
+        for c in range(chains):
+            m, scale = chain_draw(d, k, rows, cuts, boost, gen)
+            jitter = ROW_JITTER / math.sqrt(d) * torch.randn(k, d, generator=gen, dtype=torch.float64)
+            chain = order[spread_n + c * k:spread_n + (c + 1) * k]
+            first.weight[chain] = (float(scale.mean()) * (m[None, :] + jitter)).to(first.weight.dtype)
+            first.bias[chain] = 0.0
+            columns(second, chain, boost, column_noise, gen)
+            chain_rows.append(chain)
+            directions.append(float(scale.mean()) * m)
+        if rows is None:  # the left-over units: 0, never firing
+            first.weight[honest] = 0.0
+            first.bias[honest] = 0.0
+        _spread_constants(first, constants, order[spread_n:], xmax, gen)
+        wbar, bbar = first.weight.detach().double().mean(0), float(first.bias.detach().double().mean())
+        sigma = _layer_sigma(first, probe, norm.eps)
+        for chain, direction in zip(chain_rows, directions):
+            e = direction - wbar  # every unit of the chain normalises <e, x> - bbar
+            cut = cuts_for(None if aux is None else probe @ e, k, rows, cuts, samples, input_range, e)
+            norm.weight[chain] = sigma
+            norm.bias[chain] = (-(cut - bbar)).to(norm.bias.dtype)
+        if rows is None:
+            norm.weight[honest], norm.bias[honest] = 0.5 / math.sqrt(units), -1.0
+        else:
+            norm.weight[honest] = norm.weight[honest] * (sigma / honest_sigma)
+        norm.weight[constants], norm.bias[constants] = 0.5 / math.sqrt(units), -1.0
+    return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
+                None, torch.ones(units, dtype=torch.float64))
