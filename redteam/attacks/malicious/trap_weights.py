@@ -75,6 +75,16 @@ differences; that weight undoes the normalisation and LayerNorm's bias cuts. The
 rescaled so that they compute what they did. Exact (``trap_per_sample``; 1e-5 per pixel for most bins).
 Ours.
 
+Against FedAvg (``scales``, ``auto``: equal against a FedAvg client): over several local steps the
+classifier columns of a chain's rows drift apart, each by the learning rate times the sum of the batch's
+logit gradients weighted by that row's activations, so the rows' coefficients per sample are no longer
+equal and adjacent differences no longer cancel. The drift between two adjacent rows is proportional to
+the difference of their activations: with random scales, up to the whole measurement's range; with one
+scale per chain, at most the bin's width. So the rows share one scale (each with a tiny random part, so
+that none repeats). Measured (FC-2, 64 LFW faces, whole layer, lr 0.1, SSIM > 0.9): 4 local steps of 16,
+20 faces exactly instead of 2; 8 of 8, 11 instead of 1; 3 epochs of 4 x 16, 6 instead of 0; one step of
+64, 40 and 36 (docs/malicious-server.md 2b). The small traps gain little (a few rows drift little). Ours.
+
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
 is a fresh chance for a sample to be alone in a bin; ``inspect_model``'s isolation check counts the
@@ -177,11 +187,13 @@ def _norm_refusal(norm: nn.Module, units: int) -> str | None:
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
           aux: Tensor | None, chains: int, column_noise: float, input_range: tuple[float, float],
           gen: torch.Generator, rows: int | None = None, samples: int = 1,
-          boost: float = 1.0, cuts: str = "top") -> Trap:
+          boost: float = 1.0, cuts: str = "top", equal: bool = False) -> Trap:
     """The trapped model (a deep copy) and what the recovery needs (``Trap``). ``rows``: rows per chain at
     the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
     scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
-    chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``)."""
+    chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``).
+    ``equal`` (without a normalisation): a chain's rows share one scale, each with a tiny random part
+    (``EQUAL_JITTER``), instead of their random scales: adapted to FedAvg (``TrapWeightsConfig.scales``)."""
     if isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
         per_sample = craft_grouped if isinstance(layers.norm, nn.GroupNorm) else craft_layer_norm
         return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts)
@@ -202,7 +214,11 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
             chain = order[c * k:(c + 1) * k]
             if norm is None:
                 cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
-                first.weight[chain] = (scale[:, None] * m[None, :]).to(first.weight.dtype)
+                rows_w = scale[:, None] * m[None, :]
+                if equal:  # drawn after the chain's other draws: the random-scale trap is unchanged
+                    scale = scale.mean().expand(k)
+                    rows_w = scale[:, None] * (m[None, :] + EQUAL_JITTER / math.sqrt(d) * torch.randn(k, d, generator=gen, dtype=torch.float64))
+                first.weight[chain] = rows_w.to(first.weight.dtype)
                 first.bias[chain] = (-scale * cut).to(first.bias.dtype)
             else:  # the linear rows measure (their bias cancels in the BatchNorm); its affine cuts
                 cut = norm_cuts_for(trap_norm.standardised(aux, m), k, rows, cuts, samples)
@@ -263,6 +279,11 @@ class TrapWeightsConfig(AttackConfig):
     #: too) or "middle" (around the median: every sample above the lowest cut, about half the batch, sends
     #: the boosted gradient, so that no one sample dominates the layer: adapted to the D-SNR check)
     cuts: Literal["top", "middle"] = Field(default="top", json_schema_extra={"allowed": "'top' or 'middle' (with rows)"})
+    #: the rows' scales within a chain (without a normalisation): "random" (each in [0.5, 2]), "equal" (one
+    #: scale, each row with a tiny random part: adapted to FedAvg, where a chain's classifier columns would
+    #: otherwise drift apart over the local steps, in proportion to the rows' different activations, and
+    #: the adjacent differences would no longer cancel), "auto": equal against a FedAvg client, else random
+    scales: Literal["auto", "random", "equal"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'random' or 'equal'"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
 
     @field_validator("boost", mode="before")
@@ -290,6 +311,9 @@ def _through(norm: nn.Module, name: str, aux: bool) -> str:
     return (f"BatchNorm1d '{name}' (cut-offs in its affine parameters; batch terms estimated "
             + ("on aux)" if aux else "for uniform pixels)"))
 
+
+#: ``scales: equal``: each row's random part, relative to the row (no two rows equal: the duplicate-row check)
+EQUAL_JITTER = 1e-5
 
 #: the boost "auto" uses against a known pruning or noise defense (see ``TrapWeightsConfig.boost``): the
 #: value the shipped configs' boosted traps use
@@ -333,8 +357,9 @@ class TrapWeights(ServerAttack):
         aux = None if threat.aux is None else threat.aux.images
         known = threat.defense == "known"
         boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
+        equal = c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg")
         trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, c.rows, n,
-                     boost, c.cuts)
+                     boost, c.cuts, equal)
         observation = client(trap.sent)
         top_row = c.rows is None or c.cuts == "top"
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
@@ -350,4 +375,5 @@ class TrapWeights(ServerAttack):
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
             "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": boost, "cuts": c.cuts if c.rows else "quantiles",
+            "scales": "equal" if (equal and layers.norm is None) or isinstance(layers.norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})
