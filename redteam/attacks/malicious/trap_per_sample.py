@@ -29,6 +29,30 @@ from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for
 
 #: the constants' spread over the largest possible measurement
 GROUP_SPREAD = 100.0
+#: against Outpost (``carried``): the constants' spread, smaller (the square of the weights' spread sets
+#: Outpost's noise; exactness is unchanged down to ~3, measured)
+OUTPOST_SPREAD = 3.0
+
+
+def carried(probe: Tensor) -> Tensor:
+    """A direction whose product with the attacker's inputs is ~1 (their mean over its squared norm): the
+    constants written into the weights, ``c <carrier, x>`` instead of a bias ``c``. Outpost adds noise of
+    ``lambda Var(w)`` to each layer (the variance of its current values), so constants of 1e4 in a bias
+    make the noise on the bias's update ~1e8 and drown every bin; in the weights they add ``c^2 / d^2``
+    per entry. The constants then scale with each sample's ``<carrier, x>``: a common factor for all of a
+    sample's units, which the bins' ratios cancel."""
+    mean = probe.mean(0)
+    return mean / max(float(mean @ mean), 1e-12)
+
+
+def _constants(first: nn.Linear, rows: Tensor, values: Tensor, tiny: Tensor, carrier: Tensor | None) -> None:
+    """Constant units: ``values`` in their biases (weights ``tiny``), or with ``carrier`` in their weights."""
+    if carrier is None:
+        first.weight[rows] = tiny.to(first.weight.dtype)
+        first.bias[rows] = values.to(first.bias.dtype)
+    else:
+        first.weight[rows] = (values.double()[:, None] * carrier[None, :] + tiny.double()).to(first.weight.dtype)
+        first.bias[rows] = 0.0
 
 
 def group_value(u: Tensor, others: Tensor, eps: float) -> Tensor:
@@ -49,13 +73,15 @@ def group_slope(u: float, others: Tensor, eps: float) -> float:
 
 
 def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Tensor, bound: float,
-                 gen: torch.Generator) -> tuple[Tensor, Tensor]:
+                 gen: torch.Generator, carrier: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Write one chain's groups (in cut-off order; see above): ``cut`` on ``<m, x>``, ``scale`` the
     GroupNorm weights of the measuring channels. Returns their units (rows of ``first``) and each row's
-    slope ``gamma * d zhat / d z``, by which the recovery divides the row's update."""
+    slope ``gamma * d zhat / d z``, by which the recovery divides the row's update. ``carrier``: the
+    constants in the weights instead of the biases, ``OUTPOST_SPREAD`` apart (``carried``)."""
     size = norm.num_channels // norm.num_groups
     others_n = size - 1
-    spread = GROUP_SPREAD * 2.0 * bound * torch.linspace(-1.0, 1.0, others_n, dtype=torch.float64)
+    factor = GROUP_SPREAD if carrier is None else OUTPOST_SPREAD
+    spread = factor * 2.0 * bound * torch.linspace(-1.0, 1.0, others_n, dtype=torch.float64)
     units, slopes = [], []
     row_norm = float(first.weight.detach().double().norm(dim=1).mean().clamp_min(1e-6))
     for j, g in enumerate(groups.tolist()):
@@ -66,9 +92,8 @@ def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Ten
         others = spread[torch.randperm(others_n, generator=gen)]
         first.weight[unit] = (alpha * m).to(first.weight.dtype)
         first.bias[unit] = 0.0
-        first.weight[rest] = (1e-3 * row_norm / math.sqrt(first.in_features)
-                              * torch.randn(others_n, first.in_features, generator=gen)).to(first.weight.dtype)
-        first.bias[rest] = others.to(first.bias.dtype)
+        tiny = 1e-3 * row_norm / math.sqrt(first.in_features) * torch.randn(others_n, first.in_features, generator=gen)
+        _constants(first, rest, others, tiny, carrier)
         at = group_value(torch.tensor([alpha * float(cut[j])], dtype=torch.float64), others, norm.eps)[0]
         gamma = float(scale[j])
         norm.weight[unit] = gamma
@@ -82,9 +107,10 @@ def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Ten
 
 def craft_grouped(model: nn.Module, layers, aux: Tensor | None, chains: int, column_noise: float,
                   input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
-                  boost: float, cuts: str) -> Trap:
+                  boost: float, cuts: str, outpost: bool = False) -> Trap:
     """``craft`` through GroupNorm: a chain's rows are groups, one measuring channel each
-    (``write_groups``); the other groups keep their honest weights."""
+    (``write_groups``); the other groups keep their honest weights. ``outpost``: the constants in the
+    weights (``carried``)."""
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
@@ -93,12 +119,13 @@ def craft_grouped(model: nn.Module, layers, aux: Tensor | None, chains: int, col
     order = torch.randperm(groups, generator=gen)
     bound = math.sqrt(d) * max(abs(input_range[0]), abs(input_range[1])) + 1.0
     slopes = torch.ones(first.out_features, dtype=torch.float64)
+    carrier = carried(_probe(aux, input_range, d, gen)) if outpost else None
     chain_rows = []
     with torch.no_grad():
         for c in range(chains):
             m, scale = chain_draw(d, k, rows, cuts, boost, gen)
             cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
-            units, slope = write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen)
+            units, slope = write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen, carrier)
             slopes[units] = slope
             columns(second, units, boost, column_noise, gen)
             chain_rows.append(units)
@@ -146,25 +173,28 @@ def _layer_sigma(first: nn.Linear, probe: Tensor, eps: float) -> float:
     return float(torch.sqrt(z.var(1, unbiased=False) + eps).mean())
 
 
-def _spread_constants(first: nn.Linear, constants: Tensor, others: Tensor, xmax: float, gen: torch.Generator) -> None:
-    """The constant units: tiny random weights, biases spread symmetrically so far apart that the layer's
-    standard deviation is ``LAYER_SPREAD`` times the largest value any of the ``others`` can take."""
+def _spread_constants(first: nn.Linear, constants: Tensor, others: Tensor, xmax: float, gen: torch.Generator,
+                      carrier: Tensor | None = None) -> None:
+    """The constant units, spread symmetrically so far apart that the layer's standard deviation is
+    ``LAYER_SPREAD`` (with ``carrier``: ``OUTPOST_SPREAD``, in the weights) times the largest value any of
+    the ``others`` can take."""
     w, b = first.weight.detach().double()[others], first.bias.detach().double()[others]
     reach = float(w.abs().sum(1).max()) * xmax + float(b.abs().max()) + 1.0
     spread = torch.linspace(-1.0, 1.0, len(constants), dtype=torch.float64)
-    peak = LAYER_SPREAD * reach * math.sqrt(first.out_features / float((spread ** 2).sum()))
+    factor = LAYER_SPREAD if carrier is None else OUTPOST_SPREAD
+    peak = factor * reach * math.sqrt(first.out_features / float((spread ** 2).sum()))
     row_norm = float(w.norm(dim=1).mean().clamp_min(1e-6))
-    first.weight[constants] = (1e-3 * row_norm / math.sqrt(first.in_features)
-                               * torch.randn(len(constants), first.in_features, generator=gen)).to(first.weight.dtype)
-    first.bias[constants] = (peak * spread[torch.randperm(len(constants), generator=gen)]).to(first.bias.dtype)
+    tiny = 1e-3 * row_norm / math.sqrt(first.in_features) * torch.randn(len(constants), first.in_features, generator=gen)
+    _constants(first, constants, peak * spread[torch.randperm(len(constants), generator=gen)], tiny, carrier)
 
 
 def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, column_noise: float,
                      input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
-                     boost: float, cuts: str) -> Trap:
+                     boost: float, cuts: str, outpost: bool = False) -> Trap:
     """``craft`` through LayerNorm (above): chains of measuring units, ``U // LAYER_CONSTANTS`` constants,
     the other units honest (their LayerNorm weights rescaled) or, for the whole layer, never firing. Every
-    measuring unit's slope is ~1: the recovery is the plain one."""
+    measuring unit's slope is ~1: the recovery is the plain one. ``outpost``: the constants in the weights
+    (``carried``)."""
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
@@ -190,7 +220,7 @@ def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, 
         if rows is None:  # the left-over units: 0, never firing
             first.weight[honest] = 0.0
             first.bias[honest] = 0.0
-        _spread_constants(first, constants, order[spread_n:], xmax, gen)
+        _spread_constants(first, constants, order[spread_n:], xmax, gen, carried(probe) if outpost else None)
         wbar, bbar = first.weight.detach().double().mean(0), float(first.bias.detach().double().mean())
         sigma = _layer_sigma(first, probe, norm.eps)
         for chain, direction in zip(chain_rows, directions):

@@ -73,7 +73,9 @@ normalises the same measurement (the layer's mean is linear in the input: it onl
 direction), and they share one LayerNorm weight, so that the coupling through the mean cancels in adjacent
 differences; that weight undoes the normalisation and LayerNorm's bias cuts. The honest units' weights are
 rescaled so that they compute what they did. Exact (``trap_per_sample``; 1e-5 per pixel for most bins).
-Ours.
+Against a known Outpost (whose noise on a layer is 0.8 times the variance of its current values) the
+constants of both per-sample traps go in the weights, not the biases (``trap_per_sample.carried``):
+constants of 1e4 in a bias drowned every bin in ~1e8 noise, and the client looked protected. Ours.
 
 Against FedAvg (``scales``, ``auto``: equal against a FedAvg client): over several local steps the
 classifier columns of a chain's rows drift apart, each by the learning rate times the sum of the batch's
@@ -187,16 +189,18 @@ def _norm_refusal(norm: nn.Module, units: int) -> str | None:
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
           aux: Tensor | None, chains: int, column_noise: float, input_range: tuple[float, float],
           gen: torch.Generator, rows: int | None = None, samples: int = 1,
-          boost: float = 1.0, cuts: str = "top", equal: bool = False) -> Trap:
+          boost: float = 1.0, cuts: str = "top", equal: bool = False, outpost: bool = False) -> Trap:
     """The trapped model (a deep copy) and what the recovery needs (``Trap``). ``rows``: rows per chain at
     the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
     scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
     chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``).
-    ``equal`` (without a normalisation): a chain's rows share one scale, each with a tiny random part
-    (``EQUAL_JITTER``), instead of their random scales: adapted to FedAvg (``TrapWeightsConfig.scales``)."""
+    ``equal``: a chain's rows share one scale, each with a tiny random part (``EQUAL_JITTER``), instead of
+    their random scales (through BatchNorm: one BatchNorm weight per chain): adapted to FedAvg
+    (``TrapWeightsConfig.scales``). ``outpost``: through GroupNorm or LayerNorm, the constants go in the
+    weights, not the biases (``trap_per_sample.carried``): adapted to Outpost's variance-scaled noise."""
     if isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
         per_sample = craft_grouped if isinstance(layers.norm, nn.GroupNorm) else craft_layer_norm
-        return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts)
+        return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts, outpost)
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second = modules[layers.first_name], modules[layers.second_name]
@@ -224,6 +228,8 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
                 cut = norm_cuts_for(trap_norm.standardised(aux, m), k, rows, cuts, samples)
                 alpha = torch.rand(k, generator=gen, dtype=torch.float64) * 1.5 + 0.5
                 first.weight[chain] = (alpha[:, None] * m[None, :]).to(first.weight.dtype)
+                if equal:  # one BatchNorm weight per chain (the rows' own scales differ and cancel in it)
+                    scale = scale.mean().expand(k)
                 norm.weight[chain] = scale.to(norm.weight.dtype)
                 norm.bias[chain] = (-scale * cut).to(norm.bias.dtype)
                 norm_chains.append((m, alpha, scale))
@@ -279,10 +285,12 @@ class TrapWeightsConfig(AttackConfig):
     #: too) or "middle" (around the median: every sample above the lowest cut, about half the batch, sends
     #: the boosted gradient, so that no one sample dominates the layer: adapted to the D-SNR check)
     cuts: Literal["top", "middle"] = Field(default="top", json_schema_extra={"allowed": "'top' or 'middle' (with rows)"})
-    #: the rows' scales within a chain (without a normalisation): "random" (each in [0.5, 2]), "equal" (one
-    #: scale, each row with a tiny random part: adapted to FedAvg, where a chain's classifier columns would
-    #: otherwise drift apart over the local steps, in proportion to the rows' different activations, and
-    #: the adjacent differences would no longer cancel), "auto": equal against a FedAvg client, else random
+    #: the rows' scales within a chain: "random" (each in [0.5, 2]), "equal" (one scale, each row with a tiny
+    #: random part; through BatchNorm one BatchNorm weight per chain): adapted to FedAvg, where a chain's
+    #: classifier columns would otherwise drift apart over the local steps, in proportion to the rows'
+    #: different activations, and the adjacent differences would no longer cancel; "auto": equal against a
+    #: FedAvg client, else random. Through GroupNorm (a group per row) it changes nothing; through LayerNorm
+    #: a chain always shares one scale
     scales: Literal["auto", "random", "equal"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'random' or 'equal'"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
 
@@ -358,8 +366,9 @@ class TrapWeights(ServerAttack):
         known = threat.defense == "known"
         boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
         equal = c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg")
+        outpost = known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config))
         trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, c.rows, n,
-                     boost, c.cuts, equal)
+                     boost, c.cuts, equal, outpost)
         observation = client(trap.sent)
         top_row = c.rows is None or c.cuts == "top"
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
@@ -372,8 +381,10 @@ class TrapWeights(ServerAttack):
                                                  setting.input_range, c.min_mass, top_row=top_row)
         labels, source = server_labels(observation, setting, threat)
         extra = {} if trap.norm is None else {"through": _through(layers.norm, trap.norm, aux is not None)}
+        if outpost and isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
+            extra["constants"] = "in the weights (adapted to Outpost's noise, which scales with each layer's variance)"
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
             "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": boost, "cuts": c.cuts if c.rows else "quantiles",
-            "scales": "equal" if (equal and layers.norm is None) or isinstance(layers.norm, nn.LayerNorm) else "random",
+            "scales": "equal" if (equal and not isinstance(layers.norm, nn.GroupNorm)) or isinstance(layers.norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})

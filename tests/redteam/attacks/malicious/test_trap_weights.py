@@ -389,3 +389,30 @@ def test_against_fedavg_one_scale_per_chain_keeps_the_bins_over_local_steps():
     assert found.ok and found.checks["imprint"]["max_duplicate_row_share"] == 0
     with pytest.raises(ValueError, match="scales"):
         get("trap_weights", scales="same")
+
+
+# -- against Outpost: the constants of the per-sample normalisations in the weights -----------------------------
+def test_against_a_known_outpost_the_layernorm_trap_puts_its_constants_in_the_weights_and_reads_through_it():
+    """Outpost's noise on a layer is lambda times the variance of its current values: constants of 1e4 in the
+    first layer's biases make the noise on the bias update ~1e8 and drown the bins (a client behind
+    LayerNorm and Outpost was CERTIFIED by that). Knowing the defense, the trap writes them into the weights
+    (``c <carrier, x>``), where they add little variance, and reads through Outpost."""
+    from guardfl.redteam.modality.image.data import lfw_faces
+    from guardfl.redteam.modality.image.models import FC2LN
+
+    faces, labels = lfw_faces(10)
+    x, y = faces[:64], labels[:64]
+    shape = tuple(x.shape[1:])
+    torch.manual_seed(0)
+    model = FC2LN(shape, 10)
+    outpost = {"kind": "outpost"}
+    setting = Setting(model, FedSGD(), 64, shape, 10, (0.0, 1.0), outpost)
+    threat = ThreatModel(server="malicious", labels="known", aux=AuxData(faces[64:], labels[64:]))
+    query = ClientQuery(x, y, outpost, FedSGD())
+    budget = {"chains": 4, "rows": 2, "boost": 1000}
+    adapted = get("trap_weights", seed=0, **budget).interrogate(query, setting, threat)
+    blind = get("trap_weights", seed=0, **budget).interrogate(query, setting, threat.model_copy(update={"defense": "unknown"}))
+    assert adapted.info["constants"].startswith("in the weights") and "constants" not in blind.info
+    sent = adapted.info["malicious_model"].net[1]
+    assert float(sent.bias.detach().var()) < 1.0 < float(blind.info["malicious_model"].net[1].bias.detach().var())
+    assert exact(adapted, x) >= 1 and exact(blind, x) == 0
