@@ -10,6 +10,11 @@ import torch
 from torch import Tensor, nn
 
 
+#: a chain's rows with one scale (``trap_weights`` ``scales: equal``, the LayerNorm trap): each row's random
+#: part, relative to the row, so that no two rows are equal (the inspection's duplicate-row check)
+EQUAL_JITTER = 1e-5
+
+
 class Trap(NamedTuple):
     """A crafted model and what its recovery needs: the rows of each chain in cut-off order, the state-dict
     names of the first layer's weight and bias, and through a BatchNorm its name and, per chain, the

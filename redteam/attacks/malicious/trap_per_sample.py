@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns
+from guardfl.redteam.attacks.malicious.trap_chain import EQUAL_JITTER, Trap, chain_draw, columns
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for
 
 
@@ -75,11 +75,15 @@ def group_slope(u: float, others: Tensor, eps: float) -> float:
 
 
 def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Tensor, bound: float,
-                 gen: torch.Generator, carrier: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                 gen: torch.Generator, carrier: Tensor | None = None, equal: bool = False) -> tuple[Tensor, Tensor]:
     """Write one chain's groups (in cut-off order; see above): ``cut`` on ``<m, x>``, ``scale`` the
     GroupNorm weights of the measuring channels. Returns their units (rows of ``first``) and each row's
     slope ``gamma * d zhat / d z``, by which the recovery divides the row's update. ``carrier``: the
-    constants in the weights instead of the biases, ``OUTPOST_SPREAD`` apart (``carried``)."""
+    constants in the weights instead of the biases, ``OUTPOST_SPREAD`` apart (``carried``). ``equal``
+    (against FedAvg): every measuring row ``m`` (with a tiny random part) and every measuring channel's
+    GroupNorm weight the chain's scale over its slope, so that each unit is ``scale (<m, x> - cut)`` and
+    the rows' updates are not ~1e-4 of their weights (a FedAvg delta is a difference of float32 weights:
+    at that ratio it keeps three digits, and the bins' differences none)."""
     size = norm.num_channels // norm.num_groups
     others_n = size - 1
     factor = GROUP_SPREAD if carrier is None else OUTPOST_SPREAD
@@ -92,12 +96,18 @@ def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Ten
         unit, rest = int(channels[pick]), channels[torch.arange(size) != pick]
         alpha = float(torch.rand(1, generator=gen, dtype=torch.float64)) * 1.5 + 0.5
         others = spread[torch.randperm(others_n, generator=gen)]
-        first.weight[unit] = (alpha * m).to(first.weight.dtype)
+        row = alpha * m
+        if equal:  # drawn last: the random-scale groups are unchanged
+            alpha = 1.0
+            row = m + EQUAL_JITTER / math.sqrt(len(m)) * torch.randn(len(m), generator=gen, dtype=torch.float64)
+        first.weight[unit] = row.to(first.weight.dtype)
         first.bias[unit] = 0.0
         tiny = 1e-3 * row_norm / math.sqrt(first.in_features) * torch.randn(others_n, first.in_features, generator=gen)
         _constants(first, rest, others, tiny, carrier)
         at = group_value(torch.tensor([alpha * float(cut[j])], dtype=torch.float64), others, norm.eps)[0]
         gamma = float(scale[j])
+        if equal:
+            gamma = float(scale.mean()) / group_slope(alpha * float(cut[j]), others, norm.eps)
         norm.weight[unit] = gamma
         norm.bias[unit] = float(-gamma * at) if bool(torch.isfinite(at)) else gamma * 10.0
         norm.weight[rest] = 0.5 / math.sqrt(size)
@@ -109,10 +119,10 @@ def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Ten
 
 def craft_grouped(model: nn.Module, layers, aux: Tensor | None, chains: int, column_noise: float,
                   input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
-                  boost: float, cuts: str, outpost: bool = False) -> Trap:
+                  boost: float, cuts: str, outpost: bool = False, equal: bool = False) -> Trap:
     """``craft`` through GroupNorm: a chain's rows are groups, one measuring channel each
     (``write_groups``); the other groups keep their honest weights. ``outpost``: the constants in the
-    weights (``carried``)."""
+    weights (``carried``); ``equal``: adapted to FedAvg (``write_groups``)."""
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second, norm = modules[layers.first_name], modules[layers.second_name], modules[layers.norm_name]
@@ -127,7 +137,7 @@ def craft_grouped(model: nn.Module, layers, aux: Tensor | None, chains: int, col
         for c in range(chains):
             m, scale = chain_draw(d, k, rows, cuts, boost, gen)
             cut = cuts_for(None if aux is None else aux.flatten(1).double() @ m, k, rows, cuts, samples, input_range, m)
-            units, slope = write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen, carrier)
+            units, slope = write_groups(first, norm, order[c * k:(c + 1) * k], m, cut, scale, bound, gen, carrier, equal)
             slopes[units] = slope
             columns(second, units, boost, column_noise, gen)
             chain_rows.append(units)
@@ -157,8 +167,6 @@ def craft_grouped(model: nn.Module, layers, aux: Tensor | None, chains: int, col
 LAYER_CONSTANTS = 16
 #: LayerNorm: the layer's standard deviation over the largest value any other unit can take
 LAYER_SPREAD = 100.0
-#: LayerNorm: the random part of a chain's rows, relative to the row
-ROW_JITTER = 1e-5
 
 
 def _probe(aux: Tensor | None, input_range: tuple[float, float], d: int, gen: torch.Generator) -> Tensor:
@@ -192,8 +200,8 @@ def _spread_constants(first: nn.Linear, constants: Tensor, others: Tensor, xmax:
 
 def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, column_noise: float,
                      input_range: tuple[float, float], gen: torch.Generator, rows: int | None, samples: int,
-                     boost: float, cuts: str, outpost: bool = False) -> Trap:
-    """``craft`` through LayerNorm (above): chains of measuring units, ``U // LAYER_CONSTANTS`` constants,
+                     boost: float, cuts: str, outpost: bool = False, equal: bool = True) -> Trap:
+    """``craft`` through LayerNorm (above; a chain always shares one scale, ``equal`` or not): chains of measuring units, ``U // LAYER_CONSTANTS`` constants,
     the other units honest (their LayerNorm weights rescaled) or, for the whole layer, never firing. Every
     measuring unit's slope is ~1: the recovery is the plain one. ``outpost``: the constants in the weights
     (``carried``)."""
@@ -212,7 +220,7 @@ def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, 
     with torch.no_grad():
         for c in range(chains):
             m, scale = chain_draw(d, k, rows, cuts, boost, gen)
-            jitter = ROW_JITTER / math.sqrt(d) * torch.randn(k, d, generator=gen, dtype=torch.float64)
+            jitter = EQUAL_JITTER / math.sqrt(d) * torch.randn(k, d, generator=gen, dtype=torch.float64)
             chain = order[spread_n + c * k:spread_n + (c + 1) * k]
             first.weight[chain] = (float(scale.mean()) * (m[None, :] + jitter)).to(first.weight.dtype)
             first.bias[chain] = 0.0

@@ -85,7 +85,9 @@ the difference of their activations: with random scales, up to the whole measure
 scale per chain, at most the bin's width. So the rows share one scale (each with a tiny random part, so
 that none repeats). Measured (FC-2, 64 LFW faces, whole layer, lr 0.1, SSIM > 0.9): 4 local steps of 16,
 20 faces exactly instead of 2; 8 of 8, 11 instead of 1; 3 epochs of 4 x 16, 6 instead of 0; one step of
-64, 40 and 36 (docs/malicious-server.md 2b). The small traps gain little (a few rows drift little). Ours.
+64, 40 and 36 (docs/malicious-server.md 2b). The small traps gain little (a few rows drift little).
+Through GroupNorm ``equal`` also undoes the normalisation's scale: a measuring row's update was ~1e-4 of
+its weights, and a FedAvg delta (a difference of float32 weights) lost the bins in rounding. Ours.
 
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
@@ -110,7 +112,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
-from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns
+from guardfl.redteam.attacks.malicious.trap_chain import EQUAL_JITTER, Trap, chain_draw, columns
 from guardfl.redteam.attacks.malicious.trap_per_sample import LAYER_CONSTANTS, craft_grouped, craft_layer_norm
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
@@ -200,7 +202,8 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
     weights, not the biases (``trap_per_sample.carried``): adapted to Outpost's variance-scaled noise."""
     if isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
         per_sample = craft_grouped if isinstance(layers.norm, nn.GroupNorm) else craft_layer_norm
-        return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts, outpost)
+        return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts, outpost,
+                          equal)
     sent = copy.deepcopy(model)
     modules = dict(sent.named_modules())
     first, second = modules[layers.first_name], modules[layers.second_name]
@@ -289,8 +292,8 @@ class TrapWeightsConfig(AttackConfig):
     #: random part; through BatchNorm one BatchNorm weight per chain): adapted to FedAvg, where a chain's
     #: classifier columns would otherwise drift apart over the local steps, in proportion to the rows'
     #: different activations, and the adjacent differences would no longer cancel; "auto": equal against a
-    #: FedAvg client, else random. Through GroupNorm (a group per row) it changes nothing; through LayerNorm
-    #: a chain always shares one scale
+    #: FedAvg client, else random. Through GroupNorm "equal" also undoes the normalisation's scale (the
+    #: FedAvg delta keeps the bins' digits); through LayerNorm a chain always shares one scale
     scales: Literal["auto", "random", "equal"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'random' or 'equal'"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
 
@@ -319,9 +322,6 @@ def _through(norm: nn.Module, name: str, aux: bool) -> str:
     return (f"BatchNorm1d '{name}' (cut-offs in its affine parameters; batch terms estimated "
             + ("on aux)" if aux else "for uniform pixels)"))
 
-
-#: ``scales: equal``: each row's random part, relative to the row (no two rows equal: the duplicate-row check)
-EQUAL_JITTER = 1e-5
 
 #: the boost "auto" uses against a known pruning or noise defense (see ``TrapWeightsConfig.boost``): the
 #: value the shipped configs' boosted traps use
@@ -386,5 +386,5 @@ class TrapWeights(ServerAttack):
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
             "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": boost, "cuts": c.cuts if c.rows else "quantiles",
-            "scales": "equal" if (equal and not isinstance(layers.norm, nn.GroupNorm)) or isinstance(layers.norm, nn.LayerNorm) else "random",
+            "scales": "equal" if equal or isinstance(layers.norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})

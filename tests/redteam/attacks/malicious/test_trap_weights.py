@@ -391,6 +391,30 @@ def test_against_fedavg_one_scale_per_chain_keeps_the_bins_over_local_steps():
         get("trap_weights", scales="same")
 
 
+def test_against_fedavg_the_groupnorm_trap_undoes_the_normalisation_and_its_update_keeps_its_digits():
+    """Through GroupNorm each measuring row's update was ~1e-4 of its weights (the slope over the group's
+    spread): a FedAvg delta, a difference of float32 weights, kept three digits of it, and the bins' differences
+    none (0 faces exact after one step of 64). ``scales: auto`` against FedAvg sets each measuring channel's
+    GroupNorm weight to the chain's scale over its slope."""
+    from guardfl.redteam.client.simulate import FedAvg
+    from guardfl.redteam.modality.image.data import lfw_faces
+    from guardfl.redteam.modality.image.models import FC2GN
+
+    faces, labels = lfw_faces(10)
+    x, y = faces[:64], labels[:64]
+    shape = tuple(x.shape[1:])
+    torch.manual_seed(0)
+    model = FC2GN(shape, 10)
+    fedavg = FedAvg(epochs=1, batch_size=16, lr=0.1)
+    local = Setting(model, fedavg, 64, shape, 10, (0.0, 1.0), None)
+    threat = ThreatModel(server="malicious", labels="known", aux=AuxData(faces[64:], labels[64:]))
+    query = ClientQuery(x, y, None, fedavg)
+    auto = get("trap_weights", seed=0).interrogate(query, local, threat)
+    random_scales = get("trap_weights", seed=0, scales="random").interrogate(query, local, threat)
+    assert exact(auto, x) >= 5 and exact(random_scales, x) <= 2
+    assert inspect_model(auto.info["malicious_model"], model).checks["imprint"]["max_duplicate_row_share"] == 0
+
+
 # -- against Outpost: the constants of the per-sample normalisations in the weights -----------------------------
 def test_against_a_known_outpost_the_layernorm_trap_puts_its_constants_in_the_weights_and_reads_through_it():
     """Outpost's noise on a layer is lambda times the variance of its current values: constants of 1e4 in the
