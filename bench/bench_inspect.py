@@ -202,27 +202,17 @@ def main() -> None:
         for t in range(args.targets):
             malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
             malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
-    trained_bn = benign["trained: FC-2 with BatchNorm1d"][1]
-    torch.manual_seed(0)
-    for name, base in (("FC-2 BN", FC2BN()), ("FC-2 BN trained", trained_bn)):
-        for seed in range(5):  # the cut-offs in BatchNorm's affine parameters (trap_norm)
-            malicious.setdefault("trap weights through BatchNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
-            malicious.setdefault("trap weights through BatchNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
-            malicious.setdefault("trap weights through BatchNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
-    trained_gn = benign["trained: FC-2 with GroupNorm"][1]
-    torch.manual_seed(0)
-    for name, base in (("FC-2 GN", FC2GN()), ("FC-2 GN trained", trained_gn)):
-        for seed in range(5):  # one measuring channel per group (trap_per_sample.write_groups)
-            malicious.setdefault("trap weights through GroupNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
-            malicious.setdefault("trap weights through GroupNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
-            malicious.setdefault("trap weights through GroupNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
-    trained_ln = benign["trained: FC-2 with LayerNorm"][1]
-    torch.manual_seed(0)
-    for name, base in (("FC-2 LN", FC2LN()), ("FC-2 LN trained", trained_ln)):
-        for seed in range(5):  # spread constants, one LayerNorm weight per chain (trap_per_sample)
-            malicious.setdefault("trap weights through LayerNorm, whole layer", []).append((trap(base, aux, seed=seed), base))
-            malicious.setdefault("trap weights through LayerNorm, 8 rows", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
-            malicious.setdefault("trap weights through LayerNorm, 3 rows", []).append((trap(base, aux, chains=1, rows=3, seed=seed), base))
+    # through a normalisation: BatchNorm (the cut-offs in its affine parameters, trap_norm), GroupNorm (one
+    # measuring channel per group) and LayerNorm (spread constants, one LayerNorm weight per chain; trap_per_sample)
+    sizes = (("whole layer", {}), ("8 rows", {"chains": 1, "rows": 8}), ("3 rows", {"chains": 1, "rows": 3}))
+    for norm, trained_set, cls in (("BatchNorm", "BatchNorm1d", FC2BN), ("GroupNorm", "GroupNorm", FC2GN),
+                                   ("LayerNorm", "LayerNorm", FC2LN)):
+        trained = benign[f"trained: FC-2 with {trained_set}"][1]
+        torch.manual_seed(0)
+        for base in (cls(), trained):
+            for seed in range(5):
+                for size, kw in sizes:
+                    malicious.setdefault(f"trap weights through {norm}, {size}", []).append((trap(base, aux, seed=seed, **kw), base))
 
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],

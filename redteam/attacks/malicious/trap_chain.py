@@ -49,3 +49,10 @@ def columns(second: nn.Linear, chain: Tensor, boost: float, column_noise: float,
     column *= boost * second.weight.detach().double().norm(dim=0).mean().clamp_min(1e-3) / column.norm()
     noise = 1 + column_noise * torch.randn(second.out_features, len(chain), generator=gen, dtype=torch.float64)
     second.weight[:, chain] = (column[:, None] * noise).to(second.weight.dtype)
+
+
+def equal_rows(m: Tensor, k: int, scale: float, gen: torch.Generator) -> Tensor:
+    """``k`` rows ``scale (m + e_j)``, each ``e_j`` random of relative size ``EQUAL_JITTER``: one
+    measurement, and no two rows equal."""
+    d = len(m)
+    return scale * (m[None, :] + EQUAL_JITTER / d ** 0.5 * torch.randn(k, d, generator=gen, dtype=torch.float64))

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.malicious.trap_chain import EQUAL_JITTER, Trap, chain_draw, columns
+from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns, equal_rows
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for
 
 
@@ -99,7 +99,7 @@ def write_groups(first, norm, groups: Tensor, m: Tensor, cut: Tensor, scale: Ten
         row = alpha * m
         if equal:  # drawn last: the random-scale groups are unchanged
             alpha = 1.0
-            row = m + EQUAL_JITTER / math.sqrt(len(m)) * torch.randn(len(m), generator=gen, dtype=torch.float64)
+            row = equal_rows(m, 1, 1.0, gen)[0]
         first.weight[unit] = row.to(first.weight.dtype)
         first.bias[unit] = 0.0
         tiny = 1e-3 * row_norm / math.sqrt(first.in_features) * torch.randn(others_n, first.in_features, generator=gen)
@@ -220,9 +220,9 @@ def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, 
     with torch.no_grad():
         for c in range(chains):
             m, scale = chain_draw(d, k, rows, cuts, boost, gen)
-            jitter = EQUAL_JITTER / math.sqrt(d) * torch.randn(k, d, generator=gen, dtype=torch.float64)
+            rows_w = equal_rows(m, k, float(scale.mean()), gen)
             chain = order[spread_n + c * k:spread_n + (c + 1) * k]
-            first.weight[chain] = (float(scale.mean()) * (m[None, :] + jitter)).to(first.weight.dtype)
+            first.weight[chain] = rows_w.to(first.weight.dtype)
             first.bias[chain] = 0.0
             columns(second, chain, boost, column_noise, gen)
             chain_rows.append(chain)

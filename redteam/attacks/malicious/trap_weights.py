@@ -112,7 +112,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
-from guardfl.redteam.attacks.malicious.trap_chain import EQUAL_JITTER, Trap, chain_draw, columns
+from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns, equal_rows
 from guardfl.redteam.attacks.malicious.trap_per_sample import LAYER_CONSTANTS, craft_grouped, craft_layer_norm
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
@@ -196,7 +196,7 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
     the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
     scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
     chains`` rows per chain. Through a BatchNorm the cut-offs go in its affine parameters (``trap_norm``).
-    ``equal``: a chain's rows share one scale, each with a tiny random part (``EQUAL_JITTER``), instead of
+    ``equal``: a chain's rows share one scale, each with a tiny random part (``equal_rows``), instead of
     their random scales (through BatchNorm: one BatchNorm weight per chain): adapted to FedAvg
     (``TrapWeightsConfig.scales``). ``outpost``: through GroupNorm or LayerNorm, the constants go in the
     weights, not the biases (``trap_per_sample.carried``): adapted to Outpost's variance-scaled noise."""
@@ -224,7 +224,7 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
                 rows_w = scale[:, None] * m[None, :]
                 if equal:  # drawn after the chain's other draws: the random-scale trap is unchanged
                     scale = scale.mean().expand(k)
-                    rows_w = scale[:, None] * (m[None, :] + EQUAL_JITTER / math.sqrt(d) * torch.randn(k, d, generator=gen, dtype=torch.float64))
+                    rows_w = equal_rows(m, k, float(scale[0]), gen)
                 first.weight[chain] = rows_w.to(first.weight.dtype)
                 first.bias[chain] = (-scale * cut).to(first.bias.dtype)
             else:  # the linear rows measure (their bias cancels in the BatchNorm); its affine cuts

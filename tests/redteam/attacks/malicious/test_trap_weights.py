@@ -360,6 +360,21 @@ def test_a_layernorm_without_bias_or_over_other_units_is_not_applicable():
         assert "nn.LayerNorm over 8 or more" in get("trap_weights").applicable(replace(setting, model=model), threat)
 
 
+# -- on 64 LFW faces (the attacker's aux: the other faces) -------------------------------------------------------
+def lfw_client(model_cls, protocol, defense=None):
+    """(x, y, model, setting, threat, query): a client of ``model_cls`` holding 64 LFW faces."""
+    from guardfl.redteam.modality.image.data import lfw_faces
+
+    faces, labels = lfw_faces(10)
+    x, y = faces[:64], labels[:64]
+    shape = tuple(x.shape[1:])
+    torch.manual_seed(0)
+    model = model_cls(shape, 10)
+    setting = Setting(model, protocol, 64, shape, 10, (0.0, 1.0), defense)
+    threat = ThreatModel(server="malicious", labels="known", aux=AuxData(faces[64:], labels[64:]))
+    return x, y, model, setting, threat, ClientQuery(x, y, defense, protocol)
+
+
 # -- against FedAvg: one scale per chain ------------------------------------------------------------------------
 def test_against_fedavg_one_scale_per_chain_keeps_the_bins_over_local_steps():
     """Over 4 local steps the classifier columns of rows with random scales drift apart and the adjacent
@@ -367,18 +382,9 @@ def test_against_fedavg_one_scale_per_chain_keeps_the_bins_over_local_steps():
     ``scales: auto`` picks that against a FedAvg client and keeps random scales under FedSGD. 64 LFW faces
     (on uniform noise images the random scales lose less: 14-22 of 64 against 20-27)."""
     from guardfl.redteam.client.simulate import FedAvg
-    from guardfl.redteam.modality.image.data import lfw_faces
     from guardfl.redteam.modality.image.models import FC2
 
-    faces, labels = lfw_faces(10)
-    x, y = faces[:64], labels[:64]
-    shape = tuple(x.shape[1:])
-    torch.manual_seed(0)
-    model = FC2(shape, 10)
-    fedavg = FedAvg(epochs=1, batch_size=16, lr=0.1)
-    local = Setting(model, fedavg, 64, shape, 10, (0.0, 1.0), None)
-    threat = ThreatModel(server="malicious", labels="known", aux=AuxData(faces[64:], labels[64:]))
-    query = ClientQuery(x, y, None, fedavg)
+    x, y, model, local, threat, query = lfw_client(FC2, FedAvg(epochs=1, batch_size=16, lr=0.1))
     auto = get("trap_weights", seed=0).interrogate(query, local, threat)
     random_scales = get("trap_weights", seed=0, scales="random").interrogate(query, local, threat)
     assert auto.info["scales"] == "equal" and random_scales.info["scales"] == "random"
@@ -397,18 +403,9 @@ def test_against_fedavg_the_groupnorm_trap_undoes_the_normalisation_and_its_upda
     none (0 faces exact after one step of 64). ``scales: auto`` against FedAvg sets each measuring channel's
     GroupNorm weight to the chain's scale over its slope."""
     from guardfl.redteam.client.simulate import FedAvg
-    from guardfl.redteam.modality.image.data import lfw_faces
     from guardfl.redteam.modality.image.models import FC2GN
 
-    faces, labels = lfw_faces(10)
-    x, y = faces[:64], labels[:64]
-    shape = tuple(x.shape[1:])
-    torch.manual_seed(0)
-    model = FC2GN(shape, 10)
-    fedavg = FedAvg(epochs=1, batch_size=16, lr=0.1)
-    local = Setting(model, fedavg, 64, shape, 10, (0.0, 1.0), None)
-    threat = ThreatModel(server="malicious", labels="known", aux=AuxData(faces[64:], labels[64:]))
-    query = ClientQuery(x, y, None, fedavg)
+    x, y, model, local, threat, query = lfw_client(FC2GN, FedAvg(epochs=1, batch_size=16, lr=0.1))
     auto = get("trap_weights", seed=0).interrogate(query, local, threat)
     random_scales = get("trap_weights", seed=0, scales="random").interrogate(query, local, threat)
     assert exact(auto, x) >= 5 and exact(random_scales, x) <= 2
@@ -421,18 +418,9 @@ def test_against_a_known_outpost_the_layernorm_trap_puts_its_constants_in_the_we
     first layer's biases make the noise on the bias update ~1e8 and drown the bins (a client behind
     LayerNorm and Outpost was CERTIFIED by that). Knowing the defense, the trap writes them into the weights
     (``c <carrier, x>``), where they add little variance, and reads through Outpost."""
-    from guardfl.redteam.modality.image.data import lfw_faces
     from guardfl.redteam.modality.image.models import FC2LN
 
-    faces, labels = lfw_faces(10)
-    x, y = faces[:64], labels[:64]
-    shape = tuple(x.shape[1:])
-    torch.manual_seed(0)
-    model = FC2LN(shape, 10)
-    outpost = {"kind": "outpost"}
-    setting = Setting(model, FedSGD(), 64, shape, 10, (0.0, 1.0), outpost)
-    threat = ThreatModel(server="malicious", labels="known", aux=AuxData(faces[64:], labels[64:]))
-    query = ClientQuery(x, y, outpost, FedSGD())
+    x, y, _, setting, threat, query = lfw_client(FC2LN, FedSGD(), {"kind": "outpost"})
     budget = {"chains": 4, "rows": 2, "boost": 1000}
     adapted = get("trap_weights", seed=0, **budget).interrogate(query, setting, threat)
     blind = get("trap_weights", seed=0, **budget).interrogate(query, setting, threat.model_copy(update={"defense": "unknown"}))
