@@ -7,14 +7,17 @@ the trained target row kept) and feature fishing on the last layer of the small 
 default initialisations (small CNN, LeNet, ResNet-18, a linear model, FC-2) and DLG's wide
 initialisation over many seeds, checkpoints trained 1-5 epochs on
 CIFAR-10 images, and FedAvg global models over rounds (4 IID clients, and 4 non-IID clients of 2-3
-classes each; FC-2 with BatchNorm IID, with LayerNorm non-IID). Every model is inspected with and
+classes each; FC-2 with BatchNorm IID, with LayerNorm non-IID), fine-tuned checkpoints, and FC-2 with dead
+hidden units (a quarter pruned, or never firing). Every model is inspected with and
 without the client's first batch (32 CIFAR-10 images it was not trained on) and, for benign ones, a
 non-IID batch (mostly one class), also against a fresh initialisation of the same architecture as the client's own model (the isolation check's reference).
 Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
 (two chains, one chain, and 8 rows adapted to the isolation check), the same through BatchNorm (FC-2 with
 BatchNorm1d: the cut-offs in its affine parameters; whole layer, 8 and 3 rows), through GroupNorm (FC-2 as
 dp_compatible makes it), through LayerNorm (spread constants, one LayerNorm weight per chain) and class fishing without the
-zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained.
+zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained; against
+the near-parallel-rows check, the small traps with each row's unseen part (``disguise``) and traps of single
+rows (one row per measurement, no two rows alike).
 The opt-in disaggregation check (SEER's D-SNR, ``inspect_model(..., disaggregation=True)``) is run too and
 counted apart: flagged by it, and flagged by it alone.
 
@@ -39,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from guardfl import inspect as I  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
+from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise  # noqa: E402
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers  # noqa: E402
 from guardfl.redteam.modality.image.models import FC2, FC2BN, FC2GN, FC2LN  # noqa: E402
 from tests import malicious as M  # noqa: E402
@@ -76,12 +80,36 @@ def fresh_init(model, seed: int = 1234):
     return own
 
 
-def trap(base, aux, chains=2, rows=None, seed=0):
-    """Trap weights (the red team's construction, guardfl.redteam.attacks.malicious.trap_weights) in ``base``."""
+def trap(base, aux, chains=2, rows=None, seed=0, disguised=False):
+    """Trap weights (the red team's construction, guardfl.redteam.attacks.malicious.trap_weights) in ``base``;
+    ``disguised``: each row with a near-multiple gets a part images barely see (``trap_chain.disguise``, as
+    ``disguise: auto`` does for a small trap), adapted to the near-parallel-rows check."""
     layers = trap_layers(base, (3, 32, 32))
-    sent = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())),
-                          torch.Generator().manual_seed(seed), rows, 32).sent
-    return sent
+    gen = torch.Generator().manual_seed(seed)
+    made = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())), gen, rows, 32)
+    if disguised:
+        disguise(dict(made.sent.named_parameters())[made.weight], auto_rho(), (3, 32, 32), aux, gen)
+    return made.sent
+
+
+def dead_units(model, seed):
+    """Two benign models with dead hidden units from a trained FC-2: a quarter of the units pruned (rows,
+    biases and their classifier columns zeroed, as magnitude pruning of units leaves them) and a quarter
+    whose biases sit far below any input's pre-activation (they never fire, as units killed in training)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for kind in ("pruned", "never fire"):
+        dead = copy.deepcopy(model)
+        units = torch.randperm(dead.net[1].out_features, generator=g)[: dead.net[1].out_features // 4]
+        with torch.no_grad():
+            if kind == "pruned":
+                dead.net[1].weight[units] = 0.0
+                dead.net[1].bias[units] = 0.0
+                dead.net[3].weight[:, units] = 0.0
+            else:
+                dead.net[1].bias[units] = -100.0
+        out.append(dead)
+    return out
 
 
 def fish_scaled(model, target, scale=3e-3, gap=20.0):
@@ -163,6 +191,11 @@ def main() -> None:
             benign.setdefault("trained: FC-2 with GroupNorm", []).append(M.train(FC2GN(), x, y, epochs=epochs, seed=s))
             torch.manual_seed(s)
             benign.setdefault("trained: FC-2 with LayerNorm", []).append(M.train(FC2LN(), x, y, epochs=epochs, seed=s))
+        torch.manual_seed(s)
+        benign.setdefault("dead ReLUs: FC-2 trained, a quarter of its units pruned or never firing", []).extend(
+            dead_units(M.train(FC2(), x, y, epochs=3, lr=0.01, seed=s), s))
+        benign.setdefault("fine-tuned: small CNN (3 epochs, then 2 on other images at lr 0.01)", []).append(
+            M.train(M.train(M.small_cnn(s), x, y, epochs=3, seed=s), *M.cifar(256, offset=3000), epochs=2, lr=0.01, seed=s))
     if args.resnet:
         benign["trained: ResNet-18 (1 epoch)"] = [M.train(M.resnet18(0), x[:512], y[:512], epochs=1, lr=0.05)]
     for s in range(2):
@@ -199,12 +232,16 @@ def main() -> None:
             malicious.setdefault("trap weights, whole layer (2 chains)", []).append((trap(base, aux, seed=seed), base))
             malicious.setdefault("trap weights, whole layer (1 chain)", []).append((trap(base, aux, chains=1, seed=seed), base))
             malicious.setdefault("trap weights, 8 rows (adapted to isolation)", []).append((trap(base, aux, chains=1, rows=8, seed=seed), base))
+            malicious.setdefault("trap weights, 8 rows disguised (adapted to parallel rows)", []).append(
+                (trap(base, aux, chains=1, rows=8, seed=seed, disguised=True), base))
+            malicious.setdefault("trap weights, 8 single rows (8 chains of 1)", []).append((trap(base, aux, chains=8, rows=1, seed=seed), base))
         for t in range(args.targets):
             malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
             malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
     # through a normalisation: BatchNorm (the cut-offs in its affine parameters, trap_norm), GroupNorm (one
     # measuring channel per group) and LayerNorm (spread constants, one LayerNorm weight per chain; trap_per_sample)
-    sizes = (("whole layer", {}), ("8 rows", {"chains": 1, "rows": 8}), ("3 rows", {"chains": 1, "rows": 3}))
+    sizes = (("whole layer", {}), ("8 rows", {"chains": 1, "rows": 8}), ("3 rows", {"chains": 1, "rows": 3}),
+             ("3 rows disguised", {"chains": 1, "rows": 3, "disguised": True}), ("6 single rows", {"chains": 6, "rows": 1}))
     for norm, trained_set, cls in (("BatchNorm", "BatchNorm1d", FC2BN), ("GroupNorm", "GroupNorm", FC2GN),
                                    ("LayerNorm", "LayerNorm", FC2LN)):
         trained = benign[f"trained: FC-2 with {trained_set}"][1]
@@ -217,7 +254,8 @@ def main() -> None:
     stats = {"class rank ratio (min)": [], "bias gap (max)": [], "mean top probability, unanimous (max)": [],
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],
              "layer sample share (max)": [], "layer label share (max)": [], "isolated samples, no reference (max)": [],
-             "isolation excess over own init (max)": [], "D-SNR, train mode (max)": []}
+             "isolation excess over own init (max)": [], "D-SNR, train mode (max)": [],
+             "parallel rows |cos|, hidden layers (max)": []}
     rows = []
     for group, models in benign.items():
         flagged = flagged_dsnr = 0
@@ -248,6 +286,7 @@ def main() -> None:
                     stats["mean top probability, unanimous (max)"].append(c["output_collapse"]["mean_probability"])
                 stats["sample gradient share (max)"].append(c["gradient_concentration"]["sample_share"])
                 stats["label gradient share (max)"].append(c["gradient_concentration"]["class_share"])
+                stats["parallel rows |cos|, hidden layers (max)"].append(c["parallel_rows"]["max_cos"])
                 if c["imprint"]["min_rank_ratio"] is not None:
                     stats["imprint rank ratio (min)"].append(c["imprint"]["min_rank_ratio"])
         rows.append(("benign", group, len(models), flagged, flagged / len(models), flagged_dsnr))
@@ -289,7 +328,8 @@ def main() -> None:
                   "layer sample share (max)": f"> {I.CONCENTRATION_SHARE}", "layer label share (max)": f"> {I.CONCENTRATION_SHARE}",
                   "isolated samples, no reference (max)": "(reported only)",
                   "isolation excess over own init (max)": f">= max({I.ISOLATION_MIN_SAMPLES}, {I.ISOLATION_SHARE:.0%} of 32)",
-                  "D-SNR, train mode (max)": f"> {I.DSNR_THRESHOLD:g}"}
+                  "D-SNR, train mode (max)": f"> {I.DSNR_THRESHOLD:g}",
+                  "parallel rows |cos|, hidden layers (max)": f">= {I.PARALLEL_COS:g} (layers of {I.PARALLEL_MIN_COLS}+ inputs)"}
     print("| benign statistic | worst benign value | flagged when |")
     print("|---|---|---|")
     for k, v in stats.items():

@@ -8,6 +8,12 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
 - **imprint** (Robbing the Fed, Fowl et al. 2022): a linear layer of 8+ rows that is (near) rank one -
   every row a multiple of one measurement vector - usually with biases that are a monotone sequence of
   thresholds (the bins, quantiles of the measurement), or with many identical rows.
+- **parallel rows** (trap weights: the bins written into the honest model's own layer, ``guardfl.inspect_rows``):
+  a hidden layer (every 2-D weight but the classifier, of ``PARALLEL_MIN_COLS`` or more inputs) with two
+  non-zero rows that are near multiples of each other (``|cos| >= PARALLEL_COS``): one measurement direction
+  repeated, which a layer kept full rank with no two rows equal still shows. Benign hidden layers measured
+  <= 0.46. A server that adds to each row a part the inputs do not see passes it (the red team's
+  ``trap_weights disguise``), as does a trap of single rows, each its own measurement.
 - **class fishing** (Wen et al. 2022): the classification layer (the last linear layer) with most rows
   zeroed, or biases that pin some logits tens of units above others: only the target class's samples
   then send a gradient into the rest of the model.
@@ -61,6 +67,7 @@ import torch
 from torch import Tensor, nn
 
 from guardfl.errors import ConfigError, MaliciousModelError
+from guardfl.inspect_rows import PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, parallel_rows
 
 #: a linear layer needs at least this many rows (bins) for the imprint check: Robbing the Fed uses
 #: hundreds of bins; rank one in a handful of rows is not an imprint of a batch
@@ -580,6 +587,8 @@ def inspect_model(
     linears = _linear_layers(state, skipped)  # refused tensors included, as (name, None, None): the classifier is the last
     imprint_reasons, checks["imprint"] = _imprint([layer for layer in linears[:-1] if layer[1] is not None])
     reasons += imprint_reasons
+    parallel_reasons, checks["parallel_rows"] = _parallel([layer for layer in linears[:-1] if layer[1] is not None])
+    reasons += parallel_reasons
 
     classifier = linears[-1] if linears else None
     if classifier is not None and classifier[1] is not None:
@@ -750,6 +759,29 @@ def _imprint(linears) -> tuple[list[str], dict[str, Any]]:
             reasons.append(f"imprint: layer '{name}' ({rows} x {cols}) has {dup:.0%} of its rows identical to another row "
                            f"(>= {DUPLICATE_ROW_SHARE:.0%}): a repeated measurement vector")
     return reasons, {"min_rank_ratio": min_ratio if min_ratio != float("inf") else None, "max_duplicate_row_share": max_dup}
+
+
+def _parallel(linears) -> tuple[list[str], dict[str, Any]]:
+    """The near-parallel-rows check (``guardfl.inspect_rows``) on the hidden layers."""
+    reasons, layers, not_examined, worst = [], {}, [], 0.0
+    for name, w, _ in linears:
+        rows, cols = w.shape
+        if cols < PARALLEL_MIN_COLS or rows < 2:
+            continue
+        if rows > PARALLEL_MAX_ROWS:
+            not_examined.append(name)
+            continue
+        top, flagged, info = parallel_rows(w)
+        worst = max(worst, top)
+        layers[name] = {"max_cos": top, "rows": int(flagged.sum()), **info}
+        if flagged.any():
+            reasons.append(f"parallel rows: layer '{name}' ({rows} x {cols}) has {int(flagged.sum())} row(s) that are near "
+                           f"multiples of another row (|cos| up to {top:.6f} >= {PARALLEL_COS:g}): one measurement direction "
+                           f"repeated, as a trap's or an imprint's bins are")
+    found: dict[str, Any] = {"max_cos": worst, "layers": layers}
+    if not_examined:
+        found["not_examined"] = {k: f"more than {PARALLEL_MAX_ROWS} rows" for k in not_examined}
+    return reasons, found
 
 
 def _class_fishing(name: str, w: Tensor, b: Tensor | None) -> tuple[list[str], dict[str, Any]]:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guardfl.inspect import inspect_model, isolated_samples
+from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
 from guardfl.redteam.modality.image.models import FC2
 
@@ -75,17 +76,23 @@ def cifar_like(n=32, seed=0):
     return torch.rand(n, 3, 32, 32, generator=g), torch.arange(n) % 10
 
 
-def trapped(model, rows=None, chains=2, seed=0):
+def trapped(model, rows=None, chains=2, seed=0, disguised=True):
+    """Trap weights in ``model``; ``disguised``: each chain row with a part the inputs barely see (the red
+    team's answer to the near-parallel-rows check, ``trap_weights disguise``)."""
     layers = trap_layers(model, (3, 32, 32))
     x, _ = cifar_like(512, seed=99)
-    sent = craft(model, layers, (3, 32, 32), x, chains, 0.0, (0.0, 1.0), torch.Generator().manual_seed(seed),
-                          rows, 32).sent
-    return sent
+    gen = torch.Generator().manual_seed(seed)
+    trap = craft(model, layers, (3, 32, 32), x, chains, 0.0, (0.0, 1.0), gen, rows, 32)
+    if disguised:
+        disguise(dict(trap.sent.named_parameters())[trap.weight], auto_rho(), (3, 32, 32), x, gen)
+    return trap.sent
 
 
 def test_trap_weights_pass_every_weight_check_and_fail_the_batch_check():
     torch.manual_seed(0)
     honest = FC2()
+    plain = inspect_model(trapped(honest, disguised=False).state_dict(), honest)
+    assert [r.split(":")[0] for r in plain.reasons] == ["parallel rows"]  # a chain's rows: one direction
     sent = trapped(honest)
     assert inspect_model(sent.state_dict(), honest).ok  # weights alone: the disguise holds
     result = inspect_model(sent.state_dict(), honest, batch=cifar_like())

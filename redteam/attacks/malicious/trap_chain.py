@@ -9,6 +9,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from guardfl.inspect_rows import PARALLEL_COS, parallel_rows
+
 
 #: a chain's rows with one scale (``trap_weights`` ``scales: equal``, the LayerNorm trap): each row's random
 #: part, relative to the row, so that no two rows are equal (the inspection's duplicate-row check)
@@ -56,3 +58,55 @@ def equal_rows(m: Tensor, k: int, scale: float, gen: torch.Generator) -> Tensor:
     measurement, and no two rows equal."""
     d = len(m)
     return scale * (m[None, :] + EQUAL_JITTER / d ** 0.5 * torch.randn(k, d, generator=gen, dtype=torch.float64))
+
+
+#: ``trap_weights disguise: auto``: each disguised row's unseen part is sized so that two rows of one chain
+#: have ``|cos|`` about this, below the inspection's near-parallel threshold (``PARALLEL_COS``, 0.99)
+DISGUISE_COS = PARALLEL_COS - 0.01
+#: the rows disguised: those with a partner at this ``|cos|`` or more (honest rows measured <= 0.46)
+DISGUISE_FROM = 0.9
+#: the auxiliary images' principal directions projected out of the unseen parts: those up to this share of
+#: the aux energy
+AUX_ENERGY = 0.999
+
+
+def auto_rho() -> float:
+    """The relative size of a row's unseen part for which two disguised rows of one measurement have
+    ``|cos| = 1 / (1 + rho^2) = DISGUISE_COS``."""
+    return (1 / DISGUISE_COS - 1) ** 0.5
+
+
+def unseen(count: int, input_shape: tuple[int, ...], aux: Tensor | None, gen: torch.Generator) -> Tensor:
+    """``count`` random unit directions (flattened) that images barely see: white noise through a discrete
+    Laplacian twice over the last two (spatial) dimensions (a gain growing as the fourth power of the spatial
+    frequency, where natural images have the least energy), then the auxiliary images' principal directions
+    (up to ``AUX_ENERGY`` of their energy, at most half the dimensions) projected out."""
+    h = torch.randn(count, *input_shape, generator=gen, dtype=torch.float64)
+    if len(input_shape) >= 2:
+        for _ in range(2):
+            h = 4 * h - (h.roll(1, -1) + h.roll(-1, -1) + h.roll(1, -2) + h.roll(-1, -2))
+    h = h.flatten(1)
+    if aux is not None and aux.shape[0] >= 2:
+        _, s, vh = torch.linalg.svd(aux.flatten(1).double(), full_matrices=False)
+        energy = torch.cumsum(s ** 2, 0) / (s ** 2).sum().clamp_min(1e-300)
+        keep = min(int((energy < AUX_ENERGY).sum()) + 1, h.shape[1] // 2)
+        basis = vh[:keep]
+        h = h - (h @ basis.T) @ basis
+    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+def disguise(weight: Tensor, rho: float, input_shape: tuple[int, ...], aux: Tensor | None, gen: torch.Generator) -> int:
+    """Add to every row of ``weight`` (in place) that has a near-multiple in the layer (``DISGUISE_FROM``) an
+    unseen part (``unseen``) of ``rho`` times the row's norm: the rows still measure what they did on images,
+    and two rows of one measurement have ``|cos| ~ 1 / (1 + rho^2)``. Returns how many rows were disguised."""
+    if rho <= 0:
+        return 0
+    _, flagged, _ = parallel_rows(weight.detach(), DISGUISE_FROM)
+    rows = flagged.nonzero().flatten()
+    if rows.numel() == 0:
+        return 0
+    w = weight.detach()[rows].double().flatten(1)
+    parts = unseen(rows.numel(), input_shape, aux, gen)
+    with torch.no_grad():
+        weight[rows] = (w + rho * w.norm(dim=1, keepdim=True) * parts).reshape(weight[rows].shape).to(weight.dtype)
+    return int(rows.numel())

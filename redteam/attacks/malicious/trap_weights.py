@@ -89,6 +89,14 @@ that none repeats). Measured (FC-2, 64 LFW faces, whole layer, lr 0.1, SSIM > 0.
 Through GroupNorm ``equal`` also undoes the normalisation's scale: a measuring row's update was ~1e-4 of
 its weights, and a FedAvg delta (a difference of float32 weights) lost the bins in rounding. Ours.
 
+Against the near-parallel-rows check (``disguise``, "auto": on for a small trap): a chain's rows are near
+multiples of each other (``|cos|`` ~1), which ``inspect_model`` refuses at 0.99. Each such row gets a random
+part of ``rho`` times its norm that images barely see (``trap_chain.unseen``: white noise through a
+Laplacian twice, the auxiliary images' principal directions projected out), ``rho`` 0.14: two rows of a
+chain at ``|cos|`` ~0.98; the measurement moves by a few per cent of its spread on faces. ``rows: 1`` with
+``chains: k``: k single rows, each its own measurement cut at the top (one sample on average), no two rows
+alike: nothing to disguise, and a row that holds one sample is read from its own update. Ours.
+
 Recovery: every chain's adjacent differences; one candidate per bin whose bias difference is not
 negligible, the ``B`` largest by bias difference over all chains; ``fill_batch`` when fewer. Each chain
 is a fresh chance for a sample to be alone in a bin; ``inspect_model``'s isolation check counts the
@@ -112,7 +120,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
-from guardfl.redteam.attacks.malicious.trap_chain import Trap, chain_draw, columns, equal_rows
+from guardfl.redteam.attacks.malicious.trap_chain import Trap, auto_rho, chain_draw, columns, disguise, equal_rows
 from guardfl.redteam.attacks.malicious.trap_per_sample import LAYER_CONSTANTS, craft_grouped, craft_layer_norm
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
@@ -278,7 +286,7 @@ class TrapWeightsConfig(AttackConfig):
     #: rows per chain, cut at the top of the measurement (one sample per bin on average), the rest of the
     #: layer left honest: a small trap that reads a few samples and stays under a check that counts
     #: isolated samples against the honest model's; null: the whole layer
-    rows: int | None = Field(default=None, ge=2, le=65536, json_schema_extra={"allowed": "null (the whole layer) or an integer in [2, 65536]"})
+    rows: int | None = Field(default=None, ge=1, le=65536, json_schema_extra={"allowed": "null (the whole layer) or an integer in [1, 65536]"})
     #: the trapped rows' classifier columns at this many times the honest columns' mean norm: their
     #: gradients as many times larger, so that a defense that keeps the largest entries of a layer
     #: (GradPrune, Outpost's pruning) keeps theirs, and noise of a fixed scale is small beside them;
@@ -295,13 +303,18 @@ class TrapWeightsConfig(AttackConfig):
     #: FedAvg client, else random. Through GroupNorm "equal" also undoes the normalisation's scale (the
     #: FedAvg delta keeps the bins' digits); through LayerNorm a chain always shares one scale
     scales: Literal["auto", "random", "equal"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'random' or 'equal'"})
+    #: each row with a near-multiple in the layer gets a part images barely see, this many times its norm
+    #: (``trap_chain.disguise``): adapted to the near-parallel-rows check; "auto": ``trap_chain.auto_rho()``
+    #: (two rows of a chain at |cos| ~0.98, under the check's 0.99) for a small trap (``rows``), else 0
+    disguise: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [0, 4]"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
 
-    @field_validator("boost", mode="before")
+    @field_validator("boost", "disguise", mode="before")
     @classmethod
-    def _boost(cls, value):
-        if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value <= 1e6):
-            raise ValueError(f"expected 'auto' or a number in [1, 1e6] (got {value!r})")
+    def _auto_or_number(cls, value, info):
+        low, high = (1, 1e6) if info.field_name == "boost" else (0, 4)
+        if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high):
+            raise ValueError(f"expected 'auto' or a number in [{low:g}, {high:g}] (got {value!r})")
         return value
 
     @model_validator(mode="after")
@@ -369,6 +382,8 @@ class TrapWeights(ServerAttack):
         outpost = known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config))
         trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, c.rows, n,
                      boost, c.cuts, equal, outpost)
+        rho = (auto_rho() if c.rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
+        disguised = disguise(dict(trap.sent.named_parameters())[trap.weight], rho, shape, aux, gen)
         observation = client(trap.sent)
         top_row = c.rows is None or c.cuts == "top"
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
@@ -386,5 +401,6 @@ class TrapWeights(ServerAttack):
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
             "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": boost, "cuts": c.cuts if c.rows else "quantiles",
+            "disguised": f"{disguised} rows, rho {rho:.3g}" if disguised else "none",
             "scales": "equal" if equal or isinstance(layers.norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})

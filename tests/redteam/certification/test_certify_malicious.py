@@ -81,18 +81,24 @@ def test_bad_threat_server_is_one_line(tmp_path, capsys, threat, expect):
 
 def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(tmp_path):
     """configs/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
-    fishing and the whole-layer trap (nothing sent: no leak, the reasons on record); the small traps built
-    against the isolation check and against pruning pass it and leak without a defense; DP-SGD holds."""
+    fishing and the whole-layer trap (nothing sent: no leak, the reasons on record; the trap's chains are
+    near-parallel rows, and it isolates most of the batch); the small trap built against the isolation
+    check (its rows disguised against the near-parallel-rows check), the single-row trap and the disguised
+    fishing pass it and leak without a defense (the boosted 2-row trap is refused on this batch: isolation);
+    DP-SGD holds."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
     assert inspecting.status == "NOT CERTIFIED"
     page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
-    assert "3 of 6 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
+    assert "4 of 7 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 4
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
-    for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "isolation:"),
-                        (("fishing", None, False), "class fishing:")):
+    for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "parallel rows:"),
+                        (("trap_weights", 2, False), "isolation:"), (("fishing", None, False), "class fishing:")):
         assert by[key]["info"]["refused"].startswith(reason) and by[key]["recovered"]["above_max_ssim"] == 0
-    for key in (("trap_weights", 8, False), ("trap_weights", 2, False), ("fishing", None, True)):
+    assert "isolation:" in by[("trap_weights", None, False)]["info"]["refused"]
+    for key in (("trap_weights", 8, False), ("trap_weights", 1, False), ("fishing", None, True)):
         assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
+    assert by[("trap_weights", 8, False)]["info"]["disguised"].startswith("8 rows")
+    assert by[("trap_weights", 1, False)]["info"]["disguised"] == "none"  # one row per measurement: nothing to disguise
     assert max(by[key]["recovered"]["above_max_ssim"] for key in (("trap_weights", 8, False), ("fishing", None, True))) > 0
     defended = certify(str(CONFIGS / "malicious-adaptive.yaml"))
     assert defended.status == "CERTIFIED"
@@ -107,7 +113,7 @@ def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_a
     assert result.status == "NOT CERTIFIED"
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("cuts")): r for r in result.results}
     for key in (("trap_weights", None, None), ("trap_weights", 8, None)):
-        assert by[key]["info"]["refused"].startswith("isolation: layer 'net.1 -> net.2'")
+        assert "isolation: layer 'net.1 -> net.2'" in by[key]["info"]["refused"]
     small = by[("trap_weights", 3, None)]
     assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
 
@@ -118,7 +124,7 @@ def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_t
     result = certify(str(CONFIGS / "malicious-adaptive-gn-dpsgd.yaml"))
     assert result.status == "CERTIFIED"
     by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
-    assert by[("trap_weights", None)]["info"]["refused"].startswith("isolation:")
+    assert by[("trap_weights", None)]["info"]["refused"].startswith("parallel rows:")  # the measuring rows: one direction
     assert by[("trap_weights", 3)]["info"].get("refused") is None
     assert by[("trap_weights", 3)]["info"]["through"].startswith("GroupNorm 'net.2'")
     assert all(r["recovered"]["above_max_ssim"] == 0 for r in result.results)
@@ -131,7 +137,7 @@ def test_behind_layernorm_the_small_traps_pass_and_read_faces_exactly_and_dp_sgd
     result = certify(str(CONFIGS / "malicious-adaptive-ln.yaml"))
     assert result.status == "NOT CERTIFIED"
     by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
-    assert by[("trap_weights", None)]["info"]["refused"].startswith("isolation: layer 'net.1 -> net.2'")
+    assert "isolation: layer 'net.1 -> net.2'" in by[("trap_weights", None)]["info"]["refused"]
     small = by[("trap_weights", 3)]
     assert small["info"].get("refused") is None and small["info"]["through"].startswith("LayerNorm 'net.2'")
     assert small["recovered"]["above_max_ssim"] > 0
@@ -172,7 +178,7 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     assert cert["client"]["inspection"]["disaggregation"] and "disaggregation" in cert["client"]["inspection"]["checks"]
     by = {(r["attack"], r["budget"].get("cuts", "top")): r for r in cert["results"]}
     assert by[("robbing_the_fed", "top")]["info"]["refused"].startswith("architecture:")
-    assert by[("trap_weights", "top")]["info"]["refused"].startswith("disaggregation:")
+    assert "disaggregation:" in by[("trap_weights", "top")]["info"]["refused"]
     middle = by[("trap_weights", "middle")]
     assert "refused" not in middle["info"] and middle["recovered"]["exact"] >= 1
     assert "disaggregation" in (tmp_path / "report.html").read_text()

@@ -49,12 +49,18 @@ def test_reads_most_of_an_undefended_batch_exactly():
 
 
 def test_the_crafted_model_passes_the_weight_checks_it_was_built_against():
+    """No imprint, duplicate-row, fishing or architecture reason; a chain's rows are near multiples of each
+    other (the near-parallel-rows check) until each gets a part the inputs barely see (``disguise``)."""
     model, setting, threat = setup()
     x, y = batch()
     rec = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
     sent = rec.info["malicious_model"]
     assert list(sent.state_dict()) == list(model.state_dict())  # the honest architecture
-    assert inspect_model(sent.state_dict(), model).ok  # no imprint, duplicate, fishing or architecture reason
+    assert [r.split(":")[0] for r in inspect_model(sent.state_dict(), model).reasons] == ["parallel rows"]
+    assert rec.info["disguised"] == "none"  # disguise: auto leaves the whole layer as it is
+    disguised = get("trap_weights", seed=0, disguise=0.15).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert inspect_model(disguised.info["malicious_model"].state_dict(), model).ok
+    assert disguised.info["disguised"] == "256 rows, rho 0.15"
 
 
 def test_an_inspecting_client_refuses_the_whole_layer_trap_and_sends_nothing():
@@ -62,7 +68,8 @@ def test_an_inspecting_client_refuses_the_whole_layer_trap_and_sends_nothing():
     x, y = batch()
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
     rec = get("trap_weights", seed=0).interrogate(client, setting, threat)
-    assert rec.info["refused"].startswith("isolation:") and rec.info["refused_queries"] == 1
+    assert rec.info["refused"].startswith("parallel rows:") and "isolation:" in rec.info["refused"]
+    assert rec.info["refused_queries"] == 1
     assert exact(rec, x) == 0 and torch.allclose(rec.inputs, torch.full_like(rec.inputs, 0.5))
 
 
@@ -119,12 +126,16 @@ def test_boosted_rows_at_the_top_let_one_sample_dominate_and_around_the_median_t
 
 
 def test_the_middle_trap_passes_every_check_d_snr_included_and_reads_samples_through_gradprune():
-    model, setting, threat = setup()
-    setting = replace(setting, defense_config=PRUNE)
-    x, y = batch()
+    """On 64 LFW faces, its rows disguised (``disguise: auto``: a part the faces barely see) against the
+    near-parallel-rows check. (On uniform noise images nothing is unseen: the disguise moves every row's
+    measurement, and the isolation check refuses it.)"""
+    from guardfl.redteam.modality.image.models import FC2
+
+    x, y, model, setting, threat, _ = lfw_client(FC2, FedSGD(), PRUNE)
     client = ClientQuery(x, y, PRUNE, FedSGD(), inspect=True, reference=model, disaggregation=True)
     rec = get("trap_weights", seed=0, chains=1, rows=4, boost=1000, cuts="middle").interrogate(client, setting, threat)
     assert "refused" not in rec.info and rec.info["cuts"] == "middle" and exact(rec, x) >= 1
+    assert rec.info["disguised"].startswith("4 rows, rho 0.14")
     sent = rec.info["malicious_model"].state_dict()["net.1.weight"]
     assert int((sent == model.state_dict()["net.1.weight"]).all(dim=1).sum()) == 256 - 4  # the rest honest
 
@@ -214,9 +225,11 @@ def test_the_trap_through_batchnorm_passes_the_linear_layer_checks_and_the_norma
     layers = found.checks["isolation"]["layers"]
     assert layers["net.1"]["isolated"] == 0 and found.checks["disaggregation"]["max"] < 2
     assert layers["net.1 -> net.2"]["isolated"] >= 16 and not found.ok
-    assert [r for r in found.reasons if r.startswith("isolation: layer 'net.1 -> net.2'")] == found.reasons
+    batch_reasons = [r for r in found.reasons if not r.startswith("parallel rows: layer 'net.1'")]  # a chain's rows
+    assert batch_reasons and all(r.startswith("isolation: layer 'net.1 -> net.2'") for r in batch_reasons)
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=bn)
-    assert get("trap_weights", seed=0).interrogate(client, setting, threat).info["refused"].startswith("isolation:")
+    disguised = get("trap_weights", seed=0, disguise=0.15)
+    assert "isolation: layer 'net.1 -> net.2'" in disguised.interrogate(client, setting, threat).info["refused"]
 
 
 def test_a_small_trap_through_batchnorm_passes_the_inspection_and_reads_a_sample():
@@ -346,7 +359,8 @@ def test_through_layernorm_the_whole_layer_is_refused_and_a_small_trap_passes_an
     assert rec.info["through"].startswith("LayerNorm 'net.2'") and exact(rec, x) >= 10
     found = inspect_model(rec.info["malicious_model"], ln, batch=(x, y), disaggregation=True)
     assert found.checks["isolation"]["layers"]["net.1"]["isolated"] == 0 and found.checks["disaggregation"]["max"] < 2
-    assert not found.ok and all(r.startswith("isolation: layer 'net.1 -> net.2'") for r in found.reasons)
+    batch_reasons = [r for r in found.reasons if not r.startswith("parallel rows: layer 'net.1'")]  # a chain's rows
+    assert not found.ok and batch_reasons and all(r.startswith("isolation: layer 'net.1 -> net.2'") for r in batch_reasons)
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=ln)
     recs = [get("trap_weights", seed=s, chains=1, rows=3).interrogate(client, setting, threat) for s in range(3)]
     passed = [r for r in recs if "refused" not in r.info]
@@ -391,8 +405,9 @@ def test_against_fedavg_one_scale_per_chain_keeps_the_bins_over_local_steps():
     assert exact(auto, x) >= 15 and exact(random_scales, x) <= 8
     fedsgd = get("trap_weights", seed=0).interrogate(ClientQuery(x, y, None, FedSGD()), replace(local, protocol=FedSGD()), threat)
     assert fedsgd.info["scales"] == "random"
-    found = inspect_model(auto.info["malicious_model"], model)  # the weight checks: no row repeats
-    assert found.ok and found.checks["imprint"]["max_duplicate_row_share"] == 0
+    found = inspect_model(auto.info["malicious_model"], model)  # the weight checks: no row repeats exactly
+    assert found.checks["imprint"]["max_duplicate_row_share"] == 0
+    assert [r.split(":")[0] for r in found.reasons] == ["parallel rows"]  # one direction per chain
     with pytest.raises(ValueError, match="scales"):
         get("trap_weights", scales="same")
 
@@ -428,3 +443,26 @@ def test_against_a_known_outpost_the_layernorm_trap_puts_its_constants_in_the_we
     sent = adapted.info["malicious_model"].net[1]
     assert float(sent.bias.detach().var()) < 1.0 < float(blind.info["malicious_model"].net[1].bias.detach().var())
     assert exact(adapted, x) >= 1 and exact(blind, x) == 0
+
+
+# -- against the near-parallel-rows check: disguise, single rows ---------------------------------------------------
+def test_disguise_auto_is_on_for_small_traps_and_its_bad_values_are_one_line():
+    from guardfl.redteam.attacks.malicious.trap_chain import auto_rho
+
+    assert get("trap_weights").config.disguise == "auto" and 0.1 < auto_rho() < 0.2
+    for bad in (-0.1, 5, "big", True):
+        with pytest.raises(ValueError, match=r"expected 'auto' or a number in \[0, 4\]"):
+            get("trap_weights", disguise=bad)
+
+
+def test_single_rows_pass_the_inspection_and_read_faces_without_any_disguise():
+    """``rows: 1``: each row its own measurement cut at the top; no two rows alike, so nothing is disguised,
+    and a row that holds one face gives it back exactly (64 LFW faces, FC-2)."""
+    from guardfl.redteam.modality.image.models import FC2
+
+    x, y, model, setting, threat, _ = lfw_client(FC2, FedSGD())
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
+    rec = get("trap_weights", seed=0, chains=8, rows=1).interrogate(client, setting, threat)
+    assert "refused" not in rec.info and rec.info["disguised"] == "none" and exact(rec, x) >= 1
+    sent = rec.info["malicious_model"].state_dict()["net.1.weight"]
+    assert int((sent == model.state_dict()["net.1.weight"]).all(dim=1).sum()) == 256 - 8
