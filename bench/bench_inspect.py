@@ -255,7 +255,7 @@ def main() -> None:
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],
              "layer sample share (max)": [], "layer label share (max)": [], "isolated samples, no reference (max)": [],
              "isolation excess over own init (max)": [], "D-SNR, train mode (max)": [],
-             "parallel rows |cos|, hidden layers (max)": []}
+             "parallel rows, largest abs cosine in a hidden layer (max)": []}
     rows = []
     for group, models in benign.items():
         flagged = flagged_dsnr = 0
@@ -286,7 +286,7 @@ def main() -> None:
                     stats["mean top probability, unanimous (max)"].append(c["output_collapse"]["mean_probability"])
                 stats["sample gradient share (max)"].append(c["gradient_concentration"]["sample_share"])
                 stats["label gradient share (max)"].append(c["gradient_concentration"]["class_share"])
-                stats["parallel rows |cos|, hidden layers (max)"].append(c["parallel_rows"]["max_cos"])
+                stats["parallel rows, largest abs cosine in a hidden layer (max)"].append(c["parallel_rows"]["max_cos"])
                 if c["imprint"]["min_rank_ratio"] is not None:
                     stats["imprint rank ratio (min)"].append(c["imprint"]["min_rank_ratio"])
         rows.append(("benign", group, len(models), flagged, flagged / len(models), flagged_dsnr))
@@ -329,7 +329,7 @@ def main() -> None:
                   "isolated samples, no reference (max)": "(reported only)",
                   "isolation excess over own init (max)": f">= max({I.ISOLATION_MIN_SAMPLES}, {I.ISOLATION_SHARE:.0%} of 32)",
                   "D-SNR, train mode (max)": f"> {I.DSNR_THRESHOLD:g}",
-                  "parallel rows |cos|, hidden layers (max)": f">= {I.PARALLEL_COS:g} (layers of {I.PARALLEL_MIN_COLS}+ inputs)"}
+                  "parallel rows, largest abs cosine in a hidden layer (max)": f">= {I.PARALLEL_COS:g} (layers of {I.PARALLEL_MIN_COLS}+ inputs)"}
     print("| benign statistic | worst benign value | flagged when |")
     print("|---|---|---|")
     for k, v in stats.items():

@@ -12,7 +12,7 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   a hidden layer (every 2-D weight but the classifier, of ``PARALLEL_MIN_COLS`` or more inputs) with two
   non-zero rows that are near multiples of each other (``|cos| >= PARALLEL_COS``): one measurement direction
   repeated, which a layer kept full rank with no two rows equal still shows. Benign hidden layers measured
-  <= 0.46. A server that adds to each row a part the inputs do not see passes it (the red team's
+  <= 0.475. A server that adds to each row a part the inputs do not see passes it (the red team's
   ``trap_weights disguise``), as does a trap of single rows, each its own measurement.
 - **class fishing** (Wen et al. 2022): the classification layer (the last linear layer) with most rows
   zeroed, or biases that pin some logits tens of units above others: only the target class's samples

@@ -63,7 +63,7 @@ def equal_rows(m: Tensor, k: int, scale: float, gen: torch.Generator) -> Tensor:
 #: ``trap_weights disguise: auto``: each disguised row's unseen part is sized so that two rows of one chain
 #: have ``|cos|`` about this, below the inspection's near-parallel threshold (``PARALLEL_COS``, 0.99)
 DISGUISE_COS = PARALLEL_COS - 0.01
-#: the rows disguised: those with a partner at this ``|cos|`` or more (honest rows measured <= 0.46)
+#: the rows disguised: those with a partner at this ``|cos|`` or more (honest rows measured <= 0.475)
 DISGUISE_FROM = 0.9
 #: the auxiliary images' principal directions projected out of the unseen parts: those up to this share of
 #: the aux energy
