@@ -775,7 +775,8 @@ def _parallel(linears) -> tuple[list[str], dict[str, Any]]:
         worst = max(worst, top)
         layers[name] = {"max_cos": top, "rows": int(flagged.sum()), **info}
         if flagged.any():
-            reasons.append(f"parallel rows: layer '{name}' ({rows} x {cols}) has {int(flagged.sum())} row(s) that are near "
+            some = "at least " if info["capped"] else ""
+            reasons.append(f"parallel rows: layer '{name}' ({rows} x {cols}) has {some}{int(flagged.sum())} row(s) that are near "
                            f"multiples of another row (|cos| up to {top:.6f} >= {PARALLEL_COS:g}): one measurement direction "
                            f"repeated, as a trap's or an imprint's bins are")
     found: dict[str, Any] = {"max_cos": worst, "layers": layers}

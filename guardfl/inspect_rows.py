@@ -49,7 +49,7 @@ PROJECTION_DIM = 256
 #: about (1 - c^2) / 16 ~ 1e-3, so a margin of 0.05 misses no pair
 SCREEN_MARGIN = 0.05
 #: the most screened pairs compared exactly (more: the first ones; the count is reported)
-MAX_CANDIDATES = 100_000
+MAX_CANDIDATES = 20_000
 _CHUNK = 2**22
 
 
@@ -83,9 +83,12 @@ def _projected_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return torch.cat(out), torch.cat(keep)
 
 
-def _pairs_above(u: Tensor, keep: Tensor, level: float) -> tuple[float, Tensor]:
-    """The largest ``|u_i . u_j|`` (i != j, both kept) and the pairs (i < j) at or above ``level``."""
-    top, pairs = 0.0, []
+def _pairs_above(u: Tensor, keep: Tensor, level: float) -> tuple[float, Tensor, Tensor, int]:
+    """The largest ``|u_i . u_j|`` (i != j, both kept), the rows with a partner at or above ``level``, the first
+    ``MAX_CANDIDATES`` such pairs (i < j) and how many there are (memory stays bounded when every row is
+    parallel to every other: a hostile layer of repeated rows)."""
+    top, pairs, count = 0.0, [], 0
+    rows_hit = torch.zeros(u.shape[0], dtype=torch.bool, device=u.device)
     step = max(1, _CHUNK // max(1, u.shape[0]))
     idx = torch.arange(u.shape[0], device=u.device)
     for i in range(0, u.shape[0], step):
@@ -95,39 +98,44 @@ def _pairs_above(u: Tensor, keep: Tensor, level: float) -> tuple[float, Tensor]:
         g[:, ~keep] = 0
         g[torch.arange(len(rows)), rows] = 0  # a row with itself
         top = max(top, float(g.max()) if g.numel() else 0.0)
-        hit = (g >= level).nonzero()
+        hit = g >= level
+        rows_hit[rows] |= hit.any(1)
+        hit = hit.nonzero()
         hit = hit[rows[hit[:, 0]] < hit[:, 1]]
-        pairs.append(torch.stack([rows[hit[:, 0]], hit[:, 1]], dim=1))
-    return top, torch.cat(pairs) if pairs else torch.zeros(0, 2, dtype=torch.long)
+        count += int(hit.shape[0])
+        room = MAX_CANDIDATES - sum(int(p.shape[0]) for p in pairs)
+        if room > 0:
+            pairs.append(torch.stack([rows[hit[:room, 0]], hit[:room, 1]], dim=1))
+    found = torch.cat(pairs) if pairs else torch.zeros(0, 2, dtype=torch.long)
+    return top, rows_hit, found, count
 
 
 def parallel_rows(weight: Tensor, threshold: float = PARALLEL_COS) -> tuple[float, Tensor, dict[str, int]]:
     """The largest ``|cos|`` between two non-zero rows of a 2-D ``weight``, and a mask of the rows that have a
     partner at ``threshold`` or more (see the module docstring). Exact up to ``EXACT_ELEMENTS``; larger
-    layers are screened in a random projection and every screened pair compared exactly (the largest value
-    is then exact where it is at or above the screen, an estimate below it). ``info``: ``pairs`` (rows
-    pairs at the threshold), ``screened`` (1 when projected) and ``capped`` (1 when more than
-    ``MAX_CANDIDATES`` pairs were screened)."""
+    layers are screened in a random projection and the screened pairs compared exactly (the largest value
+    is then exact where it is at or above the screen, an estimate below it). ``info``: ``pairs`` (row pairs
+    at the threshold), ``screened`` (1 when projected) and ``capped`` (1 when more than ``MAX_CANDIDATES``
+    pairs were screened: the first ones were compared, and the rows marked are those)."""
     w = weight.detach().reshape(weight.shape[0], -1)
     rows = w.shape[0]
-    flagged = torch.zeros(rows, dtype=torch.bool)
     info = {"pairs": 0, "screened": 0, "capped": 0}
     if rows < 2 or w.shape[1] == 0:
-        return 0.0, flagged, info
+        return 0.0, torch.zeros(rows, dtype=torch.bool), info
     if w.numel() <= EXACT_ELEMENTS:
         u, keep = _unit_rows(w)
-        top, pairs = _pairs_above(u, keep, threshold)
-    else:
-        info["screened"] = 1
-        p, keep = _projected_rows(w)
-        top, pairs = _pairs_above(p, keep, threshold - SCREEN_MARGIN)
-        if pairs.shape[0] > MAX_CANDIDATES:
-            pairs, info["capped"] = pairs[:MAX_CANDIDATES], 1
-        if pairs.shape[0]:
-            exact = torch.cat([_exact_cos(w, block) for block in pairs.split(4096)])
-            top = float(exact.max()) if float(exact.max()) >= threshold - SCREEN_MARGIN else top
-            pairs = pairs[exact >= threshold]
-    flagged[pairs.flatten().cpu()] = True
+        top, flagged, _, info["pairs"] = _pairs_above(u, keep, threshold)
+        return top, flagged.cpu(), info
+    info["screened"] = 1
+    p, keep = _projected_rows(w)
+    top, _, pairs, count = _pairs_above(p, keep, threshold - SCREEN_MARGIN)
+    info["capped"] = int(count > MAX_CANDIDATES)
+    flagged = torch.zeros(rows, dtype=torch.bool)
+    if pairs.shape[0]:
+        exact = torch.cat([_exact_cos(w, block) for block in pairs.split(1024)])
+        top = float(exact.max()) if float(exact.max()) >= threshold - SCREEN_MARGIN else top
+        pairs = pairs[exact >= threshold]
+        flagged[pairs.flatten().cpu()] = True
     info["pairs"] = int(pairs.shape[0])
     return top, flagged, info
 

@@ -124,3 +124,16 @@ def test_layer_norm_traps_keep_no_parallel_rows_once_disguised(lfw):
     disguise(trap.sent.net[1].weight, auto_rho(), (1, 25, 25), aux, torch.Generator().manual_seed(1))
     assert "parallel_rows" in inspect_model(trap.sent, model).checks
     assert not any(r.startswith("parallel rows") for r in inspect_model(trap.sent, model).reasons)
+
+
+def test_a_layer_of_repeated_rows_is_bounded_and_still_flagged(monkeypatch):
+    """A hostile layer whose every row repeats one (a zero-stride tensor): the pairs kept are capped, the layer
+    is flagged all the same."""
+    monkeypatch.setattr(R, "EXACT_ELEMENTS", 1000)
+    monkeypatch.setattr(R, "MAX_CANDIDATES", 50)
+    w = torch.randn(1, 100).expand(40, 100)
+    top, rows, info = parallel_rows(w)
+    assert info == {"pairs": 50, "screened": 1, "capped": 1} and rows.any() and top == pytest.approx(1.0)
+    monkeypatch.setattr(R, "EXACT_ELEMENTS", 10**6)
+    top, rows, info = parallel_rows(w)
+    assert rows.all() and info["pairs"] == 40 * 39 // 2 and info["screened"] == 0
