@@ -170,6 +170,9 @@ EXACT_SVD_COST = 2**32
 #: the checks read large layers this many elements at a time (rows in chunks), so that their float64
 #: copies stay small (32 MiB)
 CHUNK_ELEMENTS = 2**22
+#: the checks ``inspect_model`` runs, by the ``Inspection.checks`` key each reports under (the batch checks with
+#: ``batch``; the opt-in ``disaggregation`` is not listed): one list for whoever states what was examined
+CHECKS = ("architecture", "imprint", "parallel_rows", "class_fishing", "gradient_concentration", "isolation")
 #: integer and bool weights are examined as float64 (a layer loaded from them computes with their values)
 _INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                    *(getattr(torch, f"uint{n}") for n in (16, 32, 64) if hasattr(torch, f"uint{n}")))

@@ -13,7 +13,7 @@ import torch
 
 from guardfl.defenses import from_config
 from guardfl.errors import ConfigError
-from guardfl.inspect import DSNR_MIN_BATCH, DSNR_THRESHOLD
+from guardfl.inspect import CHECKS, DSNR_MIN_BATCH, DSNR_THRESHOLD
 from guardfl.redteam.attacks.base import Setting
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.certification.sampling import Population
@@ -226,7 +226,7 @@ def inspection_summary(disaggregation: bool) -> dict[str, Any]:
     """What an inspecting simulated client runs on every model a malicious server sends (the certificate's
     ``client.inspection``): ``inspect_model``, strict, with the honest global model as the reference and its
     own first batch; the checks, and the opt-in check left out when it is."""
-    checks = ["architecture", "imprint", "class_fishing", "gradient_concentration", "isolation"]
+    checks = list(CHECKS)
     summary: dict[str, Any] = {"function": "guardfl.inspect_model", "strict": True,
                                "reference": "the honest global model", "batch": "the client's first batch",
                                "disaggregation": disaggregation}

@@ -240,3 +240,12 @@ def test_bad_input_is_one_config_error_line_naming_the_argument(call, field):
     with pytest.raises(ConfigError) as info:
         call()
     assert str(info.value).startswith(f"{field}:") and "\n" not in str(info.value)
+
+
+def test_every_listed_check_reports_under_its_key(benign, batch):
+    """``CHECKS`` is what the red team's certificate says an inspecting client examined: each one reports."""
+    from guardfl.inspect import CHECKS
+
+    model = benign["cnn trained 3 epochs"]
+    result = guardfl.inspect_model(model, copy.deepcopy(model), batch=batch)
+    assert set(CHECKS) <= set(result.checks) and "parallel_rows" in CHECKS

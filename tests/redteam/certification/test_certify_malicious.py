@@ -176,6 +176,7 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     cert = __import__("json").loads((tmp_path / "certificate.json").read_text())
     assert cert["verdict"] == "NOT CERTIFIED" and cert["config"]["client"]["inspect_disaggregation"] is True
     assert cert["client"]["inspection"]["disaggregation"] and "disaggregation" in cert["client"]["inspection"]["checks"]
+    assert "parallel_rows" in cert["client"]["inspection"]["checks"]
     by = {(r["attack"], r["budget"].get("cuts", "top")): r for r in cert["results"]}
     assert by[("robbing_the_fed", "top")]["info"]["refused"].startswith("architecture:")
     assert "disaggregation:" in by[("trap_weights", "top")]["info"]["refused"]
