@@ -18,7 +18,8 @@ too, below; elsewhere: not applicable, with the reason):
   equal: the duplicate-row check; the gating is unchanged), the chains' directions are independent (rank
   ``chains``, not one: the rank-one check), the rows are in random order (the biases are no monotone
   sequence), the classifier's rows and biases keep their honest norms and offsets (no zeroed rows, no
-  bias gap).
+  bias gap). A chain's rows stay near multiples of each other, which the near-parallel-rows check refuses
+  unless they are disguised (``disguise``, below).
 - The next layer's columns of one chain are one random vector ``v_c``, so every row of the chain gets the
   same coefficient ``D_n = v_c . (p_n - y_n)`` for sample n: the difference of two adjacent rows' updates
   (in cut-off order) is ``sum D_n x_n`` over the samples in that bin, and its bias's ``sum D_n``; a
