@@ -1,5 +1,5 @@
 """One certificate on a real multi-node Ray cluster (issue 36): ``ray.cluster_utils.Cluster`` with a head
-that runs no tasks and two worker nodes of one CPU each; one worker node is removed while it runs a job.
+that runs no tasks and two worker nodes of one CPU each; a worker node is removed while it runs a job.
 Only the jobs that were running there are redone (Ray's retries), and the certificate is the local run's."""
 
 import json
@@ -61,19 +61,21 @@ def cluster():
 def test_a_node_removed_mid_run_loses_only_its_jobs(cluster, tmp_path):
     c, nodes = cluster
     whole = certify(CONFIG, workers=1)
-    victim = nodes[1]
-    raylet = victim.all_processes["raylet"][0].process.pid
+    raylets = [(node, node.all_processes["raylet"][0].process.pid) for node in nodes]
     removed: list[str] = []
     finished = threading.Event()
 
     def remove_when_busy() -> None:
+        """Remove the first worker node seen running one of our jobs (which node Ray picks is its own
+        business: a test that waited for the second one failed when Ray kept every job on the first)."""
         deadline = time.monotonic() + BOUND
         while not finished.is_set() and time.monotonic() < deadline:
-            title = _running_job(raylet)
-            if title is not None:
-                c.remove_node(victim, allow_graceful=False)
-                removed.append(title)
-                return
+            for node, raylet in raylets:
+                title = _running_job(raylet)
+                if title is not None:
+                    c.remove_node(node, allow_graceful=False)
+                    removed.append(title)
+                    return
             time.sleep(0.02)
 
     watcher = threading.Thread(target=remove_when_busy, daemon=True)
@@ -84,7 +86,7 @@ def test_a_node_removed_mid_run_loses_only_its_jobs(cluster, tmp_path):
     finally:
         finished.set()
         watcher.join(timeout=10)
-    assert removed, "no job ran on the second node"
+    assert removed, "no job was seen running on a worker node"
     assert json.dumps(untimed(cert.to_dict(), ignore=("environment",)), sort_keys=True, default=str) == \
         json.dumps(untimed(whole.to_dict(), ignore=("environment",)), sort_keys=True, default=str)
     assert cert.environment["backend"]["address"] == c.address and cert.environment["backend"]["cpus"] == 2
