@@ -88,7 +88,7 @@ def trap(base, aux, chains=2, rows=None, seed=0, disguised=False):
     gen = torch.Generator().manual_seed(seed)
     made = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())), gen, rows, 32)
     if disguised:
-        disguise(dict(made.sent.named_parameters())[made.weight], auto_rho(), (3, 32, 32), aux, gen)
+        disguise(made.rows(), auto_rho(), (3, 32, 32), aux, gen)
     return made.sent
 
 

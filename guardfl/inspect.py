@@ -588,9 +588,10 @@ def inspect_model(
     reasons += tensor_reasons
 
     linears = _linear_layers(state, skipped)  # refused tensors included, as (name, None, None): the classifier is the last
-    imprint_reasons, checks["imprint"] = _imprint([layer for layer in linears[:-1] if layer[1] is not None])
+    hidden = [layer for layer in linears[:-1] if layer[1] is not None]
+    imprint_reasons, checks["imprint"] = _imprint(hidden)
     reasons += imprint_reasons
-    parallel_reasons, checks["parallel_rows"] = _parallel([layer for layer in linears[:-1] if layer[1] is not None])
+    parallel_reasons, checks["parallel_rows"] = _parallel(hidden)
     reasons += parallel_reasons
 
     classifier = linears[-1] if linears else None

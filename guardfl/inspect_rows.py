@@ -53,33 +53,30 @@ MAX_CANDIDATES = 20_000
 _CHUNK = 2**22
 
 
-def _unit_rows(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row over its norm (float32, computed in float64 chunks), and which rows are non-zero."""
+def _scaled(rows: Tensor) -> Tensor:
+    """Rows (float64) over their largest |entry|: no overflow or underflow in their norms."""
+    rows = rows.double()
+    return rows / rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+def _projection(cols: int, device: torch.device) -> Tensor:
+    """``cols`` x ``PROJECTION_DIM`` fixed-seed Gaussian directions (float32, drawn in chunks; the caller's RNG
+    untouched)."""
+    g = torch.Generator().manual_seed(0)
+    step = _CHUNK // PROJECTION_DIM
+    return torch.cat([torch.randn(min(step, cols - j), PROJECTION_DIM, generator=g) for j in range(0, cols, step)]).to(device)
+
+
+def _unit_rows(w: Tensor, proj: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Each row over its norm (float32; read in chunks), and which rows are non-zero; with ``proj``, each row
+    projected on its directions first."""
     out, keep = [], []
     step = max(1, _CHUNK // max(1, w.shape[1]))
     for i in range(0, w.shape[0], step):
-        c = w[i:i + step].double()
-        c = c / c.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)  # no overflow in the norm
-        n = c.norm(dim=1)
-        keep.append(n > 0)
-        out.append((c / n.clamp_min(1e-300)[:, None]).float())
-    return torch.cat(out), torch.cat(keep)
-
-
-def _projected_rows(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row projected on ``PROJECTION_DIM`` fixed-seed Gaussian directions, then over its norm."""
-    g = torch.Generator().manual_seed(0)
-    cols = w.shape[1]
-    proj = torch.cat([torch.randn(min(_CHUNK // PROJECTION_DIM, cols - j), PROJECTION_DIM, generator=g)
-                      for j in range(0, cols, _CHUNK // PROJECTION_DIM)]).to(w.device)
-    out, keep = [], []
-    step = max(1, _CHUNK // max(1, cols))
-    for i in range(0, w.shape[0], step):
-        c = w[i:i + step].double()
-        c = (c / c.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)).float()
+        c = _scaled(w[i:i + step])
         keep.append(c.abs().amax(dim=1) > 0)
-        p = c @ proj
-        out.append(p / p.norm(dim=1, keepdim=True).clamp_min(1e-30))
+        p = c if proj is None else c.float() @ proj
+        out.append((p / p.norm(dim=1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)).float())
     return torch.cat(out), torch.cat(keep)
 
 
@@ -87,7 +84,7 @@ def _pairs_above(u: Tensor, keep: Tensor, level: float) -> tuple[float, Tensor, 
     """The largest ``|u_i . u_j|`` (i != j, both kept), the rows with a partner at or above ``level``, the first
     ``MAX_CANDIDATES`` such pairs (i < j) and how many there are (memory stays bounded when every row is
     parallel to every other: a hostile layer of repeated rows)."""
-    top, pairs, count = 0.0, [], 0
+    top, pairs, count, kept = 0.0, [], 0, 0
     rows_hit = torch.zeros(u.shape[0], dtype=torch.bool, device=u.device)
     step = max(1, _CHUNK // max(1, u.shape[0]))
     idx = torch.arange(u.shape[0], device=u.device)
@@ -103,9 +100,9 @@ def _pairs_above(u: Tensor, keep: Tensor, level: float) -> tuple[float, Tensor, 
         hit = hit.nonzero()
         hit = hit[rows[hit[:, 0]] < hit[:, 1]]
         count += int(hit.shape[0])
-        room = MAX_CANDIDATES - sum(int(p.shape[0]) for p in pairs)
-        if room > 0:
-            pairs.append(torch.stack([rows[hit[:room, 0]], hit[:room, 1]], dim=1))
+        if kept < MAX_CANDIDATES:
+            pairs.append(torch.stack([rows[hit[:MAX_CANDIDATES - kept, 0]], hit[:MAX_CANDIDATES - kept, 1]], dim=1))
+            kept += int(pairs[-1].shape[0])
     found = torch.cat(pairs) if pairs else torch.zeros(0, 2, dtype=torch.long)
     return top, rows_hit, found, count
 
@@ -127,7 +124,7 @@ def parallel_rows(weight: Tensor, threshold: float = PARALLEL_COS) -> tuple[floa
         top, flagged, _, info["pairs"] = _pairs_above(u, keep, threshold)
         return top, flagged.cpu(), info
     info["screened"] = 1
-    p, keep = _projected_rows(w)
+    p, keep = _unit_rows(w, _projection(w.shape[1], w.device))
     top, _, pairs, count = _pairs_above(p, keep, threshold - SCREEN_MARGIN)
     info["capped"] = int(count > MAX_CANDIDATES)
     flagged = torch.zeros(rows, dtype=torch.bool)
@@ -141,7 +138,5 @@ def parallel_rows(weight: Tensor, threshold: float = PARALLEL_COS) -> tuple[floa
 
 
 def _exact_cos(w: Tensor, pairs: Tensor) -> Tensor:
-    a, b = w[pairs[:, 0]].double(), w[pairs[:, 1]].double()
-    a = a / a.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
-    b = b / b.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
+    a, b = _scaled(w[pairs[:, 0]]), _scaled(w[pairs[:, 1]])
     return ((a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(1e-300)).abs().cpu()

@@ -84,7 +84,7 @@ def trapped(model, rows=None, chains=2, seed=0, disguised=True):
     gen = torch.Generator().manual_seed(seed)
     trap = craft(model, layers, (3, 32, 32), x, chains, 0.0, (0.0, 1.0), gen, rows, 32)
     if disguised:
-        disguise(dict(trap.sent.named_parameters())[trap.weight], auto_rho(), (3, 32, 32), x, gen)
+        disguise(trap.rows(), auto_rho(), (3, 32, 32), x, gen)
     return trap.sent
 
 

@@ -31,6 +31,10 @@ class Trap(NamedTuple):
     #: through GroupNorm or LayerNorm: each row's slope, by which its update is divided (``trap_per_sample``)
     slopes: Tensor | None = None
 
+    def rows(self) -> nn.Parameter:
+        """The sent model's first-layer weight: the trap's rows (what ``disguise`` changes)."""
+        return dict(self.sent.named_parameters())[self.weight]
+
 
 def chain_draw(d: int, k: int, rows: int | None, cuts: str, boost: float,
                gen: torch.Generator) -> tuple[Tensor, Tensor]:

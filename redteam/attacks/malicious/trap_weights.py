@@ -384,7 +384,7 @@ class TrapWeights(ServerAttack):
         trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, c.rows, n,
                      boost, c.cuts, equal, outpost)
         rho = (auto_rho() if c.rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
-        disguised = disguise(dict(trap.sent.named_parameters())[trap.weight], rho, shape, aux, gen)
+        disguised = disguise(trap.rows(), rho, shape, aux, gen)
         observation = client(trap.sent)
         top_row = c.rows is None or c.cuts == "top"
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
