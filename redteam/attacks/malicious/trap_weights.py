@@ -34,9 +34,9 @@ too, below; elsewhere: not applicable, with the reason):
   their gradients are too: a defense that keeps a layer's largest entries (GradPrune, Outpost) keeps the
   trap's, and noise of a fixed scale (Gaussian, Laplace, Outpost's) is small beside them (the attacker
   knows the defense's configuration). ``auto``, the default: 1000 against a known pruning or noise
-  defense, else 1 (as Robbing the Fed's ``boost: auto``). Before it was a default, a config that listed
-  only unboosted traps certified a BatchNorm MLP behind the inspection and Gaussian noise 0.01 or Outpost,
-  which a boosted 3-row trap reads (1 face exactly, 10 past SSIM 0.4 of 64).
+  defense, else 1 (as Robbing the Fed's ``boost: auto``; unboosted traps had certified Gaussian 0.01 and
+  Outpost clients). ``rows: auto``: as many rows as a known pruning keeps whole, at most 6 (``trap_size``:
+  GradPrune 0.99 keeps 2 of FC-2's first layer; a 6-row trap there is cut and reads nothing exactly).
 - ``cuts: middle`` (with ``rows``; built against SEER's D-SNR check, ``inspect_model(...,
   disaggregation=True)``, which refuses a model when one sample's weight gradient exceeds 2 times all the
   others' in a layer): boosted rows at the top of the measurement give 1000x gradients to the few samples
@@ -124,6 +124,7 @@ from guardfl.redteam.attacks.malicious import trap_norm
 from guardfl.redteam.attacks.malicious.trap_chain import Trap, auto_rho, chain_draw, columns, disguise, equal_rows
 from guardfl.redteam.attacks.malicious.trap_per_sample import LAYER_CONSTANTS, craft_grouped, craft_layer_norm
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
+from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
 from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, server_labels
 from guardfl.redteam.client.simulate import ClientQuery
@@ -286,8 +287,9 @@ class TrapWeightsConfig(AttackConfig):
     column_noise: float = Field(default=0.0, ge=0, le=1, json_schema_extra={"allowed": "in [0, 1]"})
     #: rows per chain, cut at the top of the measurement (one sample per bin on average), the rest of the
     #: layer left honest: a small trap that reads a few samples and stays under a check that counts
-    #: isolated samples against the honest model's; null: the whole layer
-    rows: int | None = Field(default=None, ge=1, le=65536, json_schema_extra={"allowed": "null (the whole layer) or an integer in [1, 65536]"})
+    #: isolated samples against the honest model's; null: the whole layer; "auto": ``trap_size.AUTO_ROWS``,
+    #: or fewer so that every chain's rows survive a known pruning whole (``trap_size.auto_rows``)
+    rows: Literal["auto"] | int | None = Field(default=None, json_schema_extra={"allowed": "null (the whole layer), 'auto' or an integer in [1, 65536]"})
     #: the trapped rows' classifier columns at this many times the honest columns' mean norm: their
     #: gradients as many times larger, so that a defense that keeps the largest entries of a layer
     #: (GradPrune, Outpost's pruning) keeps theirs, and noise of a fixed scale is small beside them;
@@ -309,6 +311,13 @@ class TrapWeightsConfig(AttackConfig):
     #: (two rows of a chain at |cos| ~0.98, under the check's 0.99) for a small trap (``rows``), else 0
     disguise: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [0, 4]"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
+
+    @field_validator("rows", mode="before")
+    @classmethod
+    def _rows(cls, value):
+        if value is not None and value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536):
+            raise ValueError(f"expected null, 'auto' or an integer in [1, 65536] (got {value!r})")
+        return value
 
     @field_validator("boost", "disguise", mode="before")
     @classmethod
@@ -337,19 +346,6 @@ def _through(norm: nn.Module, name: str, aux: bool) -> str:
             + ("on aux)" if aux else "for uniform pixels)"))
 
 
-#: the boost "auto" uses against a known pruning or noise defense (see ``TrapWeightsConfig.boost``): the
-#: value the shipped configs' boosted traps use
-TRAP_BOOST = 1000.0
-
-
-def boost_for(defense_config) -> float:
-    """``TRAP_BOOST`` when the client's defense (any stage of a stack) prunes the update by magnitude
-    (GradPrune, Outpost) or adds noise of a scale that does not follow the gradient's (Gaussian, Laplace,
-    Outpost), else 1 (sign compression keeps no magnitude; DP-SGD clips each sample's gradient first)."""
-    kinds = {leaf.kind for leaf in defense_leaves(defense_config)}
-    return TRAP_BOOST if kinds & {"gradprune", "outpost", "gaussian", "laplace"} else 1.0
-
-
 @register
 class TrapWeights(ServerAttack):
     """Robbing the Fed's bins inside the honest first linear layer, disguised against the weight checks."""
@@ -370,6 +366,17 @@ class TrapWeights(ServerAttack):
             return f"the first linear layer has {found.first.out_features} units: too few for chains of bins"
         return None
 
+    def _rows(self, setting: Setting, layers: TrapLayers, chains: int, known: bool) -> tuple[int, int | None, str]:
+        """Chains, rows per chain (None: the whole layer) and the certificate's line on the rows: ``rows:
+        auto`` fits a known pruning (``trap_size.auto_rows``)."""
+        rows = self.config.rows
+        if rows != "auto":
+            return chains, rows, str(rows or "all")
+        first = layers.first
+        parameters = sum(p.numel() for p in setting.model.parameters())
+        return auto_rows(setting.defense_config if known else None, first.out_features, first.in_features, parameters,
+                         chains, self.config.cuts)
+
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
                      gen: torch.Generator) -> Reconstruction:
         c = self.config
@@ -381,12 +388,13 @@ class TrapWeights(ServerAttack):
         boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
         equal = c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg")
         outpost = known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config))
-        trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, c.rows, n,
+        chains, rows, rows_line = self._rows(setting, layers, chains, known)
+        trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, rows, n,
                      boost, c.cuts, equal, outpost)
-        rho = (auto_rho() if c.rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
+        rho = (auto_rho() if rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
         disguised = disguise(trap.rows(), rho, shape, aux, gen)
         observation = client(trap.sent)
-        top_row = c.rows is None or c.cuts == "top"
+        top_row = rows is None or c.cuts == "top"
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
             slopes = torch.ones(1, dtype=torch.float64) if trap.slopes is None else trap.slopes
             w, b = observation.update[trap.weight].double(), observation.update[trap.bias].double()
@@ -401,7 +409,7 @@ class TrapWeights(ServerAttack):
             extra["constants"] = "in the weights (adapted to Outpost's noise, which scales with each layer's variance)"
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
-            "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": c.rows or "all", "boost": boost, "cuts": c.cuts if c.rows else "quantiles",
+            "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": rows_line, "boost": boost, "cuts": c.cuts if rows else "quantiles",
             "disguised": f"{disguised} rows, rho {rho:.3g}" if disguised else "none",
             "scales": "equal" if equal or isinstance(layers.norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})

@@ -140,6 +140,26 @@ def test_the_middle_trap_passes_every_check_d_snr_included_and_reads_samples_thr
     assert int((sent == model.state_dict()["net.1.weight"]).all(dim=1).sum()) == 256 - 4  # the rest honest
 
 
+def test_rows_auto_fits_the_median_trap_in_what_gradprune_099_keeps_and_reads_a_face_past_d_snr():
+    """GradPrune 0.99 keeps 2 whole rows of FC-2's first layer (1,600 of 160,000 weights). The fixed 6-row
+    median trap is cut to 2 rows and a part of a third and reads nothing exactly; ``rows: auto`` sends 2
+    rows, both survive whole, and their one bin gives a face back exactly, past every check, D-SNR included
+    (5 of 8 trap seeds on these 64 faces; seed 0 is one of them)."""
+    from guardfl.redteam.modality.image.models import FC2
+
+    strict = {"kind": "gradprune", "ratio": 0.99}
+    x, y, model, setting, threat, _ = lfw_client(FC2, FedSGD(), strict)
+    client = ClientQuery(x, y, strict, FedSGD(), inspect=True, reference=model, disaggregation=True)
+    fixed = get("trap_weights", seed=0, chains=1, rows=6, boost=1000, cuts="middle").interrogate(client, setting, threat)
+    auto = get("trap_weights", seed=0, chains=1, rows="auto", boost=1000, cuts="middle").interrogate(client, setting, threat)
+    assert "refused" not in auto.info and auto.info["rows"].startswith("2 (auto: the pruning keeps 2 whole row(s)")
+    assert exact(fixed, x) == 0 and exact(auto, x) >= 1
+    sent = auto.info["malicious_model"].state_dict()["net.1.weight"]
+    trapped = torch.nonzero(~(sent == model.state_dict()["net.1.weight"]).all(dim=1)).flatten()
+    update = ClientQuery(x, y, strict, FedSGD())(auto.info["malicious_model"]).update["net.1.weight"]
+    assert trapped.numel() == 2 and bool((update[trapped] != 0).float().mean(1).gt(0.99).all())  # whole rows sent
+
+
 def test_the_middle_trap_reads_no_candidate_from_its_top_row():
     """Its top row holds every sample above the highest cut (half the batch, less the bins): no bin."""
     from guardfl.redteam.attacks.malicious.trap_weights import recover
