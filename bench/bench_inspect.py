@@ -17,7 +17,8 @@ BatchNorm1d: the cut-offs in its affine parameters; whole layer, 8 and 3 rows), 
 dp_compatible makes it), through LayerNorm (spread constants, one LayerNorm weight per chain) and class fishing without the
 zero-row / bias-gap fingerprints (rows scaled, routed through dead units), FC-2 untrained and trained; against
 the near-parallel-rows check, the small traps with each row's unseen part (``disguise``) and traps of single
-rows (one row per measurement, no two rows alike).
+rows (one row per measurement, no two rows alike); against the shared-columns check, the disguised small
+traps with noise on each row's share of the chain's classifier column.
 The opt-in disaggregation check (SEER's D-SNR, ``inspect_model(..., disaggregation=True)``) is run too and
 counted apart: flagged by it, and flagged by it alone.
 
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from guardfl import inspect as I  # noqa: E402
+from guardfl import inspect_columns as C  # noqa: E402
 from guardfl import inspect_model  # noqa: E402
 from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise  # noqa: E402
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers  # noqa: E402
@@ -80,13 +82,15 @@ def fresh_init(model, seed: int = 1234):
     return own
 
 
-def trap(base, aux, chains=2, rows=None, seed=0, disguised=False):
+def trap(base, aux, chains=2, rows=None, seed=0, disguised=False, noise=0.0):
     """Trap weights (the red team's construction, guardfl.redteam.attacks.malicious.trap_weights) in ``base``;
     ``disguised``: each row with a near-multiple gets a part images barely see (``trap_chain.disguise``, as
-    ``disguise: auto`` does for a small trap), adapted to the near-parallel-rows check."""
+    ``disguise: auto`` does for a small trap), adapted to the near-parallel-rows check; ``noise``: relative
+    noise on each row's share of its chain's classifier column (``column_noise``; ``auto`` picks 0.02-0.05
+    for these small traps), adapted to the shared-columns check."""
     layers = trap_layers(base, (3, 32, 32))
     gen = torch.Generator().manual_seed(seed)
-    made = craft(base, layers, (3, 32, 32), aux, chains, 0.0, (float(aux.min()), float(aux.max())), gen, rows, 32)
+    made = craft(base, layers, (3, 32, 32), aux, chains, noise, (float(aux.min()), float(aux.max())), gen, rows, 32)
     if disguised:
         disguise(made.rows(), auto_rho(), (3, 32, 32), aux, gen)
     return made.sent
@@ -235,13 +239,16 @@ def main() -> None:
             malicious.setdefault("trap weights, 8 rows disguised (adapted to parallel rows)", []).append(
                 (trap(base, aux, chains=1, rows=8, seed=seed, disguised=True), base))
             malicious.setdefault("trap weights, 8 single rows (8 chains of 1)", []).append((trap(base, aux, chains=8, rows=1, seed=seed), base))
+            malicious.setdefault("trap weights, 8 rows disguised, column noise 0.05 (adapted to shared columns)", []).append(
+                (trap(base, aux, chains=1, rows=8, seed=seed, disguised=True, noise=0.05), base))
         for t in range(args.targets):
             malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
             malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
     # through a normalisation: BatchNorm (the cut-offs in its affine parameters, trap_norm), GroupNorm (one
     # measuring channel per group) and LayerNorm (spread constants, one LayerNorm weight per chain; trap_per_sample)
     sizes = (("whole layer", {}), ("8 rows", {"chains": 1, "rows": 8}), ("3 rows", {"chains": 1, "rows": 3}),
-             ("3 rows disguised", {"chains": 1, "rows": 3, "disguised": True}), ("6 single rows", {"chains": 6, "rows": 1}))
+             ("3 rows disguised", {"chains": 1, "rows": 3, "disguised": True}), ("6 single rows", {"chains": 6, "rows": 1}),
+             ("3 rows disguised, column noise 0.05", {"chains": 1, "rows": 3, "disguised": True, "noise": 0.05}))
     for norm, trained_set, cls in (("BatchNorm", "BatchNorm1d", FC2BN), ("GroupNorm", "GroupNorm", FC2GN),
                                    ("LayerNorm", "LayerNorm", FC2LN)):
         trained = benign[f"trained: FC-2 with {trained_set}"][1]
@@ -255,7 +262,8 @@ def main() -> None:
              "sample gradient share (max)": [], "label gradient share (max)": [], "imprint rank ratio (min)": [],
              "layer sample share (max)": [], "layer label share (max)": [], "isolated samples, no reference (max)": [],
              "isolation excess over own init (max)": [], "D-SNR, train mode (max)": [],
-             "parallel rows, largest abs cosine in a hidden layer (max)": []}
+             "parallel rows, largest abs cosine in a hidden layer (max)": [],
+             "shared columns, largest abs cosine of two units' coefficients over the batch (max)": []}
     rows = []
     for group, models in benign.items():
         flagged = flagged_dsnr = 0
@@ -287,6 +295,9 @@ def main() -> None:
                 stats["sample gradient share (max)"].append(c["gradient_concentration"]["sample_share"])
                 stats["label gradient share (max)"].append(c["gradient_concentration"]["class_share"])
                 stats["parallel rows, largest abs cosine in a hidden layer (max)"].append(c["parallel_rows"]["max_cos"])
+                if "max_cos" in c.get("shared_columns", {}):
+                    stats["shared columns, largest abs cosine of two units' coefficients over the batch (max)"].append(
+                        c["shared_columns"]["max_cos"])
                 if c["imprint"]["min_rank_ratio"] is not None:
                     stats["imprint rank ratio (min)"].append(c["imprint"]["min_rank_ratio"])
         rows.append(("benign", group, len(models), flagged, flagged / len(models), flagged_dsnr))
@@ -297,7 +308,7 @@ def main() -> None:
             weights_only = inspect_model(model)
             with_ref = inspect_model(model, expected, batch=batch, disaggregation=args.disaggregation)
             caught_weights += not weights_only.ok
-            caught_batch += any(r.startswith(("gradient concentration", "isolation")) for r in with_ref.reasons)
+            caught_batch += any(r.startswith(("gradient concentration", "isolation", "shared columns")) for r in with_ref.reasons)
             by_dsnr = any(r.startswith("disaggregation") for r in with_ref.reasons)
             caught_dsnr += by_dsnr
             only_dsnr += by_dsnr and weights_only.ok and all(r.startswith("disaggregation") for r in with_ref.reasons)
@@ -329,7 +340,9 @@ def main() -> None:
                   "isolated samples, no reference (max)": "(reported only)",
                   "isolation excess over own init (max)": f">= max({I.ISOLATION_MIN_SAMPLES}, {I.ISOLATION_SHARE:.0%} of 32)",
                   "D-SNR, train mode (max)": f"> {I.DSNR_THRESHOLD:g}",
-                  "parallel rows, largest abs cosine in a hidden layer (max)": f">= {I.PARALLEL_COS:g} (layers of {I.PARALLEL_MIN_COLS}+ inputs)"}
+                  "parallel rows, largest abs cosine in a hidden layer (max)": f">= {I.PARALLEL_COS:g} (layers of {I.PARALLEL_MIN_COLS}+ inputs)",
+                  "shared columns, largest abs cosine of two units' coefficients over the batch (max)":
+                      f">= {C.COLUMN_COS:g} (where the error spans {C.COLUMN_MIN_DIMENSIONS:g}+ dimensions)"}
     print("| benign statistic | worst benign value | flagged when |")
     print("|---|---|---|")
     for k, v in stats.items():

@@ -37,6 +37,13 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   hides every bin; the bins are in the gradient at the normalisation's OUTPUT, which is examined too (as
   layer ``'linear -> norm'``): a trap whose cut-offs sit in BatchNorm's affine parameters reads the
   samples up to two batch-wide terms (red team: ``trap_weights`` on ``fc2bn``).
+- **shared columns** (with ``batch``; ``guardfl.inspect_columns``): every linear layer that reads hidden
+  units, the loss's derivative with respect to each unit per sample (``delta @ W``); two units whose
+  derivatives are parallel over the batch (``|cos| >= COLUMN_COS``) would give rows whose updates differ by
+  the samples only one of them holds, as a trap chain's rows sharing one classifier column do. Compared on
+  the batch, not the weights: columns that differ only where the batch's error does not look (softmax's
+  all-ones direction, units that never fire) are caught. A chain whose columns carry a little noise
+  passes at some cost to its exactness (the red team's ``trap_weights column_noise: auto``), as do single rows.
 - **disaggregation** (opt-in, ``disaggregation=True``, with ``batch``): SEER's D-SNR (Garov et al. 2024):
   the model in train mode, each sample's own weight gradient, flagged when one sample's norm exceeds
   ``DSNR_THRESHOLD`` times the others' together (see docs/malicious-server.md for what it adds).
@@ -66,6 +73,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
+from guardfl import inspect_columns
 from guardfl.errors import ConfigError, MaliciousModelError
 from guardfl.inspect_rows import PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, parallel_rows
 
@@ -172,7 +180,8 @@ EXACT_SVD_COST = 2**32
 CHUNK_ELEMENTS = 2**22
 #: the checks ``inspect_model`` runs, by the ``Inspection.checks`` key each reports under (the batch checks with
 #: ``batch``; the opt-in ``disaggregation`` is not listed): one list for whoever states what was examined
-CHECKS = ("architecture", "imprint", "parallel_rows", "class_fishing", "gradient_concentration", "isolation")
+CHECKS = ("architecture", "imprint", "parallel_rows", "class_fishing", "gradient_concentration", "isolation",
+          "shared_columns")
 #: integer and bool weights are examined as float64 (a layer loaded from them computes with their values)
 _INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                    *(getattr(torch, f"uint{n}") for n in (16, 32, 64) if hasattr(torch, f"uint{n}")))
@@ -1008,8 +1017,10 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
                            f"gradient into the classification layer's input (> {CONCENTRATION_SHARE:.0%}) of a batch of "
                            f"{x.shape[0]} with {labels} labels")
     base = _baseline_isolation(baseline, x, y, train=mode.startswith("train")) if baseline is not None else None
-    layer_reasons, checks["isolation"], per_layer = _layer_gradients(ran, raw_logits, y, labels, base)
+    layer_reasons, checks["isolation"], per_layer, reading_hidden = _layer_gradients(ran, raw_logits, y, labels, base, inputs)
     reasons += layer_reasons
+    column_reasons, checks["shared_columns"] = inspect_columns.check(reading_hidden)
+    reasons += column_reasons
     checks["gradient_concentration"]["layers"] = per_layer
     if disaggregation:
         dsnr_reasons, checks["disaggregation"] = _disaggregation(module, x, y)
@@ -1087,32 +1098,35 @@ def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor, train: bool =
              if isinstance(m, nn.Linear) and isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == x.shape[0]]
     if not heads:
         return None
-    _, isolation, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None)
+    _, isolation, _, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None, inputs)
     return {name: layer["isolated"] for name, layer in isolation.get("layers", {}).items()}
 
 
-def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int,
-                     baseline: dict[str, int] | None) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict[str, int] | None,
+                     inputs: Tensor) -> tuple[list[str], dict[str, Any], dict[str, Any], list[tuple[str, Tensor, Tensor]]]:
     """Isolation and per-layer gradient concentration: the batch's summed cross-entropy differentiated
     with respect to every ``nn.Linear`` layer's output (one row per sample), which gives each sample's
     coefficients ``delta`` in that layer's weight gradient ``sum_n delta_n a_n^T``. ``baseline``: the
     samples the client's own model isolates per layer (the received model is judged on its excess over
-    them); None: the counts are reported, not judged."""
+    them); None: the counts are reported, not judged. Also ``(name, delta, weight)`` of every linear layer
+    that reads hidden units (its input is not the model's ``inputs``), for the shared-columns check."""
     n = logits.shape[0]
-    layers = [(name, out, a) for name, _, out, a in ran
+    layers = [(name, out, a, m) for name, m, out, a in ran
               if isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == n and out.requires_grad]
     if not layers or not logits.requires_grad:
         why = "the model's linear layers do not depend on anything differentiable (no float input, no trainable weight)"
-        return [], {"skipped": why}, {}
+        return [], {"skipped": why}, {}, []
     loss = torch.nn.functional.cross_entropy(logits.double(), y.to(logits.device), reduction="sum")
-    grads = torch.autograd.grad(loss, [out for _, out, _ in layers], allow_unused=True)
+    grads = torch.autograd.grad(loss, [out for _, out, _, _ in layers], allow_unused=True)
     reasons: list[str] = []
     isolation: dict[str, Any] = {"layers": {}, "not_examined": []}
     per_layer: dict[str, Any] = {}
     judged = n >= CONCENTRATION_MIN_BATCH and labels >= 2
-    worst = 0
-    for (name, out, a), g in zip(layers, grads):
+    worst, reading_hidden = 0, []
+    for (name, out, a, m), g in zip(layers, grads):
         delta = torch.zeros_like(out, dtype=torch.float64) if g is None else g.detach().double().cpu()
+        if isinstance(m, nn.Linear) and a is not None and not _reads_input(a, inputs):
+            reading_hidden.append((name, delta, m.weight))
         if delta.shape[1] > ISOLATION_MAX_UNITS:
             isolation["not_examined"].append(f"{name} ({delta.shape[1]} units > {ISOLATION_MAX_UNITS})")
         else:
@@ -1147,7 +1161,14 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int,
         isolation["rule"], isolation["baseline"] = "excess over the client's own model", baseline
     if not isolation["not_examined"]:
         del isolation["not_examined"]
-    return reasons, isolation, per_layer
+    return reasons, isolation, per_layer, reading_hidden
+
+
+def _reads_input(a: Tensor, inputs: Tensor) -> bool:
+    """Whether a linear layer's input ``a`` is the model's input (flattened or not): its columns are then
+    pixels or features of the data, not units of the model."""
+    return a.shape[0] == inputs.shape[0] and a.numel() == inputs.numel() and bool(torch.equal(
+        a.detach().reshape(a.shape[0], -1).to(inputs.device, inputs.dtype), inputs.detach().reshape(inputs.shape[0], -1)))
 
 
 __all__ = [

@@ -76,13 +76,14 @@ def cifar_like(n=32, seed=0):
     return torch.rand(n, 3, 32, 32, generator=g), torch.arange(n) % 10
 
 
-def trapped(model, rows=None, chains=2, seed=0, disguised=True):
+def trapped(model, rows=None, chains=2, seed=0, disguised=True, column_noise=0.0):
     """Trap weights in ``model``; ``disguised``: each chain row with a part the inputs barely see (the red
-    team's answer to the near-parallel-rows check, ``trap_weights disguise``)."""
+    team's answer to the near-parallel-rows check, ``trap_weights disguise``); ``column_noise``: the chain's
+    shared classifier column varied per row (its answer to the shared-columns check)."""
     layers = trap_layers(model, (3, 32, 32))
     x, _ = cifar_like(512, seed=99)
     gen = torch.Generator().manual_seed(seed)
-    trap = craft(model, layers, (3, 32, 32), x, chains, 0.0, (0.0, 1.0), gen, rows, 32)
+    trap = craft(model, layers, (3, 32, 32), x, chains, column_noise, (0.0, 1.0), gen, rows, 32)
     if disguised:
         disguise(trap.rows(), auto_rho(), (3, 32, 32), x, gen)
     return trap.sent
@@ -125,11 +126,14 @@ def test_uncentred_inputs_isolate_samples_in_an_honest_mlp_and_that_is_no_reason
 
 def test_a_small_trap_stays_under_the_check_that_counts_against_the_honest_model():
     """The construction that adapts to the isolation check (a handful of trapped rows): it passes, which
-    is why the red team runs it (configs/malicious-adaptive-inspect.yaml does not certify)."""
+    is why the red team runs it (configs/malicious-adaptive-inspect.yaml does not certify). Its rows share
+    one classifier column, which the shared-columns check refuses; with that column varied per row
+    (``column_noise``) it passes every check."""
     torch.manual_seed(0)
     honest = FC2()
-    result = inspect_model(trapped(honest, rows=3, chains=1).state_dict(), honest, batch=cifar_like())
-    assert result.ok
+    shared = inspect_model(trapped(honest, rows=3, chains=1).state_dict(), honest, batch=cifar_like())
+    assert [r.split(":")[0] for r in shared.reasons] == ["shared columns"]
+    assert inspect_model(trapped(honest, rows=3, chains=1, column_noise=0.1).state_dict(), honest, batch=cifar_like()).ok
 
 
 @pytest.mark.parametrize("units", [8, 64])

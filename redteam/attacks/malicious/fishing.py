@@ -46,6 +46,7 @@ from torch import nn
 from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import get, register
+from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch
 from guardfl.redteam.client.simulate import ClientQuery, Observation, SideKnowledge
 from guardfl.redteam.threat import ThreatModel
@@ -65,12 +66,17 @@ def classifier(model: nn.Module, num_classes: int) -> tuple[str, nn.Linear] | No
 #: bias-gap threshold): an adaptive server that has read ``guardfl/inspect.py``
 DISGUISE_SCALE = 3e-3
 DISGUISE_GAP = 20.0
+#: the other rows' scales tried in turn against a client that inspects with a batch: the least that passes
+#: its shared-columns check (at 3e-3 every feature's gradient runs through the target class alone, so every
+#: unit's coefficient per sample is parallel to every other's; ``evade_columns``)
+DISGUISE_SCALES = (3e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3)
 
 
-def fishing_model(model: nn.Module, num_classes: int, target: int, beta: float, disguise: bool = False) -> nn.Module:
+def fishing_model(model: nn.Module, num_classes: int, target: int, beta: float, disguise: bool = False,
+                  scale: float = DISGUISE_SCALE) -> nn.Module:
     """The class-fishing model: ``model`` with its classifier's rows other than ``target`` zeroed and the
     target's bias at ``-beta`` (see the module docstring). ``disguise``: the other rows scaled by
-    ``DISGUISE_SCALE`` instead of zeroed and the biases ``DISGUISE_GAP`` apart (target ``-gap/2``, the
+    ``scale`` instead of zeroed and the biases ``DISGUISE_GAP`` apart (target ``-gap/2``, the
     others ``+gap/2``), so that no zeroed row and no bias gap shows; the other classes' samples then send a
     small share of the gradient too."""
     sent = copy.deepcopy(model)
@@ -78,7 +84,7 @@ def fishing_model(model: nn.Module, num_classes: int, target: int, beta: float, 
     with torch.no_grad():
         keep = layer.weight[target].clone()
         if disguise:
-            layer.weight.mul_(DISGUISE_SCALE)
+            layer.weight.mul_(scale)
         else:
             layer.weight.zero_()
         layer.weight[target] = keep
@@ -241,11 +247,13 @@ class Fishing(ServerAttack):
         if fished is not None and not isinstance(fished, str):
             view, sent, info = fished
         else:  # class fishing (also the fallback when feature fishing could not isolate one sample)
-            sent = fishing_model(setting.model, setting.num_classes, target, c.beta, c.disguise)
+            sent, scale = self._class_model(client, setting, threat, target)
             observation = client(sent)  # query 1
             view = isolated_view(observation, layer_name, target, m)
             info = {"strategy": ("disguised " if c.disguise else "") + ("class fishing" if m == 1 else
                                                                        f"class fishing on the class's {m} samples jointly")}
+            if scale:
+                info["other_rows_scale"] = scale
             if isinstance(fished, str):
                 info["feature_fishing"] = fished
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
@@ -258,6 +266,22 @@ class Fishing(ServerAttack):
         return Reconstruction(images, out_labels, found.objective, found.restart_objectives, {
             "target_class": target, "target_samples": int(counts[target]), "labels": "known", **info,
             "client_mode": "train" if setting.train_mode else "eval", "malicious_model": sent})
+
+    def _class_model(self, client: ClientQuery, setting: Setting, threat: ThreatModel, target: int) -> tuple[nn.Module, str]:
+        """The class-fishing model, and (disguised) the certificate's line on the other rows' scale: against
+        a client that inspects, the least of ``DISGUISE_SCALES`` that passes its shared-columns check on the
+        server's own batch (``evade_columns``)."""
+        c = self.config
+        build = lambda scale: fishing_model(setting.model, setting.num_classes, target, c.beta, c.disguise, scale)  # noqa: E731
+        if not c.disguise:
+            return build(DISGUISE_SCALE), ""
+        if not getattr(client, "inspect", False):
+            return build(DISGUISE_SCALE), f"{DISGUISE_SCALE:g} (the client does not inspect)"
+        aux = threat.aux
+        x, y, what = calibration_batch(None if aux is None else aux.images, None if aux is None else aux.labels,
+                                       setting.num_samples, setting.num_classes, setting.input_shape, setting.input_range)
+        sent, _, line = least_passing(build, lambda model: model, DISGUISE_SCALES, None, x, y, what)
+        return sent, line
 
     def _feature_fish(self, client: ClientQuery, setting: Setting, layer_name: str, target: int, m: int,
                       feature: int) -> tuple[Observation, nn.Module, dict] | str:

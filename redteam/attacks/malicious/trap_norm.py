@@ -30,6 +30,9 @@ import math
 import torch
 from torch import Tensor
 
+from guardfl.redteam.attacks.malicious.robbing_the_fed import candidates
+from guardfl.redteam.attacks.malicious.trap_chain import Trap
+
 
 def standardised(aux: Tensor | None, m: Tensor) -> Tensor | None:
     """The attacker's measurements ``<m, x>`` on its auxiliary images, standardised as BatchNorm does
@@ -83,3 +86,21 @@ def bins(weight: Tensor, gamma_update: Tensor, beta_update: Tensor, alpha: Tenso
     t = dgam / safe
     images = dg / safe[:, None] + xbar[None, :] + t[:, None] * t_term[None, :]
     return images, db
+
+
+def recover_through_norm(update: dict[str, Tensor], trap: Trap, eps: float, aux: Tensor | None, samples: int,
+                         input_shape: tuple[int, ...], input_range: tuple[float, float], min_mass: float,
+                         top_row: bool = True) -> tuple[Tensor, int]:
+    """``trap_weights.recover`` for a trap behind a BatchNorm (``bins``: BatchNorm's coupling undone, the two
+    batch-wide terms estimated on ``aux``)."""
+    d = math.prod(input_shape)
+    images, masses = [], []
+    for rows, (m, alpha, gamma) in zip(trap.chains, trap.norm_chains):
+        xbar, t_term, var_s = batch_terms(aux, m, input_range, d)
+        image, mass = bins(update[trap.weight][rows], update[f"{trap.norm}.weight"][rows],
+                           update[f"{trap.norm}.bias"][rows], alpha, gamma, eps, xbar, t_term, var_s)
+        cut = None if top_row else -1
+        images.append(image[:cut])
+        masses.append(mass[:cut])
+    mass = torch.cat(masses)
+    return candidates(torch.cat(images) * mass[:, None], mass, input_shape, samples, input_range, min_mass)

@@ -245,3 +245,14 @@ def craft_layer_norm(model: nn.Module, layers, aux: Tensor | None, chains: int, 
         norm.weight[constants], norm.bias[constants] = 0.5 / math.sqrt(units), -1.0
     return Trap(sent, chain_rows, f"{layers.first_name}.weight", f"{layers.first_name}.bias", layers.norm_name,
                 None, torch.ones(units, dtype=torch.float64))
+
+
+def through(norm: nn.Module, name: str, aux: bool) -> str:
+    """The certificate's line on the normalisation the trap went through."""
+    if isinstance(norm, nn.GroupNorm):
+        return f"GroupNorm '{name}' (one measuring channel per group, the others spread constants; cut-offs in its affine bias)"
+    if isinstance(norm, nn.LayerNorm):
+        return (f"LayerNorm '{name}' (one unit in {LAYER_CONSTANTS} a spread constant; a chain's units normalise one "
+                "measurement and share one weight, which undoes the normalisation; cut-offs in its bias)")
+    return (f"BatchNorm1d '{name}' (cut-offs in its affine parameters; batch terms estimated "
+            + ("on aux)" if aux else "for uniform pixels)"))

@@ -24,8 +24,8 @@ too, below; elsewhere: not applicable, with the reason):
   same coefficient ``D_n = v_c . (p_n - y_n)`` for sample n: the difference of two adjacent rows' updates
   (in cut-off order) is ``sum D_n x_n`` over the samples in that bin, and its bias's ``sum D_n``; a
   sample alone in its bin comes back exactly as their ratio (Fowl et al., Eq. 3-4).
-- ``column_noise``: relative noise on each shared column (an attacker trading exactness for room under a
-  check's tolerance; 0 by default).
+- ``column_noise``: relative noise on each row's share of the column, against the shared-columns check
+  (``auto``: calibrated on the aux data against an inspecting client, ``evade_columns``; else 0). Ours.
 - ``rows``: a small trap: only ``rows`` rows per chain, cut at the top of the measurement (a bin per
   sample on average), the rest of the layer honest. It reads a few samples exactly and stays under a
   check that counts isolated samples against what the honest model isolates (``inspect_model``'s
@@ -121,8 +121,10 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
+from guardfl.redteam.attacks.malicious.trap_norm import recover_through_norm
 from guardfl.redteam.attacks.malicious.trap_chain import Trap, auto_rho, chain_draw, columns, disguise, equal_rows
-from guardfl.redteam.attacks.malicious.trap_per_sample import LAYER_CONSTANTS, craft_grouped, craft_layer_norm
+from guardfl.redteam.attacks.malicious.trap_per_sample import craft_grouped, craft_layer_norm, through
+from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
@@ -264,27 +266,12 @@ def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, in
                       input_range, min_mass)
 
 
-def recover_through_norm(update: dict[str, Tensor], trap: Trap, eps: float, aux: Tensor | None, samples: int,
-                         input_shape: tuple[int, ...], input_range: tuple[float, float], min_mass: float,
-                         top_row: bool = True) -> tuple[Tensor, int]:
-    """``recover`` for a trap behind a BatchNorm (``trap_norm.bins``: BatchNorm's coupling undone, the two
-    batch-wide terms estimated on ``aux``)."""
-    d = math.prod(input_shape)
-    images, masses = [], []
-    for rows, (m, alpha, gamma) in zip(trap.chains, trap.norm_chains):
-        xbar, t_term, var_s = trap_norm.batch_terms(aux, m, input_range, d)
-        image, mass = trap_norm.bins(update[trap.weight][rows], update[f"{trap.norm}.weight"][rows],
-                                     update[f"{trap.norm}.bias"][rows], alpha, gamma, eps, xbar, t_term, var_s)
-        cut = None if top_row else -1
-        images.append(image[:cut])
-        masses.append(mass[:cut])
-    mass = torch.cat(masses)
-    return candidates(torch.cat(images) * mass[:, None], mass, input_shape, samples, input_range, min_mass)
-
-
 class TrapWeightsConfig(AttackConfig):
     chains: int = Field(default=2, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
-    column_noise: float = Field(default=0.0, ge=0, le=1, json_schema_extra={"allowed": "in [0, 1]"})
+    #: relative noise on each row's share of its chain's classifier column; "auto": against an inspecting
+    #: client the least that passes its shared-columns check on the attacker's auxiliary data
+    #: (``evade_columns.least_passing``), else 0
+    column_noise: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [0, 1]"})
     #: rows per chain, cut at the top of the measurement (one sample per bin on average), the rest of the
     #: layer left honest: a small trap that reads a few samples and stays under a check that counts
     #: isolated samples against the honest model's; null: the whole layer; "auto": ``trap_size.AUTO_ROWS``,
@@ -319,10 +306,10 @@ class TrapWeightsConfig(AttackConfig):
             raise ValueError(f"expected null, 'auto' or an integer in [1, 65536] (got {value!r})")
         return value
 
-    @field_validator("boost", "disguise", mode="before")
+    @field_validator("boost", "disguise", "column_noise", mode="before")
     @classmethod
     def _auto_or_number(cls, value, info):
-        low, high = (1, 1e6) if info.field_name == "boost" else (0, 4)
+        low, high = {"boost": (1, 1e6), "disguise": (0, 4), "column_noise": (0, 1)}[info.field_name]
         if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high):
             raise ValueError(f"expected 'auto' or a number in [{low:g}, {high:g}] (got {value!r})")
         return value
@@ -335,15 +322,8 @@ class TrapWeightsConfig(AttackConfig):
         return self
 
 
-def _through(norm: nn.Module, name: str, aux: bool) -> str:
-    """The certificate's line on the normalisation the trap went through."""
-    if isinstance(norm, nn.GroupNorm):
-        return f"GroupNorm '{name}' (one measuring channel per group, the others spread constants; cut-offs in its affine bias)"
-    if isinstance(norm, nn.LayerNorm):
-        return (f"LayerNorm '{name}' (one unit in {LAYER_CONSTANTS} a spread constant; a chain's units normalise one "
-                "measurement and share one weight, which undoes the normalisation; cut-offs in its bias)")
-    return (f"BatchNorm1d '{name}' (cut-offs in its affine parameters; batch terms estimated "
-            + ("on aux)" if aux else "for uniform pixels)"))
+#: relative column noise levels ``column_noise: auto`` tries in turn against an inspecting client
+COLUMN_NOISE_LEVELS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)
 
 
 @register
@@ -365,6 +345,21 @@ class TrapWeights(ServerAttack):
         if found.first.out_features // 2 < 2:
             return f"the first linear layer has {found.first.out_features} units: too few for chains of bins"
         return None
+
+    def _crafted(self, build, client: ClientQuery, threat: ThreatModel, gen: torch.Generator, rows: int | None,
+                 n: int, classes: int, shape: tuple[int, ...], input_range: tuple[float, float]) -> tuple[Trap, str]:
+        """The trap ``build(column_noise)`` and the certificate's line on its noise: ``column_noise: auto``
+        calibrates it against an inspecting client's shared-columns check (``evade_columns``)."""
+        noise = self.config.column_noise
+        if noise != "auto":
+            return build(float(noise)), f"{noise:g}"
+        if not getattr(client, "inspect", False) or rows == 1:
+            return build(0.0), "0 (auto: " + ("single rows share no column)" if rows == 1 else "the client does not inspect)")
+        aux = threat.aux
+        x, y, what = calibration_batch(None if aux is None else aux.images, None if aux is None else aux.labels, n, classes,
+                                       shape, input_range)
+        trap, _, line = least_passing(build, lambda t: t.sent, COLUMN_NOISE_LEVELS, gen, x, y, what)
+        return trap, line
 
     def _rows(self, setting: Setting, layers: TrapLayers, chains: int, known: bool) -> tuple[int, int | None, str]:
         """Chains, rows per chain (None: the whole layer) and the certificate's line on the rows: ``rows:
@@ -389,10 +384,17 @@ class TrapWeights(ServerAttack):
         equal = c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg")
         outpost = known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config))
         chains, rows, rows_line = self._rows(setting, layers, chains, known)
-        trap = craft(setting.model, layers, shape, aux, chains, c.column_noise, setting.input_range, gen, rows, n,
-                     boost, c.cuts, equal, outpost)
         rho = (auto_rho() if rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
-        disguised = disguise(trap.rows(), rho, shape, aux, gen)
+        disguised = []
+
+        def build(noise: float) -> Trap:  # the model sent, disguised: what the column noise is calibrated on
+            made = craft(setting.model, layers, shape, aux, chains, noise, setting.input_range, gen, rows, n, boost, c.cuts,
+                         equal, outpost)
+            disguised[:] = [disguise(made.rows(), rho, shape, aux, gen)]
+            return made
+
+        trap, noise = self._crafted(build, client, threat, gen, rows, n, setting.num_classes, shape, setting.input_range)
+        disguised = disguised[0]
         observation = client(trap.sent)
         top_row = rows is None or c.cuts == "top"
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
@@ -404,12 +406,12 @@ class TrapWeights(ServerAttack):
             images, found = recover_through_norm(observation.update, trap, layers.norm.eps, aux, n, shape,
                                                  setting.input_range, c.min_mass, top_row=top_row)
         labels, source = server_labels(observation, setting, threat)
-        extra = {} if trap.norm is None else {"through": _through(layers.norm, trap.norm, aux is not None)}
+        extra = {} if trap.norm is None else {"through": through(layers.norm, trap.norm, aux is not None)}
         if outpost and isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
             extra["constants"] = "in the weights (adapted to Outpost's noise, which scales with each layer's variance)"
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
-            "layer": trap.weight.removesuffix(".weight"), "column_noise": c.column_noise, "rows": rows_line, "boost": boost, "cuts": c.cuts if rows else "quantiles",
+            "layer": trap.weight.removesuffix(".weight"), "column_noise": noise, "rows": rows_line, "boost": boost, "cuts": c.cuts if rows else "quantiles",
             "disguised": f"{disguised} rows, rho {rho:.3g}" if disguised else "none",
             "scales": "equal" if equal or isinstance(layers.norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})

@@ -126,3 +126,24 @@ def test_feature_fishing_end_to_end_and_its_query_budget(faces):
     rec = get("fishing", seed=0, iterations=1, strategy="feature", max_queries=4).interrogate(
         ClientQuery(x, y, None, FedSGD()), setting, threat)
     assert "class fishing" in rec.info["strategy"] and "max_queries=4" in rec.info["feature_fishing"]
+
+
+def test_disguised_fishing_adapts_its_other_rows_to_the_shared_columns_check(faces):
+    """At ``DISGUISE_SCALE`` (3e-3) every feature's gradient runs through the target class alone, so every unit's
+    coefficient per sample is parallel to every other's: the shared-columns check refuses it on the client's
+    batch. Against an inspecting client the disguise takes the least scale that passes the check on the
+    server's own batch (no auxiliary data here: uniform noise with the classes in turn), and is sent."""
+    from guardfl.inspect import inspect_model
+    from guardfl.redteam.attacks.malicious.fishing import DISGUISE_SCALE, DISGUISE_SCALES
+
+    torch.manual_seed(0)
+    model = LeNetZhu((1, 25, 25), 10)
+    x, y = faces[:32], torch.arange(32) % 10
+    found = inspect_model(fishing_model(model, 10, 5, 0.0, disguise=True, scale=DISGUISE_SCALE), model, batch=(x, y))
+    assert [r.split(":")[0] for r in found.reasons] == ["shared columns"]
+    setting = Setting(model, FedSGD(), 32, (1, 25, 25), 10, (0.0, 1.0), None)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
+    rec = get("fishing", seed=0, strategy="class", disguise=True, iterations=2, restarts=1).interrogate(
+        client, setting, ThreatModel(server="malicious", labels="known"))
+    assert "refused" not in rec.info and rec.info["other_rows_scale"].endswith("uniform noise inputs (no auxiliary data))")
+    assert float(rec.info["other_rows_scale"].split()[0]) in DISGUISE_SCALES[1:]

@@ -67,9 +67,12 @@ def test_an_inspecting_client_refuses_the_whole_layer_trap_and_sends_nothing():
     model, setting, threat = setup()
     x, y = batch()
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
-    rec = get("trap_weights", seed=0).interrogate(client, setting, threat)
+    rec = get("trap_weights", seed=0, column_noise=0).interrogate(client, setting, threat)
     assert rec.info["refused"].startswith("parallel rows:") and "isolation:" in rec.info["refused"]
-    assert rec.info["refused_queries"] == 1
+    assert "shared columns:" in rec.info["refused"] and rec.info["refused_queries"] == 1
+    # calibrated against the shared-columns check, the columns' noise also breaks the cancellations the
+    # isolation check counts; the chains' rows still repeat one direction
+    assert get("trap_weights", seed=0).interrogate(client, setting, threat).info["refused"].startswith("parallel rows:")
     assert exact(rec, x) == 0 and torch.allclose(rec.inputs, torch.full_like(rec.inputs, 0.5))
 
 
@@ -245,10 +248,11 @@ def test_the_trap_through_batchnorm_passes_the_linear_layer_checks_and_the_norma
     layers = found.checks["isolation"]["layers"]
     assert layers["net.1"]["isolated"] == 0 and found.checks["disaggregation"]["max"] < 2
     assert layers["net.1 -> net.2"]["isolated"] >= 16 and not found.ok
-    batch_reasons = [r for r in found.reasons if not r.startswith("parallel rows: layer 'net.1'")]  # a chain's rows
+    batch_reasons = [r for r in found.reasons  # a chain's rows, and its one classifier column
+                     if not r.startswith(("parallel rows: layer 'net.1'", "shared columns: layer 'net.4'"))]
     assert batch_reasons and all(r.startswith("isolation: layer 'net.1 -> net.2'") for r in batch_reasons)
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=bn)
-    disguised = get("trap_weights", seed=0, disguise=0.15)
+    disguised = get("trap_weights", seed=0, disguise=0.15, column_noise=0)
     assert "isolation: layer 'net.1 -> net.2'" in disguised.interrogate(client, setting, threat).info["refused"]
 
 
@@ -379,7 +383,8 @@ def test_through_layernorm_the_whole_layer_is_refused_and_a_small_trap_passes_an
     assert rec.info["through"].startswith("LayerNorm 'net.2'") and exact(rec, x) >= 10
     found = inspect_model(rec.info["malicious_model"], ln, batch=(x, y), disaggregation=True)
     assert found.checks["isolation"]["layers"]["net.1"]["isolated"] == 0 and found.checks["disaggregation"]["max"] < 2
-    batch_reasons = [r for r in found.reasons if not r.startswith("parallel rows: layer 'net.1'")]  # a chain's rows
+    batch_reasons = [r for r in found.reasons  # a chain's rows, and its one classifier column
+                     if not r.startswith(("parallel rows: layer 'net.1'", "shared columns: layer 'net.4'"))]
     assert not found.ok and batch_reasons and all(r.startswith("isolation: layer 'net.1 -> net.2'") for r in batch_reasons)
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=ln)
     recs = [get("trap_weights", seed=s, chains=1, rows=3).interrogate(client, setting, threat) for s in range(3)]
@@ -486,3 +491,32 @@ def test_single_rows_pass_the_inspection_and_read_faces_without_any_disguise():
     assert "refused" not in rec.info and rec.info["disguised"] == "none" and exact(rec, x) >= 1
     sent = rec.info["malicious_model"].state_dict()["net.1.weight"]
     assert int((sent == model.state_dict()["net.1.weight"]).all(dim=1).sum()) == 256 - 8
+
+
+# -- against the shared-columns check: column_noise auto ------------------------------------------------------------
+def test_an_inspecting_client_refuses_a_chain_with_one_column_and_auto_noise_passes_and_reads_faces():
+    """A chain's rows share one classifier column, so every row gets one coefficient per sample: the
+    shared-columns check refuses it on the client's batch. ``column_noise: auto`` tries noise levels on the
+    attacker's own auxiliary faces with guardfl's check, sends the first that passes with margin, and the
+    trap still reads faces exactly (64 LFW faces, FC-2, 8 rows at the top)."""
+    from guardfl.redteam.attacks.malicious.trap_weights import COLUMN_NOISE_LEVELS as NOISE_STEPS
+    from guardfl.redteam.modality.image.models import FC2
+
+    x, y, model, setting, threat, _ = lfw_client(FC2, FedSGD())
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
+    shared = get("trap_weights", seed=0, chains=1, rows=8, column_noise=0).interrogate(client, setting, threat)
+    assert shared.info["refused"].startswith("shared columns: layer 'net.3' gives 8 of its 256 input units")
+    auto = get("trap_weights", seed=0, chains=1, rows=8).interrogate(client, setting, threat)
+    assert "refused" not in auto.info and exact(auto, x) >= 1
+    noise = float(auto.info["column_noise"].split()[0])
+    assert noise in NOISE_STEPS and "auxiliary samples" in auto.info["column_noise"]
+    blind = get("trap_weights", seed=0, chains=1, rows=8).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    single = get("trap_weights", seed=0, chains=8, rows=1).interrogate(client, setting, threat)
+    assert blind.info["column_noise"].startswith("0 (auto: the client does not inspect")
+    assert single.info["column_noise"].startswith("0 (auto: single rows share no column")
+
+
+def test_column_noise_bad_values_are_one_line():
+    for bad in (-0.1, 2, "some", True):
+        with pytest.raises(ValueError, match=r"column_noise: expected 'auto' or a number in \[0, 1\]"):
+            get("trap_weights", column_noise=bad)
