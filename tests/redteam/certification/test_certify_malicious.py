@@ -82,21 +82,22 @@ def test_bad_threat_server_is_one_line(tmp_path, capsys, threat, expect):
 def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(tmp_path):
     """configs/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
     fishing and the whole-layer trap (nothing sent: no leak, the reasons on record; the trap's chains are
-    near-parallel rows, and it isolates most of the batch); the small trap built against the isolation
-    check (its rows disguised against the near-parallel-rows check), the single-row trap and the disguised
-    fishing pass it and leak without a defense (the boosted 2-row trap is refused on this batch: isolation);
-    DP-SGD holds."""
+    near-parallel rows); the small trap built against the isolation
+    check (its rows disguised against the near-parallel-rows check, its chain's column varied against the
+    shared-columns check), the single-row trap, the boosted 2-row trap and the disguised fishing (its other
+    rows scaled to pass the shared-columns check) pass it and leak without a defense; DP-SGD holds."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
     assert inspecting.status == "NOT CERTIFIED"
     page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
-    assert "4 of 7 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 4
+    assert "3 of 7 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
     for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "parallel rows:"),
-                        (("trap_weights", 2, False), "isolation:"), (("fishing", None, False), "class fishing:")):
+                        (("fishing", None, False), "class fishing:")):
         assert by[key]["info"]["refused"].startswith(reason) and by[key]["recovered"]["above_max_ssim"] == 0
-    assert "isolation:" in by[("trap_weights", None, False)]["info"]["refused"]
-    for key in (("trap_weights", 8, False), ("trap_weights", 1, False), ("fishing", None, True)):
+    for key in (("trap_weights", 8, False), ("trap_weights", 1, False), ("trap_weights", 2, False), ("fishing", None, True)):
         assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
+    assert by[("trap_weights", 8, False)]["info"]["column_noise"].startswith("0.0")  # calibrated: 0.02-0.05
+    assert by[("fishing", None, True)]["info"]["other_rows_scale"].endswith("auxiliary samples)")
     assert by[("trap_weights", 8, False)]["info"]["disguised"].startswith("8 rows")
     assert by[("trap_weights", 1, False)]["info"]["disguised"] == "none"  # one row per measurement: nothing to disguise
     assert max(by[key]["recovered"]["above_max_ssim"] for key in (("trap_weights", 8, False), ("fishing", None, True))) > 0
@@ -107,15 +108,18 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
 
 def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_and_a_small_one_leaks():
     """configs/malicious-adaptive-bn.yaml: FC-2 with BatchNorm1d, the trap's cut-offs in BatchNorm's affine
-    parameters. The whole-layer and 8-row traps are refused at BatchNorm's output (isolation 'net.1 ->
-    net.2'); the 3-row trap passes and reads a face: the config does not certify."""
+    parameters. The whole-layer trap is refused (its chains repeat one direction); the small traps pass, and
+    their chains' column noise against the shared-columns check also takes the 8-row trap under the isolation
+    check at BatchNorm's output (refused there before that check existed), which reads faces exactly: the
+    config does not certify (docs/malicious-server.md section 9)."""
     result = certify(str(CONFIGS / "malicious-adaptive-bn.yaml"))
     assert result.status == "NOT CERTIFIED"
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("cuts")): r for r in result.results}
-    for key in (("trap_weights", None, None), ("trap_weights", 8, None)):
-        assert "isolation: layer 'net.1 -> net.2'" in by[key]["info"]["refused"]
-    small = by[("trap_weights", 3, None)]
-    assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
+    assert by[("trap_weights", None, None)]["info"]["refused"].startswith("parallel rows:")
+    for rows in (8, 3):
+        small = by[("trap_weights", rows, None)]
+        assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
+    assert by[("trap_weights", 8, None)]["recovered"]["exact"] >= 1
 
 
 def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_traps_that_pass():
@@ -132,12 +136,12 @@ def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_t
 
 def test_behind_layernorm_the_small_traps_pass_and_read_faces_exactly_and_dp_sgd_holds():
     """configs/malicious-adaptive-ln*.yaml: FC-2 with LayerNorm, the traps through it exact (spread constants,
-    one LayerNorm weight per chain). The whole-layer trap is refused at LayerNorm's output; the small traps
+    one LayerNorm weight per chain). The whole-layer trap is refused (its chains' rows); the small traps
     pass and read a face exactly without a defense; DP-SGD holds against them."""
     result = certify(str(CONFIGS / "malicious-adaptive-ln.yaml"))
     assert result.status == "NOT CERTIFIED"
     by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
-    assert "isolation: layer 'net.1 -> net.2'" in by[("trap_weights", None)]["info"]["refused"]
+    assert by[("trap_weights", None)]["info"]["refused"].startswith("parallel rows:")
     small = by[("trap_weights", 3)]
     assert small["info"].get("refused") is None and small["info"]["through"].startswith("LayerNorm 'net.2'")
     assert small["recovered"]["above_max_ssim"] > 0
@@ -180,8 +184,9 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     by = {(r["attack"], r["budget"].get("cuts", "top")): r for r in cert["results"]}
     assert by[("robbing_the_fed", "top")]["info"]["refused"].startswith("architecture:")
     assert "disaggregation:" in by[("trap_weights", "top")]["info"]["refused"]
-    middle = by[("trap_weights", "middle")]
-    assert "refused" not in middle["info"] and middle["recovered"]["exact"] >= 1
+    middle = by[("trap_weights", "middle")]  # its column noise (against shared columns) costs a little: SSIM 0.945
+    assert "refused" not in middle["info"] and middle["recovered"]["above_max_ssim"] >= 1
+    assert max(p["ssim"] for p in middle["metrics"]["per_image"]) > 0.9
     assert "disaggregation" in (tmp_path / "report.html").read_text()
 
 
