@@ -104,4 +104,6 @@ def check(layers: list[tuple[str, Tensor, Tensor]]) -> tuple[list[str], dict[str
                            "trap's bins read single samples")
     if skipped:
         found["not_examined"] = skipped
+    if not layers:
+        found["skipped"] = "no nn.Linear layer that reads hidden units ran on the batch (nothing to compare)"
     return reasons, found
