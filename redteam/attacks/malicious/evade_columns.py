@@ -24,6 +24,8 @@ from torch import Tensor, nn
 
 from guardfl.inspect import inspect_model
 from guardfl.inspect_columns import COLUMN_COS
+from guardfl.redteam.attacks.setting import Setting
+from guardfl.redteam.auxdata import AuxData
 
 #: the calibration batch's largest cosine must sit this many times the check's distance below 1
 MARGIN = 2.0
@@ -37,17 +39,18 @@ def column_cos(model: nn.Module, x: Tensor, y: Tensor) -> float:
     return float(inspect_model(model, batch=(x, y)).checks.get("shared_columns", {}).get("max_cos", 0.0))
 
 
-def calibration_batch(aux_x: Tensor | None, aux_y: Tensor | None, batch: int, classes: int,
-                      input_shape: Sequence[int], input_range: tuple[float, float]) -> tuple[Tensor, Tensor, str]:
-    """The batch the server runs the check on (see the module docstring) and what it is, in words."""
-    if aux_x is not None and aux_y is not None and len(aux_x) >= 2:
-        x, y = aux_x[:batch], aux_y[:batch].long()
+def calibration_batch(aux: AuxData | None, setting: Setting) -> tuple[Tensor, Tensor, str]:
+    """The batch, as large as the client's, that the server runs the check on (see the module docstring) and
+    what it is, in words."""
+    batch, classes = setting.num_samples, setting.num_classes
+    if aux is not None and len(aux.images) >= 2:
+        x, y = aux.images[:batch], aux.labels[:batch].long()
         if int(y.unique().numel()) >= max(2, classes // 2) and int(y.max()) < classes:
             return x, y, f"{len(x)} auxiliary samples"
         return x, torch.arange(len(x)) % classes, f"{len(x)} auxiliary samples, the classes in turn"
     g = torch.Generator().manual_seed(0)  # the server's own fixed draw, not the attack's randomness
-    lo, hi = input_range
-    x = torch.rand(batch, *input_shape, generator=g) * (hi - lo) + lo
+    lo, hi = setting.input_range
+    x = torch.rand(batch, *setting.input_shape, generator=g) * (hi - lo) + lo
     return x, torch.arange(batch) % classes, f"{batch} uniform noise inputs (no auxiliary data)"
 
 

@@ -277,9 +277,7 @@ class Fishing(ServerAttack):
             return build(DISGUISE_SCALE), ""
         if not getattr(client, "inspect", False):
             return build(DISGUISE_SCALE), f"{DISGUISE_SCALE:g} (the client does not inspect)"
-        aux = threat.aux
-        x, y, what = calibration_batch(None if aux is None else aux.images, None if aux is None else aux.labels,
-                                       setting.num_samples, setting.num_classes, setting.input_shape, setting.input_range)
+        x, y, what = calibration_batch(threat.aux, setting)
         sent, _, line = least_passing(build, lambda model: model, DISGUISE_SCALES, None, x, y, what)
         return sent, line
 

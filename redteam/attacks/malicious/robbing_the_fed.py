@@ -57,7 +57,7 @@ from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, pruning_stages, server_labels
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.modality.image.data import MAX_TENSOR_BYTES, gib, memory_bound
 from guardfl.redteam.threat import ThreatModel
@@ -134,12 +134,7 @@ def padding_for(defense_config: DefenseConfig | dict | None, bins: int) -> int:
     in all, that is at least the bins' entries, and the dead rows' gradient is exactly 0 (the server knows
     the defense's configuration). The largest per-layer ratio of the defense's GradPrune / Outpost stages;
     0 without one (a global GradPrune is not padded against)."""
-    ratio = 0.0
-    for leaf in defense_leaves(defense_config):
-        if leaf.kind == "gradprune" and leaf.scope == "layer":
-            ratio = max(ratio, float(leaf.ratio))
-        elif leaf.kind == "outpost":
-            ratio = max(ratio, float(leaf.prune))
+    ratio = max((r for r, scope in pruning_stages(defense_config) if scope == "layer"), default=0.0)
     if ratio <= 0.0:
         return 0
     return int(math.ceil(bins / (1.0 - ratio))) - bins + 1

@@ -94,3 +94,16 @@ def defense_leaves(config: DefenseConfig | dict | None) -> list[DefenseConfig]:
     """The stages of the client's defense (a stack's members, or the one defense; none without one), as
     an attack that knows the defense's configuration adapts to them."""
     return [] if not config else parse_config(config).leaves()
+
+
+def pruning_stages(config: DefenseConfig | dict | None) -> list[tuple[float, str]]:
+    """``(ratio, scope)`` of every stage of the client's defense that zeroes the smallest entries: GradPrune
+    (its ``scope``: ``layer`` or ``global``) and Outpost (its ``prune``, per layer); stages that prune nothing
+    left out."""
+    stages = []
+    for leaf in defense_leaves(config):
+        if leaf.kind == "gradprune":
+            stages.append((float(leaf.ratio), leaf.scope))
+        elif leaf.kind == "outpost" and leaf.prune > 0:
+            stages.append((float(leaf.prune), "layer"))
+    return stages

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from guardfl.defenses import DefenseConfig
 from guardfl.ops.selection import prune_count
-from guardfl.redteam.attacks.malicious.server import defense_leaves
+from guardfl.redteam.attacks.malicious.server import defense_leaves, pruning_stages
 
 #: the boost "auto" uses against a known pruning or noise defense (see ``TrapWeightsConfig.boost``): the
 #: value the shipped configs' boosted traps use
@@ -41,14 +41,9 @@ def kept_rows(defense_config: DefenseConfig | dict | None, units: int, inputs: i
     of its ``n = units x inputs`` entries and the bias as many of its ``units``; a row needs both.
     GradPrune ``scope: global`` keeps that share of all ``parameters`` of the model. Stages apply one after
     the other, so the smallest count binds."""
-    counts = []
-    for leaf in defense_leaves(defense_config):
-        if leaf.kind == "gradprune" and leaf.scope == "global":
-            counts.append(_kept(leaf.ratio, parameters) // (inputs + 1))
-        elif leaf.kind in ("gradprune", "outpost"):
-            ratio = leaf.ratio if leaf.kind == "gradprune" else leaf.prune
-            if ratio > 0:
-                counts.append(min(_kept(ratio, units * inputs) // inputs, _kept(ratio, units)))
+    counts = [_kept(ratio, parameters) // (inputs + 1) if scope == "global"
+              else min(_kept(ratio, units * inputs) // inputs, _kept(ratio, units))
+              for ratio, scope in pruning_stages(defense_config)]
     return min(counts) if counts else None
 
 

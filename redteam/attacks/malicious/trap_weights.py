@@ -346,8 +346,8 @@ class TrapWeights(ServerAttack):
             return f"the first linear layer has {found.first.out_features} units: too few for chains of bins"
         return None
 
-    def _crafted(self, build, client: ClientQuery, threat: ThreatModel, gen: torch.Generator, rows: int | None,
-                 n: int, classes: int, shape: tuple[int, ...], input_range: tuple[float, float]) -> tuple[Trap, str]:
+    def _crafted(self, build, client: ClientQuery, setting: Setting, threat: ThreatModel, gen: torch.Generator,
+                 rows: int | None) -> tuple[Trap, str]:
         """The trap ``build(column_noise)`` and the certificate's line on its noise: ``column_noise: auto``
         calibrates it against an inspecting client's shared-columns check (``evade_columns``)."""
         noise = self.config.column_noise
@@ -355,9 +355,7 @@ class TrapWeights(ServerAttack):
             return build(float(noise)), f"{noise:g}"
         if not getattr(client, "inspect", False) or rows == 1:
             return build(0.0), "0 (auto: " + ("single rows share no column)" if rows == 1 else "the client does not inspect)")
-        aux = threat.aux
-        x, y, what = calibration_batch(None if aux is None else aux.images, None if aux is None else aux.labels, n, classes,
-                                       shape, input_range)
+        x, y, what = calibration_batch(threat.aux, setting)
         trap, _, line = least_passing(build, lambda t: t.sent, COLUMN_NOISE_LEVELS, gen, x, y, what)
         return trap, line
 
@@ -393,7 +391,7 @@ class TrapWeights(ServerAttack):
             disguised[:] = [disguise(made.rows(), rho, shape, aux, gen)]
             return made
 
-        trap, noise = self._crafted(build, client, threat, gen, rows, n, setting.num_classes, shape, setting.input_range)
+        trap, noise = self._crafted(build, client, setting, threat, gen, rows)
         disguised = disguised[0]
         observation = client(trap.sent)
         top_row = rows is None or c.cuts == "top"
