@@ -25,10 +25,13 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   entirely from one sample or from the samples of one rare label is flagged. Output collapse (every sample
   put in one class) is measured and reported in ``checks`` but is no reason: DLG's wide initialisation
   produces it on its own.
-- **isolation** (what the model does to the batch, not a fingerprint of its weights), with ``batch`` and
-  a ``reference`` module: the samples a server reads exactly from one linear layer's weight gradient,
-  by one row, the difference of two rows with cancelling coefficients, and peeling (``isolated_samples``),
-  compared with what the client's own model isolates on the same batch. Robbing the Fed's bins, inside an
+- **isolation** (what the model does to the batch, not a fingerprint of its weights), with ``batch``
+  (``guardfl.inspect_isolation``): the samples a server reads from one linear layer's weight gradient, by
+  one row, the difference of two rows (coefficients that cancel, or a read within 25% of the input), and
+  peeling, judged against what the client's architecture isolates at a fresh initialisation of its own on
+  the same batch: on centred inputs benign models isolate none, and 2 samples and 5% of the batch are
+  flagged; on uncentred inputs the honest architecture leaks much of the batch by itself and only an
+  excess beyond chance is (``isolation_limit``). Robbing the Fed's bins, inside an
   inserted block or inside the honest model's own first layer (trap weights with scaled, shuffled rows
   and two measurement chains, which pass every weight check above), are flagged; a few trapped rows are
   not (the red team's ``trap_weights`` with ``rows`` runs exactly that, and a defense has to hold there).
@@ -75,6 +78,9 @@ from torch import Tensor, nn
 
 from guardfl import inspect_columns
 from guardfl.errors import ConfigError, MaliciousModelError
+from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MAX_PAIRS, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
+                                       ISOLATION_READ_ERROR, ISOLATION_SHARE, ISOLATION_SPREAD, ISOLATION_TOLERANCE,
+                                       isolated_samples, isolation_limit)
 from guardfl.inspect_rows import PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, parallel_rows
 
 #: a linear layer needs at least this many rows (bins) for the imprint check: Robbing the Fed uses
@@ -136,33 +142,13 @@ CONCENTRATION_MIN_BATCH = 8
 DSNR_THRESHOLD = 2.0
 #: D-SNR is judged only on batches of at least this many samples (in a batch of 2, D-SNR ~ 1 is ordinary)
 DSNR_MIN_BATCH = 8
-#: sample isolation (with ``batch``): the loss gradient of an ``nn.Linear`` layer's weight row ``i`` is
-#: ``sum_n delta_ni a_n`` (``a_n`` the layer's input for sample n, ``delta_ni`` the gradient into output
-#: unit i). A sample is isolated when one row's sum holds it alone, or when the difference of two rows does
-#: (row j's samples a subset of row i's, their coefficients proportional on the shared samples within
-#: ``ISOLATION_TOLERANCE`` of the extra samples'), also after peeling the samples already read from a bin
-#: of a few (``isolated_samples``): the server then reads ``a_n``, exactly, from the update (Robbing the
-#: Fed's bins, trap weights inside the honest model's own layers). Flagged when at least
-#: ``ISOLATION_MIN_SAMPLES`` samples and ``ISOLATION_SHARE`` of the batch are isolated in one layer MORE
-#: than the client's own model (``reference``, a module with weights) isolates on the same batch. Without
-#: such a reference the counts are reported and not judged: an untrained MLP on uncentred inputs isolates
-#: a third to a half of a batch by itself (FC-2 at PyTorch's default init on LFW faces: 23 of 64; on
-#: inputs in [0.8, 1]: 18 of 32), sparse units that fire for one or two samples: a real leak of the
-#: honest architecture, which the honest-server attacks measure, and no sign of a malicious edit, so no
-#: count alone separates the two. Measured in ``bench/bench_inspect.py``
-ISOLATION_MIN_SAMPLES = 2
-ISOLATION_SHARE = 0.05
-#: the residual allowed when cancelling the shared samples of two rows, as a fraction of the extra
-#: sample's coefficient (an attacker's scaled or noised rows leave a small residual and still leak)
-ISOLATION_TOLERANCE = 0.1
-#: a nested pair separates at most this many samples (a bin of up to 4), to be peeled with the others
-ISOLATION_PEEL = 4
+#: sample isolation (with ``batch``; ``guardfl.inspect_isolation``): the samples a server reads from one
+#: linear layer's weight gradient (one row, the difference of two, peeling), judged against what the
+#: client's architecture isolates on the same batch at a fresh initialisation of its own
+#: (``isolation_limit``)
 #: the largest layer (output units) examined for isolation: the unit-by-unit support overlaps are a
 #: units x units matrix (4096: 64 MiB); larger layers are named as not examined in ``checks``
 ISOLATION_MAX_UNITS = 4096
-#: the most (nested) row pairs whose coefficients are compared per layer (a layer with more is judged on
-#: these, and the cap is reported)
-ISOLATION_MAX_PAIRS = 200_000
 #: the most elements one tensor may have for inspect_model to examine it (2**27 ~ 134M: VGG-16's first
 #: fully connected layer has 103M, a 7B language model's output layer 131M). A larger tensor is refused
 #: ("too large to examine") instead of examined: the finiteness scan and the float copies the checks make
@@ -358,57 +344,6 @@ def gradient_shares(probs: Tensor, onehot: Tensor, weight: Tensor, labels: Tenso
     return concentration(g.norm(dim=1), labels, onehot.shape[1])
 
 
-def isolated_samples(delta: Tensor, tolerance: float = ISOLATION_TOLERANCE) -> tuple[list[int], dict[str, int]]:
-    """The samples a server can read exactly from a linear layer's weight gradient by combining one or two
-    rows and peeling (see ``ISOLATION_MIN_SAMPLES``), from ``delta`` (batch x units): each sample's loss
-    gradient into the layer's outputs.
-
-    The sets of samples a server can separate: each row whose gradient holds one sample, and each nested
-    pair of rows (row j's samples a subset of row i's, at most ``ISOLATION_PEEL`` more, their coefficients
-    proportional on row j's samples): ``row_i - c row_j`` holds the extra samples alone. A set whose
-    samples are all read but one gives that one (peeling: a bin of two samples, one of which another
-    bin isolated), repeated until nothing changes. Returns the samples read (sorted) and counts: rows
-    holding one sample (``single_rows``), nested pairs (``nested_pairs``), those whose coefficients
-    cancel (``separating_pairs``), and ``pairs_capped`` when more than ``ISOLATION_MAX_PAIRS`` were nested."""
-    d = delta.detach().double()
-    top = float(d.abs().max()) if d.numel() else 0.0
-    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "pairs_capped": 0}
-    if top == 0.0 or d.shape[0] < 2:
-        return [], info
-    support = d.abs() > 1e-9 * top  # batch x units
-    size = support.sum(0)
-    sets = [support[:, size == 1].T]  # separable sample sets, one per row: (sets, batch)
-    info["single_rows"] = int(sets[0].shape[0])
-    s = support.float()
-    overlap = s.T @ s  # units x units: shared samples (exact in float32 below 2**24)
-    extra = size[:, None] - size[None, :]
-    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= ISOLATION_PEEL) & (size[None, :] >= 1)
-    pairs = nested.nonzero()
-    info["nested_pairs"] = int(pairs.shape[0])
-    if pairs.shape[0] > ISOLATION_MAX_PAIRS:
-        pairs, info["pairs_capped"] = pairs[:ISOLATION_MAX_PAIRS], 1
-    for block in pairs.split(4096):
-        i, j = block[:, 0], block[:, 1]
-        di, dj, shared = d[:, i], d[:, j], support[:, j].double()
-        c = (di * dj * shared).sum(0) / (dj * dj * shared).sum(0)
-        residual = ((di - c * dj).abs() * shared).sum(0)
-        held = support[:, i] & ~support[:, j]  # batch x pairs: the samples the difference holds
-        lead = torch.where(held, di.abs(), torch.full_like(di, float("inf"))).amin(0)
-        cancels = residual <= tolerance * lead
-        info["separating_pairs"] += int(cancels.sum())
-        sets.append(held[:, cancels].T)
-    sets = torch.cat(sets) if sets else torch.zeros(0, d.shape[0], dtype=torch.bool)
-    read = torch.zeros(d.shape[0], dtype=torch.bool)
-    while True:  # peeling
-        left = sets & ~read
-        one = left.sum(1) == 1
-        new = left[one].any(0) & ~read
-        if not bool(new.any()):
-            break
-        read |= new
-    return read.nonzero().flatten().tolist(), info
-
-
 def disaggregation_snr(norms: Tensor) -> tuple[float, int]:
     """SEER's D-SNR of one layer (see ``DSNR_THRESHOLD``) from its per-sample gradient norms: the largest
     over the sum of the others, and that sample's index. (0.0, -1) when no sample sends a gradient; inf when
@@ -560,7 +495,8 @@ def inspect_model(
     indices), for the output and gradient checks; it needs a module to run (``received``, or ``reference``
     with the received state loaded into a copy). The model is run in eval mode (autograd for the gradient
     checks, which never touch the parameters' ``.grad``) and its training flag restored; with ``reference``
-    a module with weights, it is run on the batch too, as the baseline of the isolation check. ``strict=True`` raises ``MaliciousModelError`` when the model is not ok.
+    a module, a fresh initialisation of its architecture (of the received module's without one) is run on the
+    batch too, as the baseline of the isolation check. ``strict=True`` raises ``MaliciousModelError`` when the model is not ok.
     ``disaggregation=True`` (with ``batch``) adds SEER's D-SNR check (``DSNR_THRESHOLD``): a deep copy of the
     model in train mode, per-sample weight-gradient norms (one backward pass per sample when the model has
     batch norm: minutes for a ResNet-18 on 2 busy cores), reported in ``checks["disaggregation"]``.
@@ -622,7 +558,9 @@ def inspect_model(
             architecture_ok = not any(r.startswith("architecture") for r in reasons)
             module, load_reason = _runnable(received, reference, state, architecture_ok=architecture_ok)
             if module is not None:
-                baseline = reference if isinstance(reference, nn.Module) and reference is not module else None
+                # the isolation baseline is a fresh initialisation of the client's architecture: the reference's,
+                # or the module the received state runs in (never anyone's weights)
+                baseline = reference if isinstance(reference, nn.Module) else module
                 batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None, baseline,
                                                             disaggregation)
                 reasons += batch_reasons
@@ -924,8 +862,8 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
                   baseline: nn.Module | None = None, disaggregation: bool = False) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
     classifier (the last 2-D weight); when another layer computes the logits, its weights are checked too.
-    ``baseline``: the client's own module (the reference), whose isolation on the same batch is what the
-    received model's is compared with."""
+    ``baseline``: the client's architecture (the reference module, or the received one), whose fresh
+    initialisation's isolation on the same batch is what the received model's is judged against."""
     x, y = _valid_batch(batch)
     linear = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not linear:
@@ -1056,28 +994,53 @@ def _disaggregation(module: nn.Module, x: Tensor, y: Tensor) -> tuple[list[str],
 
 
 def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) -> str | None:
-    """The isolation reason for one layer, or None: an excess over the client's own model's count on the
-    same batch of at least ``ISOLATION_MIN_SAMPLES`` and ``ISOLATION_SHARE`` of the batch (no baseline:
-    not judged, see ``ISOLATION_MIN_SAMPLES``)."""
+    """The isolation reason for one layer, or None: ``isolated`` at or above ``isolation_limit(n,
+    baseline)``, ``baseline`` the count of the client's architecture at a fresh initialisation on the same
+    batch (None: no baseline could be made, not judged)."""
     if " -> " in name:
         what = (f"layer '{name}' singles out {isolated} of {n} samples in the gradient at the normalisation's output (one "
                 f"unit, or the difference of two units after peeling, holds the sample alone: the server reads those "
                 f"samples' inputs to the linear layer up to terms shared by the batch)")
     else:
         what = (f"layer '{name}' singles out {isolated} of {n} samples in its weight gradient (one row, or the difference of "
-                f"two rows after peeling, holds the sample alone: the server reads those samples' inputs to the layer exactly)")
+                f"two rows after peeling, holds the sample alone: the server reads those samples' inputs to the layer)")
     if baseline is None:
         return None
-    if isolated - baseline >= max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n):
-        return (f"isolation: {what}, {isolated - baseline} more than the client's own model ({baseline}); "
-                f">= {ISOLATION_MIN_SAMPLES} and >= {ISOLATION_SHARE:.0%} of the batch more")
-    return None
+    limit = isolation_limit(n, baseline)
+    if isolated < limit:
+        return None
+    if limit == max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n):
+        return (f"isolation: {what}; the client's architecture at a fresh initialisation singles out {baseline} "
+                f"(flagged at >= {ISOLATION_MIN_SAMPLES} and >= {ISOLATION_SHARE:.0%} of the batch)")
+    return (f"isolation: {what}, {isolated - baseline} more than the client's architecture at a fresh initialisation "
+            f"({baseline}: its own leak on these inputs); flagged at >= {limit:.1f} (the threshold plus "
+            f"{ISOLATION_SPREAD:g} standard deviations of chance)")
 
 
-def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor, train: bool = True) -> dict[str, int] | None:
-    """Samples isolated per ``nn.Linear`` layer by the client's own model on the same batch (None when it
-    cannot run: meta tensors, another input shape; the counts are then not judged)."""
-    if any(t.is_meta for t in baseline.state_dict().values() if isinstance(t, Tensor)):
+def _fresh_init(reference: nn.Module) -> nn.Module | None:
+    """A copy of the client's architecture with every module that has ``reset_parameters`` re-initialised
+    from ``ISOLATION_INIT_SEED`` (the global RNG untouched): the isolation check's baseline, which no
+    server's weights shape. None when it cannot be made (meta tensors, a module that cannot be copied or
+    reset)."""
+    if any(t.is_meta for t in reference.state_dict().values() if isinstance(t, Tensor)):
+        return None
+    try:
+        fresh = copy.deepcopy(reference)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(ISOLATION_INIT_SEED)
+            for m in fresh.modules():
+                if callable(getattr(m, "reset_parameters", None)):
+                    m.reset_parameters()
+    except Exception:  # noqa: BLE001 - an architecture that cannot be re-initialised: no baseline
+        return None
+    return fresh
+
+
+def _baseline_isolation(reference: nn.Module, x: Tensor, y: Tensor, train: bool = True) -> dict[str, int] | None:
+    """Samples isolated per ``nn.Linear`` layer, on the same batch, by the client's architecture at a fresh
+    initialisation (``_fresh_init``; None when it cannot be made or run: the counts are then not judged)."""
+    baseline = _fresh_init(reference)
+    if baseline is None:
         return None
     names = {id(m): name for name, m in baseline.named_modules()}
     ran: list = []
@@ -1089,7 +1052,7 @@ def _baseline_isolation(baseline: nn.Module, x: Tensor, y: Tensor, train: bool =
             inputs.requires_grad_(True)
         with torch.enable_grad(), (_training_forward(baseline) if train else _eval_forward(baseline)):
             baseline(inputs)
-    except Exception:  # noqa: BLE001 - the reference cannot run on the batch: no baseline
+    except Exception:  # noqa: BLE001 - the fresh architecture cannot run on the batch: no baseline
         return None
     finally:
         for h in hooks:
@@ -1107,8 +1070,8 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
     """Isolation and per-layer gradient concentration: the batch's summed cross-entropy differentiated
     with respect to every ``nn.Linear`` layer's output (one row per sample), which gives each sample's
     coefficients ``delta`` in that layer's weight gradient ``sum_n delta_n a_n^T``. ``baseline``: the
-    samples the client's own model isolates per layer (the received model is judged on its excess over
-    them); None: the counts are reported, not judged. Also ``(name, delta, weight)`` of every linear layer
+    samples the client's architecture at a fresh initialisation isolates per layer (``isolation_limit``);
+    None: the counts are reported, not judged. Also ``(name, delta, weight)`` of every linear layer
     that reads hidden units (its input is not the model's ``inputs``), for the shared-columns check."""
     n = logits.shape[0]
     layers = [(name, out, a, m) for name, m, out, a in ran
@@ -1123,6 +1086,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
     per_layer: dict[str, Any] = {}
     judged = n >= CONCENTRATION_MIN_BATCH and labels >= 2
     worst, reading_hidden = 0, []
+    linear_inputs = {name: a for name, _, a, m in layers if isinstance(m, nn.Linear)}
     for (name, out, a, m), g in zip(layers, grads):
         delta = torch.zeros_like(out, dtype=torch.float64) if g is None else g.detach().double().cpu()
         if isinstance(m, nn.Linear) and a is not None and not _reads_input(a, inputs):
@@ -1130,7 +1094,8 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
         if delta.shape[1] > ISOLATION_MAX_UNITS:
             isolation["not_examined"].append(f"{name} ({delta.shape[1]} units > {ISOLATION_MAX_UNITS})")
         else:
-            found, info = isolated_samples(delta)
+            # the read is of the linear layer's input, also behind its normalisation ('linear -> norm')
+            found, info = isolated_samples(delta, linear_inputs.get(name.split(" -> ")[0]))
             isolation["layers"][name] = {"isolated": len(found), **info}
             if out is logits:
                 # the classification layer: a confident model's row k holds only the samples of label k
@@ -1156,9 +1121,12 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
                            f"{labels} labels")
     isolation["max_isolated"] = worst
     if baseline is None:
-        isolation["rule"] = "not judged: no reference module to compare with (pass reference=the client's model)"
+        isolation["rule"] = "not judged: the client's architecture could not be re-initialised or run on the batch"
     else:
-        isolation["rule"], isolation["baseline"] = "excess over the client's own model", baseline
+        isolation["rule"] = (f"flagged at >= max({ISOLATION_MIN_SAMPLES}, {ISOLATION_SHARE:.0%} of the batch) where the client's "
+                             f"architecture at a fresh initialisation (baseline) isolates fewer; otherwise at the baseline "
+                             f"plus that plus {ISOLATION_SPREAD:g} binomial standard deviations")
+        isolation["baseline"] = baseline
     if not isolation["not_examined"]:
         del isolation["not_examined"]
     return reasons, isolation, per_layer, reading_hidden
@@ -1183,11 +1151,14 @@ __all__ = [
     "DUPLICATE_ROW_SHARE",
     "EXACT_SVD_COST",
     "IMPRINT_MIN_ROWS",
+    "ISOLATION_INIT_SEED",
     "ISOLATION_MAX_PAIRS",
     "ISOLATION_MAX_UNITS",
     "ISOLATION_MIN_SAMPLES",
     "ISOLATION_PEEL",
+    "ISOLATION_READ_ERROR",
     "ISOLATION_SHARE",
+    "ISOLATION_SPREAD",
     "ISOLATION_TOLERANCE",
     "Inspection",
     "MAX_TENSOR_ELEMENTS",
@@ -1203,6 +1174,7 @@ __all__ = [
     "gradient_shares",
     "inspect_model",
     "isolated_samples",
+    "isolation_limit",
     "output_collapse",
     "per_sample_weight_norms",
     "rank_ratio",

@@ -185,7 +185,9 @@ def local_update(
     one-shot iterator) and refuses to train a model that is not ok: ``MaliciousModelError`` naming the
     reasons, the model untouched. There is no warn-and-train mode: the update of a malicious model is
     what leaks, and a client that trained on one has nothing safe to send. The architecture is the
-    client's own (the received state was loaded into ``model``, which refuses other names and shapes).
+    client's own (the received state was loaded into ``model``, which refuses other names and shapes); the
+    isolation check judges its counts against that architecture at a fresh initialisation (until
+    2026-11-27 it had no reference here and judged nothing).
     ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check (``inspect_model(...,
     disaggregation=True)``: the model in train mode, per-sample weight gradients; one backward pass per
     sample on models with batch norm); a ``ConfigError`` without ``inspect``.

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guardfl.inspect import inspect_model, isolated_samples
+from guardfl.inspect import inspect_model, isolated_samples, isolation_limit
 from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
 from guardfl.redteam.modality.image.models import FC2
@@ -96,32 +96,108 @@ def test_trap_weights_pass_every_weight_check_and_fail_the_batch_check():
     assert [r.split(":")[0] for r in plain.reasons] == ["parallel rows"]  # a chain's rows: one direction
     sent = trapped(honest)
     assert inspect_model(sent.state_dict(), honest).ok  # weights alone: the disguise holds
-    result = inspect_model(sent.state_dict(), honest, batch=cifar_like())
+    result = inspect_model(sent.state_dict(), honest, batch=centred())
     assert not result.ok and any(r.startswith("isolation: layer 'net.1'") for r in result.reasons)
-    assert result.checks["isolation"]["rule"] == "excess over the client's own model"
+    assert result.checks["isolation"]["baseline"]["net.1"] == 0  # the honest architecture isolates none of them
+    assert result.checks["isolation"]["rule"].startswith("flagged at >= max(2, 5% of the batch)")
 
 
-def test_the_honest_model_is_judged_against_itself_and_passes():
+def centred(n=32, seed=0):
+    """``cifar_like`` centred and scaled as a normalising transform leaves images: the honest MLP's units
+    then fire for about half the batch each and isolate no sample."""
+    x, y = cifar_like(n, seed)
+    return (x - 0.5) / 0.29, y
+
+
+def test_on_uncentred_inputs_only_an_excess_beyond_chance_is_judged():
+    """On inputs in [0, 1] the honest architecture at a fresh initialisation singles out half of the batch
+    by itself, and draws of it differ by a dozen: the whole-layer trap's 32 of 32 is within chance there,
+    and the shared-columns check is what refuses it (a count cannot separate it from the honest leak)."""
     torch.manual_seed(0)
     honest = FC2()
-    ref = copy.deepcopy(honest)
-    result = inspect_model(honest.state_dict(), ref, batch=cifar_like())
-    assert result.ok and result.checks["isolation"]["baseline"]["net.1"] == result.checks["isolation"]["layers"]["net.1"]["isolated"]
+    result = inspect_model(trapped(honest).state_dict(), honest, batch=cifar_like())
+    base = result.checks["isolation"]["baseline"]["net.1"]
+    assert base >= 8 and result.checks["isolation"]["layers"]["net.1"]["isolated"] == 32
+    assert isolation_limit(32, base) > 32 and not any(r.startswith("isolation") for r in result.reasons)
+    assert [r.split(":")[0] for r in result.reasons] == ["shared columns"]
+
+
+def test_the_baseline_is_the_clients_own_fresh_initialisation_never_the_servers_weights():
+    """In Flower the reference is the client's model after the previous round, which the server sent: a
+    count judged against it could be ratcheted up a few samples per round. The baseline is a fresh
+    initialisation of the reference's architecture (a fixed seed, the global RNG untouched)."""
+    torch.manual_seed(0)
+    honest = FC2()
+    sent = trapped(honest, disguised=False)
+    state = torch.random.get_rng_state()
+    against_honest = inspect_model(sent.state_dict(), honest, batch=centred())
+    against_trap = inspect_model(sent.state_dict(), copy.deepcopy(sent), batch=centred())
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert against_honest.checks["isolation"]["baseline"] == against_trap.checks["isolation"]["baseline"]
+    assert any(r.startswith("isolation") for r in against_trap.reasons)
+
+
+def test_the_limit_is_the_threshold_where_the_architecture_isolates_fewer_and_beyond_chance_otherwise():
+    assert isolation_limit(64, 0) == isolation_limit(64, 3) == 0.05 * 64 and isolation_limit(16, 1) == 2
+    for n, base in ((32, 17), (64, 23), (64, 4)):
+        p = base / n
+        assert isolation_limit(n, base) == pytest.approx(base + max(2, 0.05 * n) + 5 * (n * p * (1 - p)) ** 0.5)
+
+
+def test_a_read_within_a_quarter_of_the_input_counts_where_the_coefficients_do_not_cancel():
+    """Row 0 holds samples {0, 1, 2}, row 1 {1, 2}, their coefficients 20% apart on sample 1 (over the
+    coefficients' 10% tolerance), but samples 1 and 2 are alike and much dimmer than sample 0: the read of
+    sample 0 from row 0 - c row 1 is within 0.25 of it. Without the inputs the pair does not count."""
+    delta = torch.tensor([[1.0, 0.0], [1.2, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 50, generator=g, dtype=torch.float64)
+    a[2] = a[1] + 0.01 * torch.randn(50, generator=g, dtype=torch.float64)
+    a[1:] *= 0.3
+    assert isolated_samples(delta)[0] == []
+    found, info = isolated_samples(delta, a)
+    assert found == [0] and info["separating_pairs"] == 1
+    a[2] = -a[1]  # unlike: the residual reads as sample 1's input, 1.5 times sample 0's norm over 0.25
+    a[0] *= 0.2
+    assert isolated_samples(delta, a)[0] == []
+
+
+def test_a_row_dominated_by_one_sample_reads_it():
+    """A row of two samples whose other sample's contribution is under a quarter of the first's reads the
+    first (the second is then peeled from a row that holds both)."""
+    delta = torch.tensor([[1.0, 1.0], [0.1, 1.0]], dtype=torch.float64)
+    a = torch.eye(2, 8, dtype=torch.float64)
+    found, info = isolated_samples(delta, a)
+    assert info["dominated_rows"] == 1 and found == [0]
+    delta[1, 0] = 0.5
+    assert isolated_samples(delta, a)[0] == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_honest_models_pass_on_centred_and_uncentred_inputs(seed):
+    torch.manual_seed(seed)
+    honest = FC2()
+    for batch in (cifar_like(), centred()):
+        result = inspect_model(honest.state_dict(), copy.deepcopy(honest), batch=batch)
+        assert result.ok, result.reasons
 
 
 def test_uncentred_inputs_isolate_samples_in_an_honest_mlp_and_that_is_no_reason():
     """FC-2 at PyTorch's default init on inputs that share most of their structure (all bright): sparse
     units fire for one or two samples. A real leak of the honest architecture (the honest-server attacks
-    measure it), not a malicious edit: judged against the client's own model it passes, and without a
-    reference the count is reported, not judged (no count alone separates it from a trap)."""
-    torch.manual_seed(0)
-    honest = FC2()
+    measure it), not a malicious edit: judged against a fresh initialisation of the architecture (the
+    reference's, or the received module's without one), it is within chance."""
     x = 0.8 + 0.2 * cifar_like()[0]
     batch = (x, torch.arange(32) % 10)
-    with_ref = inspect_model(honest.state_dict(), copy.deepcopy(honest), batch=batch)
-    alone = inspect_model(honest, batch=batch)
-    assert with_ref.ok and alone.ok
-    assert alone.checks["isolation"]["max_isolated"] >= 8 and alone.checks["isolation"]["rule"].startswith("not judged")
+    counts = []
+    for seed in range(5):  # draws of the honest model single out 3 to 18 of these 32 samples
+        torch.manual_seed(seed)
+        honest = FC2()
+        with_ref = inspect_model(honest.state_dict(), copy.deepcopy(honest), batch=batch)
+        alone = inspect_model(honest, batch=batch)
+        assert with_ref.ok and alone.ok
+        assert alone.checks["isolation"]["baseline"] == with_ref.checks["isolation"]["baseline"]
+        counts.append(alone.checks["isolation"]["max_isolated"])
+    assert max(counts) >= 8 and max(counts) - min(counts) >= 8 and alone.checks["isolation"]["baseline"]["net.1"] >= 8
 
 
 def test_a_small_trap_stays_under_the_check_that_counts_against_the_honest_model():

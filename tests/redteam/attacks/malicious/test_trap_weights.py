@@ -68,8 +68,10 @@ def test_an_inspecting_client_refuses_the_whole_layer_trap_and_sends_nothing():
     x, y = batch()
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model)
     rec = get("trap_weights", seed=0, column_noise=0).interrogate(client, setting, threat)
-    assert rec.info["refused"].startswith("parallel rows:") and "isolation:" in rec.info["refused"]
-    assert "shared columns:" in rec.info["refused"] and rec.info["refused_queries"] == 1
+    assert rec.info["refused"].startswith("parallel rows:") and "shared columns:" in rec.info["refused"]
+    # uniform images in [0, 1]: the honest FC-2 at a fresh initialisation singles out half the batch by
+    # itself, and the trap's whole batch is within chance of that, so isolation does not judge it
+    assert "isolation:" not in rec.info["refused"] and rec.info["refused_queries"] == 1
     # calibrated against the shared-columns check, the columns' noise also breaks the cancellations the
     # isolation check counts; the chains' rows still repeat one direction
     assert get("trap_weights", seed=0).interrogate(client, setting, threat).info["refused"].startswith("parallel rows:")

@@ -1,0 +1,181 @@
+"""Isolation: the samples a server reads from one linear layer's weight gradient (``inspect_model``, issue 34).
+
+A linear layer's weight gradient over a batch is ``sum_n delta_n a_n^T``: ``a_n`` the layer's input for
+sample ``n``, ``delta_ni`` the loss's derivative with respect to output unit ``i``. Row ``i`` of it is
+``sum_n delta_ni a_n``. A server reads sample ``h``'s input from it when one row, or the difference of two
+rows, holds ``delta_hi a_h`` and (almost) nothing else: Robbing the Fed's bins, trap weights inside the
+honest model's own layers.
+
+Two tests of "almost nothing else", either suffices:
+
+- **coefficients** (``ISOLATION_TOLERANCE``): the rows' supports are nested and their coefficients on the
+  shared samples proportional, up to a residual (summed absolute) of 10% of the extra sample's own. Needs
+  only ``delta``.
+- **the read itself** (``ISOLATION_READ_ERROR``, with the layer's inputs): what the server reads,
+  ``(row_i - c row_j) / delta_hi`` with the least-squares ``c``, is within a relative error of 0.25 of
+  ``a_h`` (``|read - a_h| <= 0.25 |a_h|``). Computed from the batch's Gram matrix ``A A^T``, never the
+  rows themselves. It counts what the coefficient test misses: residuals spread over several samples
+  whose inputs are alike cancel in the read (the red team's ``column_noise`` leaves 12-17% residuals by
+  the coefficients and reads the sample at SSIM ~0.9), and a row whose support holds a few samples but
+  one of them dominates (a read of it from that row alone). 0.25 because that is where a read stops being
+  "exact" by the red team's own measure: 64 LFW faces with the contamination of 1-8 other faces at a
+  relative error of 0.2 read at median SSIM 0.93-0.95, at 0.3 at 0.84-0.89 (``docs/malicious-server.md``).
+
+Then peeling: a set of samples all read but one gives that one. Every test is exact arithmetic on the
+client's batch; what is counted is judged by ``inspect_model`` against the client's own model's count on
+the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+#: the judgement (``isolation_limit``): a layer is flagged when it isolates at least ``ISOLATION_MIN_SAMPLES``
+#: samples and ``ISOLATION_SHARE`` of the batch, where the client's architecture at a fresh initialisation
+#: (``ISOLATION_INIT_SEED``, the client's own draw: never the server's weights) isolates fewer on the same
+#: batch. Benign models on centred inputs isolate none (``bench/bench_inspect.py``: 0 of every benign model's
+#: layers on normalised CIFAR-10), so a count is a finding there, whatever the reference
+ISOLATION_MIN_SAMPLES = 2
+ISOLATION_SHARE = 0.05
+#: where the fresh initialisation itself isolates that many (uncentred inputs: an MLP's units then fire
+#: for the few brightest samples, and FC-2 at PyTorch's default init singles out 5-28 of 32 CIFAR-10
+#: images in [0, 1] or of 64 LFW faces, depending on the draw), only an excess beyond chance is judged:
+#: the count over the fresh initialisation's, plus the threshold, plus ``ISOLATION_SPREAD`` binomial
+#: standard deviations ``sqrt(n p (1 - p))``, ``p`` the fresh initialisation's share. Measured
+#: (2026-11-27, 700 layer judgements of FC-2 and FC-2 with BatchNorm, LayerNorm, GroupNorm: default
+#: inits against other inits, trained checkpoints, FedAvg rounds, CIFAR-10 in [0, 1] and LFW faces):
+#: benign excesses reach 3.7 standard deviations over the threshold; the honest architecture there
+#: already lets the server read a third of the batch or more, and a check of counts cannot separate a
+#: few trapped samples from that (``docs/malicious-server.md`` section 10)
+ISOLATION_SPREAD = 5.0
+#: the seed of the fresh initialisation the counts are judged against (fixed: the same model, the same
+#: batch, the same verdict)
+ISOLATION_INIT_SEED = 0
+
+#: the residual allowed when cancelling the shared samples of two rows, as a fraction of the extra
+#: sample's coefficient (an attacker's scaled or noised rows leave a small residual and still leak)
+ISOLATION_TOLERANCE = 0.1
+#: the largest relative error ``|read - a_h| / |a_h|`` of a sample's input read from one row or the
+#: difference of two, for the sample to count as read (see the module docstring)
+ISOLATION_READ_ERROR = 0.25
+#: a nested pair separates at most this many samples (a bin of up to 4), to be peeled with the others; a
+#: row dominated by one sample holds at most this many others
+ISOLATION_PEEL = 4
+#: the most (nested) row pairs whose coefficients are compared per layer (a layer with more is judged on
+#: these, and the cap is reported)
+ISOLATION_MAX_PAIRS = 200_000
+
+
+def isolation_limit(n: int, baseline: int) -> float:
+    """The count of isolated samples at which a layer is flagged, on a batch of ``n`` where the client's
+    architecture at a fresh initialisation isolates ``baseline`` (see ``ISOLATION_SPREAD``)."""
+    threshold = max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n)
+    if baseline < threshold:
+        return threshold
+    p = baseline / n
+    return baseline + threshold + ISOLATION_SPREAD * math.sqrt(n * p * (1.0 - p))
+
+
+def _gram(inputs: Tensor | None, n: int) -> Tensor | None:
+    """``A A^T`` (float64) of the layer's inputs, one row per sample; None without inputs or when they do
+    not have one row per sample or are not finite."""
+    if inputs is None or inputs.shape[0] != n or not inputs.is_floating_point():
+        return None
+    a = inputs.detach().reshape(n, -1).double().cpu()
+    if not bool(torch.isfinite(a).all()):
+        return None
+    return a @ a.T
+
+
+def _read_error(e: Tensor, lead: Tensor, gram: Tensor) -> Tensor:
+    """Per column of ``e`` (batch x k: the coefficients of everything but the read sample, which is
+    ``lead`` = its coefficient times its input's norm), the relative error ``|sum_n e_n a_n| / lead``."""
+    contamination = (e * (gram @ e)).sum(0).clamp_min(0.0).sqrt()
+    return torch.where(lead > 0, contamination / lead.clamp_min(1e-300), torch.full_like(lead, float("inf")))
+
+
+def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, read_error: float) -> Tensor:
+    """Rows of 2 to ``1 + ISOLATION_PEEL`` samples from which one sample reads within ``read_error``
+    alone: (sets, batch), one sample each."""
+    rows = ((size >= 2) & (size <= 1 + ISOLATION_PEEL)).nonzero().flatten()
+    if rows.numel() == 0:
+        return torch.zeros(0, d.shape[0], dtype=torch.bool)
+    sub = d[:, rows] * support[:, rows]
+    weight = sub.abs() * gram.diagonal().clamp_min(0.0).sqrt()[:, None]  # |delta_n| |a_n|
+    top = weight.argmax(0)
+    e = sub.clone()
+    e[top, torch.arange(rows.numel())] = 0.0
+    ok = _read_error(e, weight.amax(0), gram) <= read_error
+    sets = torch.zeros(int(ok.sum()), d.shape[0], dtype=torch.bool)
+    sets[torch.arange(sets.shape[0]), top[ok]] = True
+    return sets
+
+
+def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: float = ISOLATION_TOLERANCE,
+                     read_error: float = ISOLATION_READ_ERROR) -> tuple[list[int], dict[str, int]]:
+    """The samples a server can read from a linear layer's weight gradient by combining one or two rows
+    and peeling, from ``delta`` (batch x units: each sample's loss gradient into the layer's outputs) and,
+    optionally, ``inputs`` (the layer's input, one row per sample; see the module docstring for the two
+    tests).
+
+    The sets of samples a server can separate: each row whose gradient holds one sample; each nested pair
+    of rows (row j's samples a subset of row i's, at most ``ISOLATION_PEEL`` more) whose coefficients
+    cancel on row j's samples (``tolerance``) or whose difference reads the extra sample within
+    ``read_error`` (with ``inputs``): ``row_i - c row_j`` holds the extra samples; with ``inputs``, each row
+    of a few samples dominated by one (``read_error``). A set whose samples are all read but one gives
+    that one (peeling), repeated until nothing changes. Returns the samples read (sorted) and counts: rows
+    holding one sample (``single_rows``), rows dominated by one (``dominated_rows``, with ``inputs``),
+    nested pairs (``nested_pairs``), those that separate (``separating_pairs``), and ``pairs_capped``
+    when more than ``ISOLATION_MAX_PAIRS`` were nested."""
+    d = delta.detach().double().cpu()
+    top = float(d.abs().max()) if d.numel() else 0.0
+    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "pairs_capped": 0}
+    if top == 0.0 or d.shape[0] < 2:
+        return [], info
+    gram = _gram(inputs, d.shape[0])
+    support = d.abs() > 1e-9 * top  # batch x units
+    size = support.sum(0)
+    sets = [support[:, size == 1].T]  # separable sample sets, one per row: (sets, batch)
+    info["single_rows"] = int(sets[0].shape[0])
+    if gram is not None:
+        sets.append(_dominated_rows(d, support, size, gram, read_error))
+        info["dominated_rows"] = int(sets[-1].shape[0])
+    s = support.float()
+    overlap = s.T @ s  # units x units: shared samples (exact in float32 below 2**24)
+    extra = size[:, None] - size[None, :]
+    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= ISOLATION_PEEL) & (size[None, :] >= 1)
+    pairs = nested.nonzero()
+    info["nested_pairs"] = int(pairs.shape[0])
+    if pairs.shape[0] > ISOLATION_MAX_PAIRS:
+        pairs, info["pairs_capped"] = pairs[:ISOLATION_MAX_PAIRS], 1
+    for block in pairs.split(4096):
+        i, j = block[:, 0], block[:, 1]
+        di, dj, shared = d[:, i], d[:, j], support[:, j].double()
+        c = (di * dj * shared).sum(0) / (dj * dj * shared).sum(0)
+        residual = (di - c * dj) * shared
+        held = support[:, i] & ~support[:, j]  # batch x pairs: the samples the difference holds
+        lead = torch.where(held, di.abs(), torch.full_like(di, float("inf"))).amin(0)
+        cancels = residual.abs().sum(0) <= tolerance * lead
+        if gram is not None:
+            norms = gram.diagonal().clamp_min(0.0).sqrt()[:, None]
+            lead_read = torch.where(held, di.abs() * norms, torch.full_like(di, float("inf"))).amin(0)
+            cancels |= _read_error(residual, lead_read, gram) <= read_error
+        info["separating_pairs"] += int(cancels.sum())
+        sets.append(held[:, cancels].T)
+    sets = torch.cat(sets) if sets else torch.zeros(0, d.shape[0], dtype=torch.bool)
+    read = torch.zeros(d.shape[0], dtype=torch.bool)
+    while True:  # peeling
+        left = sets & ~read
+        one = left.sum(1) == 1
+        new = left[one].any(0) & ~read
+        if not bool(new.any()):
+            break
+        read |= new
+    return read.nonzero().flatten().tolist(), info
+
+
+__all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MAX_PAIRS", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",
+           "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit"]
