@@ -53,6 +53,22 @@ def test_a_one_shot_loader_is_not_drawn_from_for_the_inspection():
     assert result.steps == 4 and "gradient_concentration" not in result.inspection.checks
 
 
+def test_local_update_judges_isolation_against_a_fresh_initialisation_of_the_clients_architecture():
+    """The received state is loaded into the client's model before local_update inspects it: no other
+    reference. Until 2026-11-27 the isolation counts were then reported and never judged, and trap weights
+    whose rows carry a disguise and whose columns carry noise (passing the weight and shared-columns checks)
+    were trained on; the baseline is now the architecture re-initialised, so the count is judged."""
+    from guardfl.redteam.modality.image.models import FC2
+    from tests.guardfl.test_inspect_isolation import centred, trapped
+
+    torch.manual_seed(0)
+    model = trapped(FC2(), column_noise=0.1)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(MaliciousModelError) as info:
+        local_update(model, DataLoader(TensorDataset(*centred()), batch_size=32), sgd, inspect=True)
+    assert [r.split(":")[0] for r in info.value.reasons] == ["isolation"] and same(before, model.state_dict())
+
+
 def test_local_update_inspect_must_be_a_known_mode():
     with pytest.raises(ConfigError, match=r"^inspect: expected False, True or 'strict'"):
         local_update(net(), DataLoader(DATA, batch_size=8), sgd, inspect="warn")
