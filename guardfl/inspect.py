@@ -1010,7 +1010,7 @@ def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) ->
     if isolated < limit:
         return None
     if limit == max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n):
-        return (f"isolation: {what}; the client's architecture at a fresh initialisation singles out {baseline} "
+        return (f"isolation: {what}, where the client's architecture at a fresh initialisation singles out {baseline} "
                 f"(flagged at >= {ISOLATION_MIN_SAMPLES} and >= {ISOLATION_SHARE:.0%} of the batch)")
     return (f"isolation: {what}, {isolated - baseline} more than the client's architecture at a fresh initialisation "
             f"({baseline}: its own leak on these inputs); flagged at >= {limit:.1f} (the threshold plus "
