@@ -84,7 +84,7 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     fishing and the whole-layer trap (nothing sent: no leak, the reasons on record; the trap's chains are
     near-parallel rows); the small trap built against the isolation
     check (its rows disguised against the near-parallel-rows check, its chain's column varied against the
-    shared-columns check), the single-row trap, the boosted 2-row trap, 4 chains of 6 rows (within chance of
+    shared-columns check), the single-row trap, the boosted 2-row trap, 8 chains of 6 rows (within chance of
     the honest FC-2's own isolation on these uncentred faces) and the disguised fishing (its other rows
     scaled to pass the shared-columns check) pass it and leak without a defense; DP-SGD holds."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
@@ -98,7 +98,7 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     for key in (("trap_weights", 8, False), ("trap_weights", 1, False), ("trap_weights", 2, False), ("trap_weights", 6, False),
                 ("fishing", None, True)):
         assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
-    assert by[("trap_weights", 6, False)]["recovered"]["exact"] >= 1
+    assert by[("trap_weights", 6, False)]["recovered"]["exact"] >= 5  # 12 of 64 faces exactly (docs section 10)
     assert by[("trap_weights", 8, False)]["info"]["column_noise"].startswith("0.0")  # calibrated: 0.02-0.05
     assert by[("fishing", None, True)]["info"]["other_rows_scale"].endswith("auxiliary samples)")
     assert by[("trap_weights", 8, False)]["info"]["disguised"].startswith("8 rows")
