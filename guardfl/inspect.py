@@ -954,8 +954,11 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
             reasons.append(f"gradient concentration: the {int((y == c).sum())} sample(s) of label {c} carry {class_share:.1%} of the "
                            f"gradient into the classification layer's input (> {CONCENTRATION_SHARE:.0%}) of a batch of "
                            f"{x.shape[0]} with {labels} labels")
-    base = _baseline_isolation(baseline, x, y, train=mode.startswith("train")) if baseline is not None else None
+    base, source = (_baseline_isolation(baseline, module, x, y, train=mode.startswith("train")) if baseline is not None
+                    else (None, None))
     layer_reasons, checks["isolation"], per_layer, reading_hidden = _layer_gradients(ran, raw_logits, y, labels, base, inputs)
+    if source:
+        checks["isolation"]["baseline_model"] = source
     reasons += layer_reasons
     column_reasons, checks["shared_columns"] = inspect_columns.check(reading_hidden)
     reasons += column_reasons
@@ -1036,11 +1039,23 @@ def _fresh_init(reference: nn.Module) -> nn.Module | None:
     return fresh
 
 
-def _baseline_isolation(reference: nn.Module, x: Tensor, y: Tensor, train: bool = True) -> dict[str, int] | None:
+def _baseline_isolation(reference: nn.Module, received: nn.Module, x: Tensor, y: Tensor,
+                        train: bool = True) -> tuple[dict[str, int] | None, str | None]:
     """Samples isolated per ``nn.Linear`` layer, on the same batch, by the client's architecture at a fresh
-    initialisation (``_fresh_init``; None when it cannot be made or run: the counts are then not judged)."""
-    baseline = _fresh_init(reference)
-    if baseline is None:
+    initialisation (``_fresh_init``), and which model that was. Where no fresh copy can be made, the
+    reference module's own weights when it is the client's and not the received module (fail closed: the
+    counts are still judged, against a baseline a server may have shaped, and ``checks`` says so); else
+    (None, None): the counts are then not judged."""
+    baseline, source = _fresh_init(reference), f"a fresh initialisation (seed {ISOLATION_INIT_SEED})"
+    if baseline is None and reference is not received:
+        baseline, source = reference, "the reference's own weights: its architecture could not be re-initialised"
+    counts = None if baseline is None else _isolation_counts(baseline, x, y, train)
+    return counts, (source if counts is not None else None)
+
+
+def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) -> dict[str, int] | None:
+    """Samples isolated per ``nn.Linear`` layer by ``baseline`` on the batch (None when it cannot run)."""
+    if any(t.is_meta for t in baseline.state_dict().values() if isinstance(t, Tensor)):
         return None
     names = {id(m): name for name, m in baseline.named_modules()}
     ran: list = []
@@ -1052,7 +1067,7 @@ def _baseline_isolation(reference: nn.Module, x: Tensor, y: Tensor, train: bool 
             inputs.requires_grad_(True)
         with torch.enable_grad(), (_training_forward(baseline) if train else _eval_forward(baseline)):
             baseline(inputs)
-    except Exception:  # noqa: BLE001 - the fresh architecture cannot run on the batch: no baseline
+    except Exception:  # noqa: BLE001 - the baseline model cannot run on the batch: no baseline
         return None
     finally:
         for h in hooks:

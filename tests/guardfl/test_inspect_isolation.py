@@ -137,6 +137,24 @@ def test_the_baseline_is_the_clients_own_fresh_initialisation_never_the_servers_
     assert any(r.startswith("isolation") for r in against_trap.reasons)
 
 
+def test_a_reference_that_cannot_be_re_initialised_is_the_baseline_itself_and_checks_say_so():
+    """Fail closed: where no fresh copy of the architecture can be made (here the reference refuses to be
+    copied; the received model is passed as a module, which needs no copy of it), the counts are judged
+    against the reference's own weights, not left unjudged."""
+    class Uncopyable(FC2):
+        def __deepcopy__(self, memo):
+            raise RuntimeError("no copies")
+
+    torch.manual_seed(0)
+    honest = Uncopyable()
+    sent = trapped(FC2(), column_noise=0.1)
+    result = inspect_model(sent, honest, batch=centred())
+    assert result.checks["isolation"]["baseline_model"].startswith("the reference's own weights")
+    assert [r.split(":")[0] for r in result.reasons] == ["isolation"]
+    fresh = inspect_model(sent.state_dict(), FC2(), batch=centred())
+    assert fresh.checks["isolation"]["baseline_model"] == "a fresh initialisation (seed 0)"
+
+
 def test_the_limit_is_the_threshold_where_the_architecture_isolates_fewer_and_beyond_chance_otherwise():
     assert isolation_limit(64, 0) == isolation_limit(64, 3) == 0.05 * 64 and isolation_limit(16, 1) == 2
     for n, base in ((32, 17), (64, 23), (64, 4)):
