@@ -353,7 +353,7 @@ def main() -> None:
                 n = b[1].numel()
                 over += [v["isolated"] - I.isolation_limit(n, iso["baseline"].get(k, 0))
                          for k, v in iso.get("layers", {}).items()
-                         if v.get("judged", True) and iso["baseline"].get(k, 0) >= max(I.ISOLATION_MIN_SAMPLES, I.ISOLATION_SHARE * n)]
+                         if v.get("judged", True) and iso["baseline"].get(k, 0) >= I.isolation_threshold(n)]
         rows.append(("benign", group, len(pairs), flagged, flagged / len(pairs), 0))
     stats["isolation, benign count minus its limit where the fresh init leaks, inputs in [0, 1] (max)"] = over
     dsnr: dict[str, list[float]] = {}

@@ -80,7 +80,7 @@ from guardfl import inspect_columns
 from guardfl.errors import ConfigError, MaliciousModelError
 from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MAX_PAIRS, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
                                        ISOLATION_READ_ERROR, ISOLATION_SHARE, ISOLATION_SPREAD, ISOLATION_TOLERANCE,
-                                       isolated_samples, isolation_limit)
+                                       isolated_samples, isolation_limit, isolation_threshold)
 from guardfl.inspect_rows import PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, parallel_rows
 
 #: a linear layer needs at least this many rows (bins) for the imprint check: Robbing the Fed uses
@@ -1012,7 +1012,7 @@ def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) ->
     limit = isolation_limit(n, baseline)
     if isolated < limit:
         return None
-    if limit == max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n):
+    if limit == isolation_threshold(n):
         return (f"isolation: {what}, where the client's architecture at a fresh initialisation singles out {baseline} "
                 f"(flagged at >= {ISOLATION_MIN_SAMPLES} and >= {ISOLATION_SHARE:.0%} of the batch)")
     return (f"isolation: {what}, {isolated - baseline} more than the client's architecture at a fresh initialisation "
@@ -1190,6 +1190,7 @@ __all__ = [
     "inspect_model",
     "isolated_samples",
     "isolation_limit",
+    "isolation_threshold",
     "output_collapse",
     "per_sample_weight_norms",
     "rank_ratio",

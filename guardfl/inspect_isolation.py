@@ -69,10 +69,15 @@ ISOLATION_PEEL = 4
 ISOLATION_MAX_PAIRS = 200_000
 
 
+def isolation_threshold(n: int) -> float:
+    """``max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n)``: the count flagged outright on a batch of ``n``."""
+    return max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n)
+
+
 def isolation_limit(n: int, baseline: int) -> float:
     """The count of isolated samples at which a layer is flagged, on a batch of ``n`` where the client's
     architecture at a fresh initialisation isolates ``baseline`` (see ``ISOLATION_SPREAD``)."""
-    threshold = max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n)
+    threshold = isolation_threshold(n)
     if baseline < threshold:
         return threshold
     p = baseline / n
@@ -97,14 +102,14 @@ def _read_error(e: Tensor, lead: Tensor, gram: Tensor) -> Tensor:
     return torch.where(lead > 0, contamination / lead.clamp_min(1e-300), torch.full_like(lead, float("inf")))
 
 
-def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, read_error: float) -> Tensor:
+def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, norms: Tensor, read_error: float) -> Tensor:
     """Rows of 2 to ``1 + ISOLATION_PEEL`` samples from which one sample reads within ``read_error``
     alone: (sets, batch), one sample each."""
     rows = ((size >= 2) & (size <= 1 + ISOLATION_PEEL)).nonzero().flatten()
     if rows.numel() == 0:
         return torch.zeros(0, d.shape[0], dtype=torch.bool)
     sub = d[:, rows] * support[:, rows]
-    weight = sub.abs() * gram.diagonal().clamp_min(0.0).sqrt()[:, None]  # |delta_n| |a_n|
+    weight = sub.abs() * norms  # |delta_n| |a_n|
     top = weight.argmax(0)
     e = sub.clone()
     e[top, torch.arange(rows.numel())] = 0.0
@@ -140,8 +145,9 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
     size = support.sum(0)
     sets = [support[:, size == 1].T]  # separable sample sets, one per row: (sets, batch)
     info["single_rows"] = int(sets[0].shape[0])
+    norms = None if gram is None else gram.diagonal().clamp_min(0.0).sqrt()[:, None]  # |a_n|, batch x 1
     if gram is not None:
-        sets.append(_dominated_rows(d, support, size, gram, read_error))
+        sets.append(_dominated_rows(d, support, size, gram, norms, read_error))
         info["dominated_rows"] = int(sets[-1].shape[0])
     s = support.float()
     overlap = s.T @ s  # units x units: shared samples (exact in float32 below 2**24)
@@ -160,7 +166,6 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
         lead = torch.where(held, di.abs(), torch.full_like(di, float("inf"))).amin(0)
         cancels = residual.abs().sum(0) <= tolerance * lead
         if gram is not None:
-            norms = gram.diagonal().clamp_min(0.0).sqrt()[:, None]
             lead_read = torch.where(held, di.abs() * norms, torch.full_like(di, float("inf"))).amin(0)
             cancels |= _read_error(residual, lead_read, gram) <= read_error
         info["separating_pairs"] += int(cancels.sum())
@@ -178,4 +183,5 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
 
 
 __all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MAX_PAIRS", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",
-           "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit"]
+           "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit",
+           "isolation_threshold"]
