@@ -237,10 +237,12 @@ def _modality(model: nn.Module, inputs: Tensor, input_range: tuple[float, float]
 
 class ModelRefused(GuardflError):
     """The client's inspection (``guardfl.inspect_model``) refused the model a malicious server sent: the
-    client trained nothing and sent nothing. ``reasons``: the inspection's, one sentence each."""
+    client trained nothing and sent nothing. ``reasons``: the inspection's, one sentence each; ``info``: what
+    the attack adds on the model it sent (its lines for the certificate), set where it catches this."""
 
     def __init__(self, reasons: list[str]) -> None:
         self.reasons = list(reasons)
+        self.info: dict = {}
         super().__init__("the client's inspection refused the model: " + "; ".join(self.reasons))
 
 

@@ -48,7 +48,7 @@ class ServerAttack(Attack):
             empty = torch.zeros((0, *setting.input_shape))
             rec = Reconstruction(fill_batch(empty, setting.num_samples, setting.input_range),
                                  torch.zeros(setting.num_samples, dtype=torch.long), float("nan"), [],
-                                 {"labels": "not restored", "refused": "; ".join(refused.reasons)})
+                                 {**refused.info, "labels": "not restored", "refused": "; ".join(refused.reasons)})
         rec.info.setdefault("queries", client.queries)
         rec.info.setdefault("refused_queries", getattr(client, "refused", 0))
         return rec

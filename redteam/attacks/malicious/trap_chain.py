@@ -4,6 +4,8 @@ shared classifier column."""
 
 from __future__ import annotations
 
+import weakref
+
 from typing import NamedTuple
 
 import torch
@@ -91,12 +93,26 @@ def unseen(count: int, input_shape: tuple[int, ...], aux: Tensor | None, gen: to
             h = 4 * h - (h.roll(1, -1) + h.roll(-1, -1) + h.roll(1, -2) + h.roll(-1, -2))
     h = h.flatten(1)
     if aux is not None and aux.shape[0] >= 2:
-        _, s, vh = torch.linalg.svd(aux.flatten(1).double(), full_matrices=False)
-        energy = torch.cumsum(s ** 2, 0) / (s ** 2).sum().clamp_min(1e-300)
-        keep = min(int((energy < AUX_ENERGY).sum()) + 1, h.shape[1] // 2)
-        basis = vh[:keep]
+        basis = aux_basis(aux)
         h = h - (h @ basis.T) @ basis
     return h / h.norm(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+_BASIS: list = []  # (a weak reference to the last auxiliary images, their version, their basis)
+
+
+def aux_basis(aux: Tensor) -> Tensor:
+    """The auxiliary images' principal directions up to ``AUX_ENERGY`` of their energy, at most half the
+    dimensions; the last images' basis is kept (one SVD per attack, not one per row disguised: a fitted or
+    calibrated trap is built many times on the same images)."""
+    if _BASIS and _BASIS[0]() is aux and _BASIS[1] == aux._version:
+        return _BASIS[2]
+    flat = aux.flatten(1).double()
+    _, s, vh = torch.linalg.svd(flat, full_matrices=False)
+    energy = torch.cumsum(s ** 2, 0) / (s ** 2).sum().clamp_min(1e-300)
+    basis = vh[:min(int((energy < AUX_ENERGY).sum()) + 1, flat.shape[1] // 2)]
+    _BASIS[:] = [weakref.ref(aux), aux._version, basis]
+    return basis
 
 
 def disguise(weight: Tensor, rho: float, input_shape: tuple[int, ...], aux: Tensor | None, gen: torch.Generator) -> int:

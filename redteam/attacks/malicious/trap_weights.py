@@ -37,6 +37,9 @@ too, below; elsewhere: not applicable, with the reason):
   defense, else 1 (as Robbing the Fed's ``boost: auto``; unboosted traps had certified Gaussian 0.01 and
   Outpost clients). ``rows: auto``: as many rows as a known pruning keeps whole, at most 6 (``trap_size``:
   GradPrune 0.99 keeps 2 of FC-2's first layer; a 6-row trap there is cut and reads nothing exactly).
+  ``rows: fit``: the size (chains and rows, or the whole layer) that reads most of a shadow client's
+  batches of auxiliary images, the client's inspection (with a margin under the isolation limit) and
+  defense included (``trap_fit``): the construction that adapts to the isolation check on any data.
 - ``cuts: middle`` (with ``rows``; built against SEER's D-SNR check, ``inspect_model(...,
   disaggregation=True)``, which refuses a model when one sample's weight gradient exceeds 2 times all the
   others' in a layer): boosted rows at the top of the measurement give 1000x gradients to the few samples
@@ -111,13 +114,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
-from pydantic import Field, field_validator, model_validator
 from torch import Tensor, nn
 
-from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
+from guardfl.redteam.attacks.base import Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
@@ -125,11 +127,13 @@ from guardfl.redteam.attacks.malicious.trap_norm import recover_through_norm
 from guardfl.redteam.attacks.malicious.trap_chain import Trap, auto_rho, chain_draw, columns, disguise, equal_rows
 from guardfl.redteam.attacks.malicious.trap_per_sample import craft_grouped, craft_layer_norm, through
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
+from guardfl.redteam.attacks.malicious.trap_config import COLUMN_NOISE_LEVELS, TrapWeightsConfig  # noqa: F401 - re-exported
+from guardfl.redteam.attacks.malicious.trap_fit import TrapPlan, fit
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
 from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, server_labels
-from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
 from guardfl.redteam.threat import ThreatModel
 
 
@@ -266,66 +270,6 @@ def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, in
                       input_range, min_mass)
 
 
-class TrapWeightsConfig(AttackConfig):
-    chains: int = Field(default=2, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
-    #: relative noise on each row's share of its chain's classifier column; "auto": against an inspecting
-    #: client the least that passes its shared-columns check on the attacker's auxiliary data
-    #: (``evade_columns.least_passing``), else 0
-    column_noise: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [0, 1]"})
-    #: rows per chain, cut at the top of the measurement (one sample per bin on average), the rest of the
-    #: layer left honest: a small trap that reads a few samples and stays under a check that counts
-    #: isolated samples against the honest model's; null: the whole layer; "auto": ``trap_size.AUTO_ROWS``,
-    #: or fewer so that every chain's rows survive a known pruning whole (``trap_size.auto_rows``)
-    rows: Literal["auto"] | int | None = Field(default=None, json_schema_extra={"allowed": "null (the whole layer), 'auto' or an integer in [1, 65536]"})
-    #: the trapped rows' classifier columns at this many times the honest columns' mean norm: their
-    #: gradients as many times larger, so that a defense that keeps the largest entries of a layer
-    #: (GradPrune, Outpost's pruning) keeps theirs, and noise of a fixed scale is small beside them;
-    #: "auto": ``TRAP_BOOST`` against a known pruning or noise defense (``boost_for``), else 1
-    boost: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [1, 1e6]"})
-    #: where the ``rows`` cut the measurement: "top" (one sample per bin on average, the top row one sample
-    #: too) or "middle" (around the median: every sample above the lowest cut, about half the batch, sends
-    #: the boosted gradient, so that no one sample dominates the layer: adapted to the D-SNR check)
-    cuts: Literal["top", "middle"] = Field(default="top", json_schema_extra={"allowed": "'top' or 'middle' (with rows)"})
-    #: the rows' scales within a chain: "random" (each in [0.5, 2]), "equal" (one scale, each row with a tiny
-    #: random part; through BatchNorm one BatchNorm weight per chain): adapted to FedAvg, where a chain's
-    #: classifier columns would otherwise drift apart over the local steps, in proportion to the rows'
-    #: different activations, and the adjacent differences would no longer cancel; "auto": equal against a
-    #: FedAvg client, else random. Through GroupNorm "equal" also undoes the normalisation's scale (the
-    #: FedAvg delta keeps the bins' digits); through LayerNorm a chain always shares one scale
-    scales: Literal["auto", "random", "equal"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'random' or 'equal'"})
-    #: each row with a near-multiple in the layer gets a part images barely see, this many times its norm
-    #: (``trap_chain.disguise``): adapted to the near-parallel-rows check; "auto": ``trap_chain.auto_rho()``
-    #: (two rows of a chain at |cos| ~0.98, under the check's 0.99) for a small trap (``rows``), else 0
-    disguise: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [0, 4]"})
-    min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
-
-    @field_validator("rows", mode="before")
-    @classmethod
-    def _rows(cls, value):
-        if value is not None and value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536):
-            raise ValueError(f"expected null, 'auto' or an integer in [1, 65536] (got {value!r})")
-        return value
-
-    @field_validator("boost", "disguise", "column_noise", mode="before")
-    @classmethod
-    def _auto_or_number(cls, value, info):
-        low, high = {"boost": (1, 1e6), "disguise": (0, 4), "column_noise": (0, 1)}[info.field_name]
-        if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high):
-            raise ValueError(f"expected 'auto' or a number in [{low:g}, {high:g}] (got {value!r})")
-        return value
-
-    @model_validator(mode="after")
-    def _cuts_need_rows(self) -> "TrapWeightsConfig":
-        if self.cuts != "top" and self.rows is None:
-            raise ValueError(f"cuts: {self.cuts!r} places a small trap's rows, but rows is null (the whole layer is cut at "
-                             "quantiles): set rows, or remove cuts")
-        return self
-
-
-#: relative column noise levels ``column_noise: auto`` tries in turn against an inspecting client
-COLUMN_NOISE_LEVELS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)
-
-
 @register
 class TrapWeights(ServerAttack):
     """Robbing the Fed's bins inside the honest first linear layer, disguised against the weight checks."""
@@ -370,46 +314,70 @@ class TrapWeights(ServerAttack):
         return auto_rows(setting.defense_config if known else None, first.out_features, first.in_features, parameters,
                          chains, self.config.cuts)
 
-    def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
-                     gen: torch.Generator) -> Reconstruction:
-        c = self.config
-        shape, n = tuple(setting.input_shape), setting.num_samples
-        layers = trap_layers(setting.model, shape)
-        chains = min(c.chains, layers.first.out_features // 2)
-        aux = None if threat.aux is None else threat.aux.images
+    def plan(self, setting: Setting, threat: ThreatModel) -> TrapPlan:
+        """What every trap this attack builds against ``setting`` shares (see ``TrapPlan``)."""
+        c, layers = self.config, trap_layers(setting.model, tuple(setting.input_shape))
         known = threat.defense == "known"
-        boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
-        equal = c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg")
-        outpost = known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config))
-        chains, rows, rows_line = self._rows(setting, layers, chains, known)
+        return TrapPlan(layers, None if threat.aux is None else threat.aux.images, known,
+                        (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost),
+                        c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg"),
+                        known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config)))
+
+    def build(self, plan: TrapPlan, chains: int, rows: int | None, client: ClientQuery, setting: Setting,
+              threat: ThreatModel, gen: torch.Generator) -> tuple[Trap, dict]:
+        """The trap of ``chains`` chains of ``rows`` rows (None: the whole layer), disguised and its columns
+        noised against ``client``'s inspection, and its lines for the certificate."""
+        c, shape, n = self.config, tuple(setting.input_shape), setting.num_samples
         rho = (auto_rho() if rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
         disguised = []
 
         def build(noise: float) -> Trap:  # the model sent, disguised: what the column noise is calibrated on
-            made = craft(setting.model, layers, shape, aux, chains, noise, setting.input_range, gen, rows, n, boost, c.cuts,
-                         equal, outpost)
-            disguised[:] = [disguise(made.rows(), rho, shape, aux, gen)]
+            made = craft(setting.model, plan.layers, shape, plan.aux, chains, noise, setting.input_range, gen, rows, n,
+                         plan.boost, c.cuts, plan.equal, plan.outpost)
+            disguised[:] = [disguise(made.rows(), rho, shape, plan.aux, gen)]
             return made
 
         trap, noise = self._crafted(build, client, setting, threat, gen, rows)
-        disguised = disguised[0]
-        observation = client(trap.sent)
-        top_row = rows is None or c.cuts == "top"
+        return trap, {"chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "column_noise": noise,
+                      "boost": plan.boost, "cuts": c.cuts if rows else "quantiles",
+                      "disguised": f"{disguised[0]} rows, rho {rho:.3g}" if disguised[0] else "none"}
+
+    def read(self, observation: Observation, trap: Trap, plan: TrapPlan, setting: Setting, small: bool) -> tuple[Tensor, int]:
+        """The images the update ``observation`` of ``trap`` gives back (``setting.num_samples`` of them,
+        ``fill_batch``) and how many bins held one sample; ``small``: a trap of a few rows per chain."""
+        c, shape, n, layers = self.config, tuple(setting.input_shape), setting.num_samples, plan.layers
+        top_row = c.cuts == "top" or not small
         if trap.norm is None or trap.slopes is not None:  # through GroupNorm: each row divided by its slope
             slopes = torch.ones(1, dtype=torch.float64) if trap.slopes is None else trap.slopes
             w, b = observation.update[trap.weight].double(), observation.update[trap.bias].double()
-            images, found = recover(w / slopes.reshape(-1, *[1] * (w.dim() - 1)), b / slopes, trap.chains, n, shape,
-                                    setting.input_range, c.min_mass, top_row=top_row)
+            return recover(w / slopes.reshape(-1, *[1] * (w.dim() - 1)), b / slopes, trap.chains, n, shape,
+                           setting.input_range, c.min_mass, top_row=top_row)
+        return recover_through_norm(observation.update, trap, layers.norm.eps, plan.aux, n, shape, setting.input_range,
+                                    c.min_mass, top_row=top_row)
+
+    def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
+                     gen: torch.Generator) -> Reconstruction:
+        plan = self.plan(setting, threat)
+        if self.config.rows == "fit":
+            trap, rows, lines = fit(self, plan, client, setting, threat, gen)
+            small = rows is not None
         else:
-            images, found = recover_through_norm(observation.update, trap, layers.norm.eps, aux, n, shape,
-                                                 setting.input_range, c.min_mass, top_row=top_row)
+            chains = min(self.config.chains, plan.layers.first.out_features // 2)
+            chains, rows, rows_line = self._rows(setting, plan.layers, chains, plan.known)
+            trap, lines = self.build(plan, chains, rows, client, setting, threat, gen)
+            lines["rows"], small = rows_line, rows is not None
+        try:
+            observation = client(trap.sent)
+        except ModelRefused as refused:  # the certificate still says what was sent, and how it was sized
+            refused.info = {**lines, "malicious_model": trap.sent}
+            raise
+        images, found = self.read(observation, trap, plan, setting, small)
         labels, source = server_labels(observation, setting, threat)
-        extra = {} if trap.norm is None else {"through": through(layers.norm, trap.norm, aux is not None)}
-        if outpost and isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
+        norm = plan.layers.norm
+        extra = {} if trap.norm is None else {"through": through(norm, trap.norm, plan.aux is not None)}
+        if plan.outpost and isinstance(norm, (nn.GroupNorm, nn.LayerNorm)):
             extra["constants"] = "in the weights (adapted to Outpost's noise, which scales with each layer's variance)"
         return Reconstruction(images, labels.cpu(), 0.0, [], {
-            "labels": source, "chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "candidates": found,
-            "layer": trap.weight.removesuffix(".weight"), "column_noise": noise, "rows": rows_line, "boost": boost, "cuts": c.cuts if rows else "quantiles",
-            "disguised": f"{disguised} rows, rho {rho:.3g}" if disguised else "none",
-            "scales": "equal" if equal or isinstance(layers.norm, nn.LayerNorm) else "random",
-            **extra, "cutoffs": "aux quantiles" if aux is not None else "gaussian guess", "malicious_model": trap.sent})
+            "labels": source, **lines, "candidates": found, "layer": trap.weight.removesuffix(".weight"),
+            "scales": "equal" if plan.equal or isinstance(norm, nn.LayerNorm) else "random",
+            **extra, "cutoffs": "aux quantiles" if plan.aux is not None else "gaussian guess", "malicious_model": trap.sent})

@@ -58,6 +58,7 @@ def test_auto_never_asks_for_more_rows_than_the_pruning_keeps_unless_no_bin_woul
 
 def test_bad_rows_are_one_line_naming_the_field():
     for bad in ("many", 0, True, 2.5, 70000):
-        with pytest.raises(ValueError, match=r"rows: expected null, 'auto' or an integer in \[1, 65536\]"):
+        with pytest.raises(ValueError, match=r"rows: expected null, 'auto', 'fit' or an integer in \[1, 65536\]"):
             get("trap_weights", rows=bad)
     assert get("trap_weights", rows="auto", cuts="middle").config.rows == "auto"
+    assert get("trap_weights", rows="fit").config.rows == "fit"

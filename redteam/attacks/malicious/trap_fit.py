@@ -1,0 +1,194 @@
+"""``trap_weights rows: fit``: the trap sized against the client's own inspection, on the attacker's data.
+
+The isolation check judges how many samples a layer singles out against what the client's architecture
+singles out at a fresh initialisation, so the largest trap that passes depends on the data: on a centred
+batch the honest model isolates nothing and a trap of 8 chains of 6 rows is refused, on faces in [0, 1] the
+honest FC-2 singles out 5-28 of 64 by itself and that trap passes and reads 12 faces exactly
+(docs/malicious-server.md, section 10). A fixed size is the red team's guess; a server that has read
+``guardfl/inspect.py`` measures instead. It knows the client's configuration (its defense, protocol, whether
+it inspects and with which checks) and the honest global model the client inspects against, not its batch
+or its defense's randomness. So it runs shadows of the client (``shadows``): ``ClientQuery`` on batches of
+its auxiliary images as large as the client's (up to ``FIT_BATCHES``, held out from the batch the column
+noise is calibrated on, where the auxiliary data has enough; else one, filled up with mirror images), with
+the defense's seeds removed (``unseeded``: the shadow draws its own noise). It builds the trap at every size
+of ``FIT_SIZES`` and the whole layer, runs the client's inspection on each shadow batch (``passes``: a
+model refused there, or whose isolation count comes within ``FIT_MARGIN`` standard deviations of the limit,
+reads nothing on that batch), sends the rest to the shadow and counts the images it reads exactly (SSIM >
+``EXACT_SSIM`` after one-to-one matching: its own images, which it may compare with; never the client's).
+The client gets the very model that read most per batch on average (ties: the one refused on fewer batches,
+then the higher mean SSIM). When no size passes any shadow batch, the client gets the first small one (a
+single row), and the certificate's line says none passed.
+
+What it costs the server: per size, one calibration of the column noise (against an inspecting client) and
+one inspection and query per shadow batch; nothing of the client's. Where the auxiliary data holds fewer
+than two client batches (the 36 LFW faces of the shipped configs) there is one shadow batch, and the margin
+is all that stands between a size near the limit and a refusal on the client's batch (which counts as
+nothing sent, as it would for the server).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from guardfl.defenses import DefenseConfig, parse_config
+from guardfl.inspect import inspect_model
+from guardfl.inspect_isolation import isolation_limit
+from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch
+from guardfl.redteam.attacks.setting import Setting
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.modality.image import metrics
+from guardfl.redteam.threat import ThreatModel
+
+#: the sizes ``rows: fit`` tries besides the whole layer, as (chains, rows per chain): single rows (one
+#: reads one sample, under any isolation count), one chain of a few rows, few rows that a pruning keeps, and
+#: the sizes of docs/malicious-server.md section 10
+FIT_SIZES = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 4), (1, 8), (4, 2), (2, 6), (4, 6), (6, 6), (8, 6), (8, 8),
+             (12, 6), (16, 4))
+
+#: a read counts as exact at this SSIM (the measure of issue 34's tables)
+EXACT_SSIM = 0.9
+
+#: the server's margin under the isolation limit, in binomial standard deviations of the fresh model's count
+#: (the unit of ``guardfl.inspect_isolation.ISOLATION_SPREAD``): a size whose count on a shadow batch comes
+#: closer than this to the limit is taken as refused there
+FIT_MARGIN = 1.0
+
+#: the most auxiliary batches the shadow runs each size on (a refusal reads nothing): a size near the
+#: inspection's limit passes some batches and not others, and the expected reads say so
+FIT_BATCHES = 4
+
+
+class TrapPlan(NamedTuple):
+    """What every trap one attack builds against one setting shares: the host layers (``TrapLayers``), the
+    auxiliary images (None without), whether the defense's configuration is known, the boost, equal scales
+    (against FedAvg) and a known Outpost (the per-sample traps' constants go in the weights)."""
+
+    layers: Any
+    aux: Tensor | None
+    known: bool
+    boost: float
+    equal: bool
+    outpost: bool
+
+
+def sizes(cuts: str, chains: int, units: int) -> list[tuple[int, int | None]]:
+    """The (chains, rows) ``rows: fit`` tries on a first layer of ``units``: the whole layer in ``chains``
+    chains (not with ``cuts: middle``, which places a small trap's rows), then ``FIT_SIZES`` that fit (with
+    ``cuts: middle`` at least two rows: a bin lies between two cuts)."""
+    whole = [] if cuts == "middle" else [(min(chains, units // 2), None)]
+    return whole + [(k, r) for k, r in FIT_SIZES if k * r <= units and (cuts == "top" or r >= 2)]
+
+
+def unseeded(config: DefenseConfig | dict | None) -> DefenseConfig | None:
+    """The client's defense configuration without its seeds (every stage's): the shadow draws its own
+    randomness, as the server has to."""
+    if config is None:
+        return None
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "seed"}
+        return [strip(v) for v in value] if isinstance(value, list) else value
+
+    return parse_config(strip(parse_config(config).model_dump(mode="json")))
+
+
+def shadow_data(aux: AuxData | None, n: int) -> tuple[list[AuxData], str]:
+    """The shadow's batches of ``n`` auxiliary samples and how they were chosen: up to ``FIT_BATCHES``
+    after the ``n`` the column noise is calibrated on where there are ``2 n`` or more; else one, all of them,
+    images with their mirror images after them where fewer than ``n`` (a mirrored face is a face: the
+    shadow's batch is as large as the client's, since how many samples share a bin depends on it)."""
+    if aux is None or not len(aux.images):
+        return [], ""
+    images, labels = aux.images, aux.labels
+    if len(images) >= 2 * n:
+        count = min(FIT_BATCHES, len(images) // n - 1)
+        return ([AuxData(images[i * n:(i + 1) * n], labels[i * n:(i + 1) * n]) for i in range(1, count + 1)],
+                ", held out from the calibration")
+    if len(images) < n and images.is_floating_point() and images.dim() >= 3:
+        mirrored = min(n - len(images), len(images))
+        return ([AuxData(torch.cat([images, images[:mirrored].flip(-1)]), torch.cat([labels, labels[:mirrored]]))],
+                f", {mirrored} of them mirrored")
+    return [AuxData(images[:n], labels[:n])], ""
+
+
+def shadows(client: ClientQuery, setting: Setting, aux: AuxData | None) -> tuple[list[tuple[ClientQuery, Tensor, Tensor]], str]:
+    """The server's copies of ``client``, one per batch of its own (``shadow_data``; one of uniform noise
+    without auxiliary data, ``calibration_batch``), each with its batch, and what they are, in words. A copy
+    does not inspect: ``passes`` runs the client's inspection, with the server's margin."""
+    data, how = shadow_data(aux, setting.num_samples)
+    out, what = [], ""
+    for part in data or [None]:
+        x, y, what = calibration_batch(part, setting)
+        out.append((ClientQuery(x, y, unseeded(client.defense_config), client.protocol, input_range=client.input_range,
+                                train_mode=client.train_mode), x, y))
+    return out, (f"{len(out)} batches of " if len(out) > 1 else "") + what + how
+
+
+def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y: Tensor) -> str | None:
+    """None when ``client``'s inspection (none where it does not inspect) passes ``sent`` on the shadow's
+    batch ``(x, y)`` with the server's margin, else why not: ``refused``, or ``near`` when some layer
+    isolates more than ``FIT_MARGIN`` binomial standard deviations under its isolation limit (the client's
+    batch is not the shadow's, and a count near the limit there is one over it on some batches)."""
+    if not getattr(client, "inspect", False):
+        return None
+    inspection = inspect_model(sent, setting.model, batch=(x, y), disaggregation=bool(getattr(client, "disaggregation", False)))
+    if not inspection.ok:
+        return "refused"
+    isolation, n = inspection.checks.get("isolation") or {}, len(x)
+    for name, layer in (isolation.get("layers") or {}).items():
+        baseline = (isolation.get("baseline") or {}).get(name)
+        if layer.get("judged", True) and baseline is not None:
+            spread = math.sqrt(n * (baseline / n) * (1 - baseline / n))
+            if layer["isolated"] > isolation_limit(n, baseline) - FIT_MARGIN * spread:
+                return "near"
+    return None
+
+
+def score(images: Tensor, truth: Tensor, input_range: tuple[float, float]) -> tuple[int, float]:
+    """How many of ``truth`` the reconstruction ``images`` reads exactly (one-to-one matching, SSIM >
+    ``EXACT_SSIM``) and its mean SSIM."""
+    perm = metrics.match(images, truth)
+    span = float(input_range[1] - input_range[0])
+    values = [metrics.ssim(images[int(perm[i])], truth[i], span) for i in range(len(truth))]
+    return sum(v > EXACT_SSIM for v in values), sum(values) / max(1, len(values))
+
+
+def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: ThreatModel,
+        gen: torch.Generator) -> tuple[Any, int | None, dict]:
+    """The trap of the size that reads most of the shadows' batches (see the module docstring), its rows per
+    chain (None: the whole layer) and its lines for the certificate (``attack.build``'s, ``rows`` saying
+    what was tried)."""
+    copies, what = shadows(client, setting, threat.aux)
+    tried, best, first_small = [], None, None
+    for chains, rows in sizes(attack.config.cuts, attack.config.chains, plan.layers.first.out_features):
+        trap, lines = attack.build(plan, chains, rows, client, setting, threat, gen)
+        first_small = first_small or (None if rows is None else (trap, rows, lines))
+        reads, kept = [], {"refused": 0, "near": 0}
+        for query, x, y in copies:
+            why = passes(trap.sent, client, setting, x, y)
+            if why is not None:
+                kept[why] += 1
+                reads.append((0, 0.0))
+                continue
+            images, _ = attack.read(query(trap.sent), trap, plan, setting, rows is not None)
+            reads.append(score(images, x, setting.input_range))
+        label, out = f"{chains} x {rows or 'all'}", kept["refused"] + kept["near"]
+        mean = (sum(e for e, _ in reads) / len(reads), -out, sum(m for _, m in reads) / len(reads))
+        tried.append(label + (f" {mean[0]:.3g}" if out < len(reads) else "") + "".join(
+            f" ({why} {k}{'' if k == len(reads) else f' of {len(reads)}'})" for why, k in kept.items() if k))
+        if out < len(reads) and (best is None or mean > best[0]):
+            best = (mean, trap, rows, lines, label)
+    if best is None:
+        trap, rows, lines = first_small
+        verdict = "none passed the shadow's inspection with the margin, sent the first small trap"
+    else:
+        (exact, _, _), trap, rows, lines, label = best
+        verdict = f"{label}, {exact:.3g} exact per batch of {setting.num_samples}"
+    lines["rows"] = f"{rows or 'all'} (fit on {what}: {verdict}; chains x rows and exact reads: {', '.join(tried)})"
+    return trap, rows, lines
