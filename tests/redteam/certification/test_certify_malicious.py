@@ -86,11 +86,13 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     check (its rows disguised against the near-parallel-rows check, its chain's column varied against the
     shared-columns check), the single-row trap, the boosted 2-row trap, 8 chains of 6 rows (within chance of
     the honest FC-2's own isolation on these uncentred faces) and the disguised fishing (its other rows
-    scaled to pass the shared-columns check) pass it and leak without a defense; DP-SGD holds."""
+    scaled to pass the shared-columns check) pass it and leak without a defense; so does the trap sized on
+    shadows of the client (``rows: fit``, the largest it reads most with), which says what it tried; DP-SGD
+    holds."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
     assert inspecting.status == "NOT CERTIFIED"
     page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
-    assert "3 of 8 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
+    assert "3 of 9 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
     for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "parallel rows:"),
                         (("fishing", None, False), "class fishing:")):
@@ -99,6 +101,9 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
                 ("fishing", None, True)):
         assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
     assert by[("trap_weights", 6, False)]["recovered"]["exact"] >= 5  # 12 of 64 faces exactly (docs section 10)
+    fitted = by[("trap_weights", "fit", False)]
+    assert fitted["info"].get("refused") is None and fitted["recovered"]["exact"] >= 5  # 16 x 4: 11 faces exactly
+    assert "fit on 64 auxiliary samples, 28 of them mirrored" in fitted["info"]["rows"] and "2 x all (refused 1)" in fitted["info"]["rows"]
     assert by[("trap_weights", 8, False)]["info"]["column_noise"].startswith("0.0")  # calibrated: 0.02-0.05
     assert by[("fishing", None, True)]["info"]["other_rows_scale"].endswith("auxiliary samples)")
     assert by[("trap_weights", 8, False)]["info"]["disguised"].startswith("8 rows")
@@ -174,7 +179,8 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     """configs/malicious-adaptive-dsnr.yaml: a client that inspects with SEER's D-SNR check on
     (client.inspect_disaggregation) and prunes its gradient; the certificate states the check, the boosted
     trap at the top of the measurement is refused by it, the boosted trap around the median passes every
-    check and reads faces exactly through GradPrune 0.9."""
+    check and reads faces exactly through GradPrune 0.9, and the trap sized on shadows of the client reads
+    more."""
     assert main(["redteam", "--config", str(CONFIGS / "malicious-adaptive-dsnr.yaml"), "--out", str(tmp_path),
                  "--quiet", "--workers", "1"]) == 1
     out = capsys.readouterr().out
@@ -184,12 +190,16 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     assert cert["verdict"] == "NOT CERTIFIED" and cert["config"]["client"]["inspect_disaggregation"] is True
     assert cert["client"]["inspection"]["disaggregation"] and "disaggregation" in cert["client"]["inspection"]["checks"]
     assert "parallel_rows" in cert["client"]["inspection"]["checks"]
-    by = {(r["attack"], r["budget"].get("cuts", "top")): r for r in cert["results"]}
-    assert by[("robbing_the_fed", "top")]["info"]["refused"].startswith("architecture:")
-    assert "disaggregation:" in by[("trap_weights", "top")]["info"]["refused"]
-    middle = by[("trap_weights", "middle")]  # its column noise (against shared columns) costs a little: SSIM 0.945
+    by = {(r["attack"], r["budget"].get("cuts", "top"), r["budget"].get("rows")): r for r in cert["results"]}
+    assert by[("robbing_the_fed", "top", None)]["info"]["refused"].startswith("architecture:")
+    assert "disaggregation:" in by[("trap_weights", "top", 2)]["info"]["refused"]
+    middle = by[("trap_weights", "middle", "auto")]  # its column noise (against shared columns) costs a little: SSIM 0.945
     assert "refused" not in middle["info"] and middle["recovered"]["above_max_ssim"] >= 1
     assert max(p["ssim"] for p in middle["metrics"]["per_image"]) > 0.9
+    # sized on a shadow that runs the same checks, D-SNR included, a boosted trap at the top passes them all
+    # and reads more than the median trap: 4 chains of 6 rows, 7 faces exactly (docs section 11)
+    fitted = by[("trap_weights", "top", "fit")]
+    assert "refused" not in fitted["info"] and fitted["recovered"]["exact"] >= 3 and fitted["info"]["boost"] == "1000.0"
     assert "disaggregation" in (tmp_path / "report.html").read_text()
 
 
