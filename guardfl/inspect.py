@@ -766,7 +766,11 @@ def _runnable(received, reference, state, architecture_ok: bool) -> tuple[nn.Mod
     if any(t.is_meta for t in reference.state_dict().values() if isinstance(t, Tensor)):
         raise ConfigError("reference: its tensors are on the meta device (no values): the batch needs a materialised "
                           "module to load the received state into")
-    module = copy.deepcopy(reference)
+    try:
+        module = copy.deepcopy(reference)
+    except Exception as err:  # noqa: BLE001 - a module holding a lock, a file, a generator...: one line, naming it
+        raise ConfigError(f"reference: cannot be copied to load the received state into ({type(err).__name__}: "
+                          f"{_first_line(err)}); pass received as the client's nn.Module with the state loaded") from None
     try:
         module.load_state_dict(state)
     except (RuntimeError, TypeError, ValueError) as err:

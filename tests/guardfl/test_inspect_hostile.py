@@ -7,6 +7,7 @@ Small real models on random data, no CIFAR sample needed: each case runs in mill
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -242,6 +243,20 @@ def test_a_meta_device_model_is_refused_as_unusable():
 def test_a_meta_reference_to_run_the_batch_on_is_a_config_error():
     one_line_config_error(lambda: guardfl.inspect_model(net().state_dict(), meta_net(), batch=BATCH), "reference")
     assert guardfl.inspect_model(net().state_dict(), meta_net()).ok  # names and shapes only: fine
+
+
+class Locked(nn.Sequential):
+    """The client's model holding something that cannot be copied (a lock)."""
+
+    def __init__(self):
+        super().__init__(*net())
+        self.lock = threading.Lock()
+
+
+def test_a_reference_that_cannot_be_copied_is_a_config_error_not_a_raw_one():
+    message = one_line_config_error(lambda: guardfl.inspect_model(net().state_dict(), Locked(), batch=BATCH), "reference")
+    assert "cannot be copied" in message and "_thread.lock" in message
+    assert guardfl.inspect_model(Locked(), net(), batch=BATCH).ok  # received as a module: nothing to copy into
 
 
 class WithExtraState(nn.Linear):
