@@ -235,6 +235,13 @@ def _modality(model: nn.Module, inputs: Tensor, input_range: tuple[float, float]
     return "text", (0.0, float(vocab - 1))
 
 
+def first_batch(protocol: Protocol, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """The batch a client inspects a received model on: its first local step's (FedAvg: the first
+    ``batch_size`` samples; FedSGD: all of them)."""
+    first = protocol.batch_size if isinstance(protocol, FedAvg) else inputs.shape[0]
+    return inputs[:first], labels[:first]
+
+
 class ModelRefused(GuardflError):
     """The client's inspection (``guardfl.inspect_model``) refused the model a malicious server sent: the
     client trained nothing and sent nothing. ``reasons``: the inspection's, one sentence each; ``info``: what
@@ -280,8 +287,7 @@ class ClientQuery:
     def __call__(self, model: nn.Module) -> Observation:
         self.queries += 1
         if self.inspect:
-            first = self.protocol.batch_size if isinstance(self.protocol, FedAvg) else self.num_samples
-            inspection = inspect_model(model, self.reference, batch=(self._inputs[:first], self._labels[:first]),
+            inspection = inspect_model(model, self.reference, batch=first_batch(self.protocol, self._inputs, self._labels),
                                        disaggregation=self.disaggregation)
             if not inspection.ok:
                 self.refused += 1

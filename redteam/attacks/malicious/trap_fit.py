@@ -40,7 +40,7 @@ from guardfl.inspect_isolation import isolation_limit
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.client.simulate import ClientQuery, first_batch
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.threat import ThreatModel
 
@@ -137,6 +137,7 @@ def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y:
     batch is not the shadow's, and a count near the limit there is one over it on some batches)."""
     if not getattr(client, "inspect", False):
         return None
+    x, y = first_batch(client.protocol, x, y)  # what the client inspects: its first local step's batch
     inspection = inspect_model(sent, setting.model, batch=(x, y), disaggregation=bool(getattr(client, "disaggregation", False)))
     if not inspection.ok:
         return "refused"

@@ -7,7 +7,7 @@ from guardfl.defenses import parse_config
 from guardfl.redteam.attacks import Setting, get
 from guardfl.redteam.attacks.malicious.trap_fit import FIT_BATCHES, FIT_SIZES, shadow_data, sizes, unseeded
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.client.simulate import ClientQuery, FedSGD
+from guardfl.redteam.client.simulate import ClientQuery, FedAvg, FedSGD
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
@@ -84,3 +84,20 @@ def test_on_a_centred_batch_the_fit_finds_a_trap_the_inspection_lets_through_whe
     line = fitted.info["rows"]
     assert "8 x 6 (refused 4)" in line and "2 x all (refused 4)" in line
     assert exact(fitted, x, CENTRED) <= 1
+
+
+def test_against_a_fedavg_client_the_shadow_inspects_the_first_local_batch_as_the_client_does(monkeypatch):
+    """A FedAvg client inspects a received model on its first local step's batch, not on all its samples:
+    the shadow's inspection runs on the same share of its own batch (``first_batch``)."""
+    import guardfl.redteam.attacks.malicious.trap_fit as trap_fit
+
+    model, setting, threat = setup(centred=False)
+    setting = Setting(model, FedAvg(epochs=1, batch_size=8, lr=0.1), 32, SHAPE, 10, (0.0, 1.0), None)
+    x, y = batch(32, 0)
+    seen = []
+    real = trap_fit.inspect_model
+    monkeypatch.setattr(trap_fit, "inspect_model", lambda *a, **k: seen.append(len(k["batch"][0])) or real(*a, **k))
+    client = ClientQuery(x, y, None, FedAvg(epochs=1, batch_size=8, lr=0.1), inspect=True, reference=model)
+    rec = get("trap_weights", seed=0, rows="fit").interrogate(client, setting, threat)
+    assert seen and set(seen) == {8}
+    assert rec.info["rows"].split()[0] != "all" and "fit on 4 batches of 32" in rec.info["rows"]
