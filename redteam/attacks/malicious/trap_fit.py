@@ -10,10 +10,10 @@ it inspects and with which checks) and the honest global model the client inspec
 or its defense's randomness. So it runs shadows of the client (``shadows``): ``ClientQuery`` on batches of
 its auxiliary images as large as the client's (up to ``FIT_BATCHES``, held out from the batch the column
 noise is calibrated on, where the auxiliary data has enough; else one, filled up with mirror images), with
-the defense's seeds removed (``unseeded``: the shadow draws its own noise). It builds the trap at every size
-of ``FIT_SIZES`` and the whole layer, runs the client's inspection on each shadow batch (``passes``: a
-model refused there, or whose isolation count comes within ``FIT_MARGIN`` standard deviations of the limit,
-reads nothing on that batch), sends the rest to the shadow and counts the images it reads exactly (SSIM >
+the defense's seeds removed (``unseeded``: the shadow draws its own noise; no defense where the threat
+keeps the defense unknown). It builds the trap at every size of ``FIT_SIZES`` and the whole layer, runs
+the client's inspection on each shadow batch (``passes``: a model refused there, or whose isolation count
+comes within ``FIT_MARGIN`` standard deviations of the limit, reads nothing on that batch), sends the rest to the shadow and counts the images it reads exactly (SSIM >
 ``EXACT_SSIM`` after one-to-one matching: its own images, which it may compare with; never the client's).
 The client gets the very model that read most per batch on average (ties: the one refused on fewer batches,
 then the higher mean SSIM). When no size passes any shadow batch, the client gets the first small one (a
@@ -117,17 +117,21 @@ def shadow_data(aux: AuxData | None, n: int) -> tuple[list[AuxData], str]:
     return [AuxData(images[:n], labels[:n])], ""
 
 
-def shadows(client: ClientQuery, setting: Setting, aux: AuxData | None) -> tuple[list[tuple[ClientQuery, Tensor, Tensor]], str]:
+def shadows(client: ClientQuery, setting: Setting, aux: AuxData | None,
+            known: bool) -> tuple[list[tuple[ClientQuery, Tensor, Tensor]], str]:
     """The server's copies of ``client``, one per batch of its own (``shadow_data``; one of uniform noise
     without auxiliary data, ``calibration_batch``), each with its batch, and what they are, in words. A copy
-    does not inspect: ``passes`` runs the client's inspection, with the server's margin."""
+    runs the client's defense where the threat makes it ``known`` (unseeded), none otherwise, and does not
+    inspect: ``passes`` runs the client's inspection, with the server's margin."""
     data, how = shadow_data(aux, setting.num_samples)
+    defense = unseeded(client.defense_config) if known else None
     out, what = [], ""
     for part in data or [None]:
         x, y, what = calibration_batch(part, setting)
-        out.append((ClientQuery(x, y, unseeded(client.defense_config), client.protocol, input_range=client.input_range,
+        out.append((ClientQuery(x, y, defense, client.protocol, input_range=client.input_range,
                                 train_mode=client.train_mode), x, y))
-    return out, (f"{len(out)} batches of " if len(out) > 1 else "") + what + how
+    return out, ((f"{len(out)} batches of " if len(out) > 1 else "") + what + how
+                 + ("" if known or client.defense_config is None else ", the client's defense unknown: none run"))
 
 
 def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y: Tensor) -> str | None:
@@ -165,7 +169,7 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
     """The trap of the size that reads most of the shadows' batches (see the module docstring), its rows per
     chain (None: the whole layer) and its lines for the certificate (``attack.build``'s, ``rows`` saying
     what was tried)."""
-    copies, what = shadows(client, setting, threat.aux)
+    copies, what = shadows(client, setting, threat.aux, plan.known)
     tried, best, first_small = [], None, None
     for chains, rows in sizes(attack.config.cuts, attack.config.chains, plan.layers.first.out_features):
         trap, lines = attack.build(plan, chains, rows, client, setting, threat, gen)

@@ -101,3 +101,15 @@ def test_against_a_fedavg_client_the_shadow_inspects_the_first_local_batch_as_th
     rec = get("trap_weights", seed=0, rows="fit").interrogate(client, setting, threat)
     assert seen and set(seen) == {8}
     assert rec.info["rows"].split()[0] != "all" and "fit on 4 batches of 32" in rec.info["rows"]
+
+
+def test_the_shadow_runs_the_clients_defense_only_where_the_threat_makes_it_known():
+    from guardfl.redteam.attacks.malicious.trap_fit import shadows
+
+    model, setting, threat = setup(centred=False)
+    x, y = batch(32, 0)
+    client = ClientQuery(x, y, {"kind": "gaussian", "sigma": 0.1, "seed": 5}, FedSGD())
+    known, _ = shadows(client, setting, threat.aux, known=True)
+    assert known[0][0].defense_config == parse_config({"kind": "gaussian", "sigma": 0.1})  # its own noise
+    unknown, what = shadows(client, setting, threat.aux, known=False)
+    assert unknown[0][0].defense_config is None and what.endswith("the client's defense unknown: none run")
