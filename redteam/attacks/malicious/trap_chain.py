@@ -5,7 +5,6 @@ shared classifier column."""
 from __future__ import annotations
 
 import weakref
-
 from typing import NamedTuple
 
 import torch
@@ -98,20 +97,24 @@ def unseen(count: int, input_shape: tuple[int, ...], aux: Tensor | None, gen: to
     return h / h.norm(dim=1, keepdim=True).clamp_min(1e-300)
 
 
-_BASIS: list = []  # (a weak reference to the last auxiliary images, their version, their basis)
+#: the last auxiliary images' basis: one tuple (a weak reference to them, their version, the basis), read
+#: and replaced whole, so that an attack in another thread never takes another's basis
+_BASIS: list[tuple] = [(lambda: None, -1, None)]
 
 
 def aux_basis(aux: Tensor) -> Tensor:
     """The auxiliary images' principal directions up to ``AUX_ENERGY`` of their energy, at most half the
     dimensions; the last images' basis is kept (one SVD per attack, not one per row disguised: a fitted or
-    calibrated trap is built many times on the same images)."""
-    if _BASIS and _BASIS[0]() is aux and _BASIS[1] == aux._version:
-        return _BASIS[2]
+    calibrated trap is built many times on the same images; an in-place change of them, which bumps the
+    tensor's version, computes it again)."""
+    ref, version, basis = _BASIS[0]
+    if ref() is aux and version == aux._version:
+        return basis
     flat = aux.flatten(1).double()
     _, s, vh = torch.linalg.svd(flat, full_matrices=False)
     energy = torch.cumsum(s ** 2, 0) / (s ** 2).sum().clamp_min(1e-300)
     basis = vh[:min(int((energy < AUX_ENERGY).sum()) + 1, flat.shape[1] // 2)]
-    _BASIS[:] = [weakref.ref(aux), aux._version, basis]
+    _BASIS[0] = (weakref.ref(aux), aux._version, basis)
     return basis
 
 

@@ -113,3 +113,17 @@ def test_the_shadow_runs_the_clients_defense_only_where_the_threat_makes_it_know
     assert known[0][0].defense_config == parse_config({"kind": "gaussian", "sigma": 0.1})  # its own noise
     unknown, what = shadows(client, setting, threat.aux, known=False)
     assert unknown[0][0].defense_config is None and what.endswith("the client's defense unknown: none run")
+
+
+def test_the_auxiliary_basis_is_kept_for_the_same_images_and_recomputed_when_they_change():
+    from guardfl.redteam.attacks.malicious import trap_chain
+
+    images = torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    first = trap_chain.aux_basis(images)
+    assert trap_chain.aux_basis(images) is first  # one SVD per attack
+    images.mul_(0.5).add_(torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(1)))  # changed in place
+    changed = trap_chain.aux_basis(images)
+    assert changed is not first and not torch.allclose(changed.abs(), first.abs())
+    assert trap_chain.aux_basis(images) is changed
+    other = trap_chain.aux_basis(images.clone())  # equal values, another tensor: computed anew, the same basis
+    assert other is not changed and torch.allclose(other.abs(), changed.abs())
