@@ -763,7 +763,7 @@ def _runnable(received, reference, state, architecture_ok: bool) -> tuple[nn.Mod
         raise ConfigError("batch: needs a model to run: pass received as an nn.Module, or reference as the client's nn.Module")
     if not architecture_ok:
         return None, None
-    if any(t.is_meta for t in reference.state_dict().values() if isinstance(t, Tensor)):
+    if _has_meta(reference):
         raise ConfigError("reference: its tensors are on the meta device (no values): the batch needs a materialised "
                           "module to load the received state into")
     try:
@@ -1024,12 +1024,17 @@ def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) ->
             f"{ISOLATION_SPREAD:g} standard deviations of chance)")
 
 
+def _has_meta(module: nn.Module) -> bool:
+    """Whether any tensor of ``module``'s state is on the meta device (no values to run on)."""
+    return any(t.is_meta for t in module.state_dict().values() if isinstance(t, Tensor))
+
+
 def _fresh_init(reference: nn.Module) -> nn.Module | None:
     """A copy of the client's architecture with every module that has ``reset_parameters`` re-initialised
     from ``ISOLATION_INIT_SEED`` (the global RNG untouched): the isolation check's baseline, which no
     server's weights shape. None when it cannot be made (meta tensors, a module that cannot be copied or
     reset)."""
-    if any(t.is_meta for t in reference.state_dict().values() if isinstance(t, Tensor)):
+    if _has_meta(reference):
         return None
     try:
         fresh = copy.deepcopy(reference)
@@ -1059,7 +1064,7 @@ def _baseline_isolation(reference: nn.Module, received: nn.Module, x: Tensor, y:
 
 def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) -> dict[str, int] | None:
     """Samples isolated per ``nn.Linear`` layer by ``baseline`` on the batch (None when it cannot run)."""
-    if any(t.is_meta for t in baseline.state_dict().values() if isinstance(t, Tensor)):
+    if _has_meta(baseline):
         return None
     names = {id(m): name for name, m in baseline.named_modules()}
     ran: list = []

@@ -74,14 +74,20 @@ def isolation_threshold(n: int) -> float:
     return max(ISOLATION_MIN_SAMPLES, ISOLATION_SHARE * n)
 
 
+def isolation_spread(n: int, baseline: int) -> float:
+    """One binomial standard deviation ``sqrt(n p (1 - p))`` of a count of ``baseline`` of ``n`` samples: the
+    unit of ``ISOLATION_SPREAD``."""
+    p = baseline / n
+    return math.sqrt(n * p * (1.0 - p))
+
+
 def isolation_limit(n: int, baseline: int) -> float:
     """The count of isolated samples at which a layer is flagged, on a batch of ``n`` where the client's
     architecture at a fresh initialisation isolates ``baseline`` (see ``ISOLATION_SPREAD``)."""
     threshold = isolation_threshold(n)
     if baseline < threshold:
         return threshold
-    p = baseline / n
-    return baseline + threshold + ISOLATION_SPREAD * math.sqrt(n * p * (1.0 - p))
+    return baseline + threshold + ISOLATION_SPREAD * isolation_spread(n, baseline)
 
 
 def _gram(inputs: Tensor | None, n: int) -> Tensor | None:
@@ -184,4 +190,4 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
 
 __all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MAX_PAIRS", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",
            "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit",
-           "isolation_threshold"]
+           "isolation_spread", "isolation_threshold"]

@@ -28,7 +28,6 @@ nothing sent, as it would for the server).
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import torch
@@ -36,7 +35,7 @@ from torch import Tensor, nn
 
 from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.inspect import inspect_model
-from guardfl.inspect_isolation import isolation_limit
+from guardfl.inspect_isolation import isolation_limit, isolation_spread
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.auxdata import AuxData
@@ -149,8 +148,7 @@ def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y:
     for name, layer in (isolation.get("layers") or {}).items():
         baseline = (isolation.get("baseline") or {}).get(name)
         if layer.get("judged", True) and baseline is not None:
-            spread = math.sqrt(n * (baseline / n) * (1 - baseline / n))
-            if layer["isolated"] > isolation_limit(n, baseline) - FIT_MARGIN * spread:
+            if layer["isolated"] > isolation_limit(n, baseline) - FIT_MARGIN * isolation_spread(n, baseline):
                 return "near"
     return None
 
