@@ -27,9 +27,11 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   produces it on its own.
 - **isolation** (what the model does to the batch, not a fingerprint of its weights), with ``batch``
   (``guardfl.inspect_isolation``): the samples a server reads from one linear layer's weight gradient, by
-  one row, the difference of two rows (coefficients that cancel, or a read within 25% of the input), and
-  peeling, judged against what the client's architecture isolates at a fresh initialisation of its own on
-  the same batch: on centred inputs benign models isolate none, and 2 samples and 5% of the batch are
+  one row, the difference of two rows (coefficients that cancel, or a read within 25% of the input), a
+  combination of two nested groups of rows of one support each (``guardfl.inspect_groups``: bins of several
+  rows with their own classifier columns, which no pair of rows reads), and peeling, judged (by pairs
+  alone, and with the groups) against what the client's architecture isolates at a fresh initialisation
+  of its own on the same batch: on centred inputs benign models isolate none, and 2 samples and 5% of the batch are
   flagged; on uncentred inputs the honest architecture leaks much of the batch by itself and only an
   excess beyond chance is (``isolation_limit``). Robbing the Fed's bins, inside an
   inserted block or inside the honest model's own first layer (trap weights with scaled, shuffled rows
@@ -78,6 +80,7 @@ from torch import Tensor, nn
 
 from guardfl import inspect_columns
 from guardfl.errors import ConfigError, MaliciousModelError
+from guardfl.inspect_groups import GROUP_MAX_PAIRS
 from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MAX_PAIRS, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
                                        ISOLATION_READ_ERROR, ISOLATION_SHARE, ISOLATION_SPREAD, ISOLATION_TOLERANCE,
                                        isolated_samples, isolation_limit, isolation_threshold)
@@ -1000,17 +1003,20 @@ def _disaggregation(module: nn.Module, x: Tensor, y: Tensor) -> tuple[list[str],
     return [], info
 
 
-def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None) -> str | None:
+def _isolation_reason(name: str, isolated: int, n: int, baseline: int | None, groups: bool = False) -> str | None:
     """The isolation reason for one layer, or None: ``isolated`` at or above ``isolation_limit(n,
     baseline)``, ``baseline`` the count of the client's architecture at a fresh initialisation on the same
-    batch (None: no baseline could be made, not judged)."""
+    batch (None: no baseline could be made, not judged). ``groups``: the count with combinations of two
+    groups of rows (``guardfl.inspect_groups``), else by one or two rows alone."""
+    how = ("one row, the difference of two rows or a combination of two groups of rows of one support each, after "
+           "peeling" if groups else "one row, or the difference of two rows after peeling")
     if " -> " in name:
-        what = (f"layer '{name}' singles out {isolated} of {n} samples in the gradient at the normalisation's output (one "
-                f"unit, or the difference of two units after peeling, holds the sample alone: the server reads those "
-                f"samples' inputs to the linear layer up to terms shared by the batch)")
+        what = (f"layer '{name}' singles out {isolated} of {n} samples in the gradient at the normalisation's output "
+                f"({how.replace('row', 'unit')}, holds the sample alone: the server reads those samples' inputs to the "
+                f"linear layer up to terms shared by the batch)")
     else:
-        what = (f"layer '{name}' singles out {isolated} of {n} samples in its weight gradient (one row, or the difference of "
-                f"two rows after peeling, holds the sample alone: the server reads those samples' inputs to the layer)")
+        what = (f"layer '{name}' singles out {isolated} of {n} samples in its weight gradient ({how}, holds the sample "
+                f"alone: the server reads those samples' inputs to the layer)")
     if baseline is None:
         return None
     limit = isolation_limit(n, baseline)
@@ -1049,7 +1055,7 @@ def _fresh_init(reference: nn.Module) -> nn.Module | None:
 
 
 def _baseline_isolation(reference: nn.Module, received: nn.Module, x: Tensor, y: Tensor,
-                        train: bool = True) -> tuple[dict[str, int] | None, str | None]:
+                        train: bool = True) -> tuple[dict[str, dict[str, int]] | None, str | None]:
     """Samples isolated per ``nn.Linear`` layer, on the same batch, by the client's architecture at a fresh
     initialisation (``_fresh_init``), and which model that was. Where no fresh copy can be made, the
     reference module's own weights when it is the client's and not the received module (fail closed: the
@@ -1062,8 +1068,9 @@ def _baseline_isolation(reference: nn.Module, received: nn.Module, x: Tensor, y:
     return counts, (source if counts is not None else None)
 
 
-def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) -> dict[str, int] | None:
-    """Samples isolated per ``nn.Linear`` layer by ``baseline`` on the batch (None when it cannot run)."""
+def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) -> dict[str, dict[str, int]] | None:
+    """Samples isolated per ``nn.Linear`` layer by ``baseline`` on the batch, in all (``isolated``) and by one
+    or two rows alone (``by_pairs``); None when it cannot run."""
     if _has_meta(baseline):
         return None
     names = {id(m): name for name, m in baseline.named_modules()}
@@ -1086,10 +1093,11 @@ def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) ->
     if not heads:
         return None
     _, isolation, _, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None, inputs)
-    return {name: layer["isolated"] for name, layer in isolation.get("layers", {}).items()}
+    return {name: {"isolated": layer["isolated"], "by_pairs": layer.get("by_pairs", layer["isolated"])}
+            for name, layer in isolation.get("layers", {}).items()}
 
 
-def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict[str, int] | None,
+def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict[str, dict[str, int]] | None,
                      inputs: Tensor) -> tuple[list[str], dict[str, Any], dict[str, Any], list[tuple[str, Tensor, Tensor]]]:
     """Isolation and per-layer gradient concentration: the batch's summed cross-entropy differentiated
     with respect to every ``nn.Linear`` layer's output (one row per sample), which gives each sample's
@@ -1128,9 +1136,14 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
                 isolation["layers"][name]["judged"] = False
                 continue
             worst = max(worst, len(found))
-            reason = _isolation_reason(name, len(found), n, None if baseline is None else baseline.get(name, 0))
+            base = None if baseline is None else baseline.get(name, {"isolated": 0, "by_pairs": 0})
+            reason = (_isolation_reason(name, info["by_pairs"], n, None if base is None else base["by_pairs"])
+                      or _isolation_reason(name, len(found), n, None if base is None else base["isolated"], groups=True))
             if reason:
                 reasons.append(reason)
+            elif info.get("groups_capped"):  # fail closed: a server could hide a trap behind decoy groups
+                reasons.append(f"isolation: layer '{name}' has more than {GROUP_MAX_PAIRS} nested pairs of groups of rows "
+                               f"with one support each on this batch, past what is examined: not judged whole, refused")
         if a is None or a.dim() != 2 or a.shape[0] != n:
             continue
         norms = delta.norm(dim=1) * a.detach().double().cpu().norm(dim=1)  # |delta_n a_n^T| = |delta_n| |a_n|
@@ -1149,8 +1162,11 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
     else:
         isolation["rule"] = (f"flagged at >= max({ISOLATION_MIN_SAMPLES}, {ISOLATION_SHARE:.0%} of the batch) where the client's "
                              f"architecture at a fresh initialisation (baseline) isolates fewer; otherwise at the baseline "
-                             f"plus that plus {ISOLATION_SPREAD:g} binomial standard deviations")
-        isolation["baseline"] = baseline
+                             f"plus that plus {ISOLATION_SPREAD:g} binomial standard deviations; judged twice: the samples "
+                             f"read by one or two rows ('by_pairs', against the baseline's), and those read with "
+                             f"combinations of two groups of rows too ('isolated')")
+        isolation["baseline"] = {name: counts["isolated"] for name, counts in baseline.items()}
+        isolation["baseline_by_pairs"] = {name: counts["by_pairs"] for name, counts in baseline.items()}
     if not isolation["not_examined"]:
         del isolation["not_examined"]
     return reasons, isolation, per_layer, reading_hidden

@@ -33,6 +33,8 @@ import math
 import torch
 from torch import Tensor
 
+from guardfl.inspect_groups import group_sets
+
 #: the judgement (``isolation_limit``): a layer is flagged when it isolates at least ``ISOLATION_MIN_SAMPLES``
 #: samples and ``ISOLATION_SHARE`` of the batch, where the client's architecture at a fresh initialisation
 #: (``ISOLATION_INIT_SEED``, the client's own draw: never the server's weights) isolates fewer on the same
@@ -127,8 +129,8 @@ def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, norm
 
 def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: float = ISOLATION_TOLERANCE,
                      read_error: float = ISOLATION_READ_ERROR) -> tuple[list[int], dict[str, int]]:
-    """The samples a server can read from a linear layer's weight gradient by combining one or two rows
-    and peeling, from ``delta`` (batch x units: each sample's loss gradient into the layer's outputs) and,
+    """The samples a server can read from a linear layer's weight gradient by combining one or two rows,
+    or two groups of rows, and peeling, from ``delta`` (batch x units: each sample's loss gradient into the layer's outputs) and,
     optionally, ``inputs`` (the layer's input, one row per sample; see the module docstring for the two
     tests).
 
@@ -137,13 +139,16 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
     cancel on row j's samples (``tolerance``) or whose difference reads the extra sample within
     ``read_error`` (with ``inputs``): ``row_i - c row_j`` holds the extra samples; with ``inputs``, each row
     of a few samples dominated by one (``read_error``). A set whose samples are all read but one gives
-    that one (peeling), repeated until nothing changes. Returns the samples read (sorted) and counts: rows
-    holding one sample (``single_rows``), rows dominated by one (``dominated_rows``, with ``inputs``),
-    nested pairs (``nested_pairs``), those that separate (``separating_pairs``), and ``pairs_capped``
-    when more than ``ISOLATION_MAX_PAIRS`` were nested."""
+    that one (peeling), repeated until nothing changes. Then the same with combinations of two nested
+    groups of rows of one support each (``guardfl.inspect_groups``). Returns the samples read (sorted) and
+    counts: rows holding one sample (``single_rows``), rows dominated by one (``dominated_rows``, with
+    ``inputs``), nested pairs (``nested_pairs``), those that separate (``separating_pairs``),
+    ``pairs_capped`` when more than ``ISOLATION_MAX_PAIRS`` were nested, the samples read by one or two
+    rows alone (``by_pairs``), and the group test's counts (``row_groups``, ``separating_groups``,
+    ``groups_capped``)."""
     d = delta.detach().double().cpu()
     top = float(d.abs().max()) if d.numel() else 0.0
-    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "pairs_capped": 0}
+    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "pairs_capped": 0, "by_pairs": 0}
     if top == 0.0 or d.shape[0] < 2:
         return [], info
     gram = _gram(inputs, d.shape[0])
@@ -176,16 +181,23 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
             cancels |= _read_error(residual, lead_read, gram) <= read_error
         info["separating_pairs"] += int(cancels.sum())
         sets.append(held[:, cancels].T)
-    sets = torch.cat(sets) if sets else torch.zeros(0, d.shape[0], dtype=torch.bool)
-    read = torch.zeros(d.shape[0], dtype=torch.bool)
-    while True:  # peeling
+    pairs_only = torch.cat(sets)
+    info["by_pairs"] = int(_peel(pairs_only).sum())
+    grouped, group_info = group_sets(d, support, gram, norms, tolerance, read_error, ISOLATION_PEEL)
+    info.update(group_info)
+    return _peel(torch.cat([pairs_only, grouped])).nonzero().flatten().tolist(), info
+
+
+def _peel(sets: Tensor) -> Tensor:
+    """The samples read from separable ``sets`` (sets x batch): a set whose samples are all read but one
+    gives that one, repeated until nothing changes."""
+    read = torch.zeros(sets.shape[1], dtype=torch.bool)
+    while True:
         left = sets & ~read
-        one = left.sum(1) == 1
-        new = left[one].any(0) & ~read
+        new = left[left.sum(1) == 1].any(0) & ~read
         if not bool(new.any()):
-            break
+            return read
         read |= new
-    return read.nonzero().flatten().tolist(), info
 
 
 __all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MAX_PAIRS", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",

@@ -31,6 +31,9 @@ class Trap(NamedTuple):
     norm_chains: list[tuple[Tensor, Tensor, Tensor]] | None = None
     #: through GroupNorm or LayerNorm: each row's slope, by which its update is divided (``trap_per_sample``)
     slopes: Tensor | None = None
+    #: ``columns: k`` (``trap_groups``): per chain each cut's k x k combinations of the basis columns, and
+    #: ``chains`` then holds per chain the rows as cuts x k
+    mixes: list[Tensor] | None = None
 
     def rows(self) -> nn.Parameter:
         """The sent model's first-layer weight: the trap's rows (what ``disguise`` changes)."""

@@ -44,6 +44,13 @@ class TrapWeightsConfig(AttackConfig):
     #: (``trap_chain.disguise``): adapted to the near-parallel-rows check; "auto": ``trap_chain.auto_rho()``
     #: (two rows of a chain at |cos| ~0.98, under the check's 0.99) for a small trap (``rows``), else 0
     disguise: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [0, 4]"})
+    #: rows per cut, each with its own classifier column (a random combination of the chain's ``columns``
+    #: random basis columns; ``trap_groups``): no two rows share a column or have proportional coefficients,
+    #: and the server solves each cut's ``columns x columns`` system (adapted to the shared-columns check
+    #: and the pairwise isolation tests); 1: ``trap_weights``' one column per chain. With ``rows``, that many
+    #: cuts per chain (the top cut one row). Without a normalisation only; random scales under FedAvg too
+    #: (``scales`` does not apply)
+    columns: int = Field(default=1, ge=1, le=16, json_schema_extra={"allowed": "an integer in [1, 16]"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
 
     @field_validator("rows", mode="before")

@@ -11,7 +11,8 @@ or its defense's randomness. So it runs shadows of the client (``shadows``): ``C
 its auxiliary images as large as the client's (up to ``FIT_BATCHES``, held out from the batch the column
 noise is calibrated on, where the auxiliary data has enough; else one, filled up with mirror images), with
 the defense's seeds removed (``unseeded``: the shadow draws its own noise; no defense where the threat
-keeps the defense unknown). It builds the trap at every size of ``FIT_SIZES`` and the whole layer, runs
+keeps the defense unknown). It builds the trap at every size of ``FIT_SIZES`` and the whole layer (and,
+without a normalisation, of ``FIT_GROUPED``: cuts of several rows with their own columns), runs
 the client's inspection on each shadow batch (``passes``: a model refused there, or whose isolation count
 comes within ``FIT_MARGIN`` standard deviations of the limit, reads nothing on that batch), sends the rest to the shadow and counts the images it reads exactly (SSIM >
 ``EXACT_SSIM`` after one-to-one matching: its own images, which it may compare with; never the client's).
@@ -49,6 +50,11 @@ from guardfl.redteam.threat import ThreatModel
 FIT_SIZES = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 4), (1, 8), (4, 2), (2, 6), (4, 6), (6, 6), (8, 6), (8, 8),
              (12, 6), (16, 4))
 
+#: the grouped sizes ``rows: fit`` tries besides (``trap_weights columns``: chains, rows per chain or None for
+#: the whole layer, rows per cut), on a layer without a normalisation: the whole layer in one or two chains
+#: of 2 to 4 rows per cut, a few small traps of 2 rows per cut
+FIT_GROUPED = ((2, None, 2), (2, None, 3), (2, None, 4), (1, None, 2), (2, 6, 2), (4, 4, 2), (8, 3, 2))
+
 #: a read counts as exact at this SSIM (the measure of issue 34's tables)
 EXACT_SSIM = 0.9
 
@@ -75,12 +81,17 @@ class TrapPlan(NamedTuple):
     outpost: bool
 
 
-def sizes(cuts: str, chains: int, units: int) -> list[tuple[int, int | None]]:
-    """The (chains, rows) ``rows: fit`` tries on a first layer of ``units``: the whole layer in ``chains``
-    chains (not with ``cuts: middle``, which places a small trap's rows), then ``FIT_SIZES`` that fit (with
-    ``cuts: middle`` at least two rows: a bin lies between two cuts)."""
-    whole = [] if cuts == "middle" else [(min(chains, units // 2), None)]
-    return whole + [(k, r) for k, r in FIT_SIZES if k * r <= units and (cuts == "top" or r >= 2)]
+def sizes(cuts: str, chains: int, units: int, grouped: bool = False) -> list[tuple[int, int | None, int | None]]:
+    """The (chains, rows, rows per cut) ``rows: fit`` tries on a first layer of ``units``: the whole layer in
+    ``chains`` chains (not with ``cuts: middle``, which places a small trap's rows), then ``FIT_SIZES`` that
+    fit (with ``cuts: middle`` at least two rows: a bin lies between two cuts), rows per cut None (the
+    config's); with ``grouped`` (a layer with no normalisation, ``columns: 1``) then ``FIT_GROUPED``."""
+    whole = [] if cuts == "middle" else [(min(chains, units // 2), None, None)]
+    plain = [(k, r, None) for k, r in FIT_SIZES if k * r <= units and (cuts == "top" or r >= 2)]
+    groups = [(k, r, g) for k, r, g in FIT_GROUPED
+              if (units // (k * g) >= 2 if r is None else k * r * g <= units and (cuts == "top" or r >= 2))
+              and (cuts == "top" or r is not None)] if grouped else []
+    return whole + plain + groups
 
 
 def unseeded(config: DefenseConfig | dict | None) -> DefenseConfig | None:
@@ -116,6 +127,19 @@ def shadow_data(aux: AuxData | None, n: int) -> tuple[list[AuxData], str]:
     return [AuxData(images[:n], labels[:n])], ""
 
 
+def building_aux(images: Tensor | None, n: int) -> Tensor | None:
+    """The auxiliary images the fit builds its traps on (cut-offs, disguise): all but the shadow's held-out
+    batches (``shadow_data``), so that a shadow batch is as new to the trap as the client's. Built on all of
+    them, a disguise's part that the auxiliary images barely see is orthogonal to every shadow image (on
+    images with no common structure, uniform noise, the auxiliary images' principal directions are their
+    own span): the shadow read 23-28 of 32 exactly with 2 rows per cut, the client 3. Where the shadow's
+    batch is the auxiliary data itself (fewer than ``2 n`` images) there is nothing to hold out."""
+    if images is None or len(images) < 2 * n:
+        return images
+    count = min(FIT_BATCHES, len(images) // n - 1)
+    return torch.cat([images[:n], images[(count + 1) * n:]])
+
+
 def shadows(client: ClientQuery, setting: Setting, aux: AuxData | None,
             known: bool) -> tuple[list[tuple[ClientQuery, Tensor, Tensor]], str]:
     """The server's copies of ``client``, one per batch of its own (``shadow_data``; one of uniform noise
@@ -146,9 +170,11 @@ def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y:
         return "refused"
     isolation, n = inspection.checks.get("isolation") or {}, len(x)
     for name, layer in (isolation.get("layers") or {}).items():
-        baseline = (isolation.get("baseline") or {}).get(name)
-        if layer.get("judged", True) and baseline is not None:
-            if layer["isolated"] > isolation_limit(n, baseline) - FIT_MARGIN * isolation_spread(n, baseline):
+        if not layer.get("judged", True):
+            continue
+        for count, key in (("isolated", "baseline"), ("by_pairs", "baseline_by_pairs")):  # the check's two judgements
+            baseline = (isolation.get(key) or {}).get(name)
+            if baseline is not None and layer.get(count, 0) > isolation_limit(n, baseline) - FIT_MARGIN * isolation_spread(n, baseline):
                 return "near"
     return None
 
@@ -168,9 +194,11 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
     chain (None: the whole layer) and its lines for the certificate (``attack.build``'s, ``rows`` saying
     what was tried)."""
     copies, what = shadows(client, setting, threat.aux, plan.known)
+    plan = plan._replace(aux=building_aux(plan.aux, setting.num_samples))
     tried, best, first_small = [], None, None
-    for chains, rows in sizes(attack.config.cuts, attack.config.chains, plan.layers.first.out_features):
-        trap, lines = attack.build(plan, chains, rows, client, setting, threat, gen)
+    grouped = plan.layers.norm is None and attack.config.columns == 1
+    for chains, rows, per_cut in sizes(attack.config.cuts, attack.config.chains, plan.layers.first.out_features, grouped):
+        trap, lines = attack.build(plan, chains, rows, client, setting, threat, gen, per_cut)
         first_small = first_small or (None if rows is None else (trap, rows, lines))
         reads, kept = [], {"refused": 0, "near": 0}
         for query, x, y in copies:
@@ -181,7 +209,7 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
                 continue
             images, _ = attack.read(query(trap.sent), trap, plan, setting, rows is not None)
             reads.append(score(images, x, setting.input_range))
-        label, out = f"{chains} x {rows or 'all'}", kept["refused"] + kept["near"]
+        label, out = f"{chains} x {rows or 'all'}" + (f" x {per_cut} per cut" if per_cut else ""), kept["refused"] + kept["near"]
         mean = (sum(e for e, _ in reads) / len(reads), -out, sum(m for _, m in reads) / len(reads))
         tried.append(label + (f" {mean[0]:.3g}" if out < len(reads) else "") + "".join(
             f" ({why} {k}{'' if k == len(reads) else f' of {len(reads)}'})" for why, k in kept.items() if k))

@@ -26,6 +26,10 @@ too, below; elsewhere: not applicable, with the reason):
   sample alone in its bin comes back exactly as their ratio (Fowl et al., Eq. 3-4).
 - ``column_noise``: relative noise on each row's share of the column, against the shared-columns check
   (``auto``: calibrated on the aux data against an inspecting client, ``evade_columns``; else 0). Ours.
+- ``columns``: each cut held by that many rows, each with its own classifier column from a chain's basis
+  of that many columns (``trap_groups``): no shared column and no pair of rows that reads, solved per cut
+  by the server (the construction that adapts to the shared-columns check and the pairwise isolation
+  tests at once, exactly; ``inspect_model``'s group test counts it). Ours.
 - ``rows``: a small trap: only ``rows`` rows per chain, cut at the top of the measurement (a bin per
   sample on average), the rest of the layer honest. It reads a few samples exactly and stays under a
   check that counts isolated samples against what the honest model isolates (``inspect_model``'s
@@ -125,6 +129,7 @@ from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
 from guardfl.redteam.attacks.malicious.trap_norm import recover_through_norm
 from guardfl.redteam.attacks.malicious.trap_chain import Trap, auto_rho, chain_draw, columns, disguise, equal_rows
+from guardfl.redteam.attacks.malicious.trap_groups import craft_groups, group_bins
 from guardfl.redteam.attacks.malicious.trap_per_sample import craft_grouped, craft_layer_norm, through
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
 from guardfl.redteam.attacks.malicious.trap_config import COLUMN_NOISE_LEVELS, TrapWeightsConfig  # noqa: F401 - re-exported
@@ -207,7 +212,7 @@ def _norm_refusal(norm: nn.Module, units: int) -> str | None:
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
           aux: Tensor | None, chains: int, column_noise: float, input_range: tuple[float, float],
           gen: torch.Generator, rows: int | None = None, samples: int = 1,
-          boost: float = 1.0, cuts: str = "top", equal: bool = False, outpost: bool = False) -> Trap:
+          boost: float = 1.0, cuts: str = "top", equal: bool = False, outpost: bool = False, per_cut: int = 1) -> Trap:
     """The trapped model (a deep copy) and what the recovery needs (``Trap``). ``rows``: rows per chain at
     the top of the measurement (``cuts="top"``) or around its median (``cuts="middle"``: the rows also
     scaled by ``1 / boost``), the other rows keep their honest weights; None: the whole layer, ``U //
@@ -215,7 +220,10 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
     ``equal``: a chain's rows share one scale, each with a tiny random part (``equal_rows``), instead of
     their random scales (through BatchNorm: one BatchNorm weight per chain): adapted to FedAvg
     (``TrapWeightsConfig.scales``). ``outpost``: through GroupNorm or LayerNorm, the constants go in the
-    weights, not the biases (``trap_per_sample.carried``): adapted to Outpost's variance-scaled noise."""
+    weights, not the biases (``trap_per_sample.carried``): adapted to Outpost's variance-scaled noise.
+    ``per_cut`` > 1: each cut held by that many rows with their own columns (``trap_groups``)."""
+    if per_cut > 1 and layers.norm is None:
+        return craft_groups(model, layers, aux, chains, per_cut, input_range, gen, rows, samples, boost, cuts)
     if isinstance(layers.norm, (nn.GroupNorm, nn.LayerNorm)):
         per_sample = craft_grouped if isinstance(layers.norm, nn.GroupNorm) else craft_layer_norm
         return per_sample(model, layers, aux, chains, column_noise, input_range, gen, rows, samples, boost, cuts, outpost,
@@ -259,11 +267,13 @@ def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
 
 
 def recover(weight: Tensor, bias: Tensor, chains: list[Tensor], samples: int, input_shape: tuple[int, ...],
-            input_range: tuple[float, float], min_mass: float, top_row: bool = True) -> tuple[Tensor, int]:
+            input_range: tuple[float, float], min_mass: float, top_row: bool = True,
+            mixes: list[Tensor] | None = None) -> tuple[Tensor, int]:
     """Candidates from every chain's adjacent row differences (see the module docstring): ``samples``
     images and the number of bins that held one. ``top_row=False``: a chain's last row is no bin (it
-    holds every sample above it: ``cuts="middle"``)."""
-    parts = [bin_differences(weight[rows], bias[rows]) for rows in chains]
+    holds every sample above it: ``cuts="middle"``). ``mixes``: cuts of several rows (``trap_groups``)."""
+    parts = ([bin_differences(weight[rows], bias[rows]) for rows in chains] if mixes is None else
+             [group_bins(weight, bias, rows, mix) for rows, mix in zip(chains, mixes)])
     if not top_row:
         parts = [(dw[:-1], db[:-1]) for dw, db in parts]
     return candidates(torch.cat([dw for dw, _ in parts]), torch.cat([db for _, db in parts]), input_shape, samples,
@@ -290,13 +300,27 @@ class TrapWeights(ServerAttack):
             return f"the first linear layer has {found.first.out_features} units: too few for chains of bins"
         return None
 
+    def refuses(self, setting: Setting) -> str | None:
+        found, k = trap_layers(setting.model, tuple(setting.input_shape)), self.config.columns
+        if k == 1 or isinstance(found, str):
+            return None
+        if found.norm is not None:
+            return (f"columns: {k} needs the first layer's units straight into the ReLU; they go through "
+                    f"{type(found.norm).__name__} here (columns: 1 only)")
+        if k > found.second.out_features or 2 * k > found.first.out_features:
+            return (f"columns: {k} is past the {found.second.out_features} outputs of the layer reading the trap or half "
+                    f"its {found.first.out_features} units (allowed: 1 to {min(found.second.out_features, found.first.out_features // 2)})")
+        return None
+
     def _crafted(self, build, client: ClientQuery, setting: Setting, threat: ThreatModel, gen: torch.Generator,
-                 rows: int | None) -> tuple[Trap, str]:
+                 rows: int | None, per_cut: int = 1) -> tuple[Trap, str]:
         """The trap ``build(column_noise)`` and the certificate's line on its noise: ``column_noise: auto``
         calibrates it against an inspecting client's shared-columns check (``evade_columns``)."""
         noise = self.config.column_noise
         if noise != "auto":
             return build(float(noise)), f"{noise:g}"
+        if per_cut > 1:
+            return build(0.0), f"0 (auto: columns {per_cut}, no two rows share a column)"
         if not getattr(client, "inspect", False) or rows == 1:
             return build(0.0), "0 (auto: " + ("single rows share no column)" if rows == 1 else "the client does not inspect)")
         x, y, what = calibration_batch(threat.aux, setting)
@@ -324,21 +348,24 @@ class TrapWeights(ServerAttack):
                         known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config)))
 
     def build(self, plan: TrapPlan, chains: int, rows: int | None, client: ClientQuery, setting: Setting,
-              threat: ThreatModel, gen: torch.Generator) -> tuple[Trap, dict]:
-        """The trap of ``chains`` chains of ``rows`` rows (None: the whole layer), disguised and its columns
-        noised against ``client``'s inspection, and its lines for the certificate."""
+              threat: ThreatModel, gen: torch.Generator, columns: int | None = None) -> tuple[Trap, dict]:
+        """The trap of ``chains`` chains of ``rows`` rows (None: the whole layer) of ``columns`` rows per cut
+        (None: the config's), disguised and its columns noised against ``client``'s inspection, and its lines
+        for the certificate."""
         c, shape, n = self.config, tuple(setting.input_shape), setting.num_samples
-        rho = (auto_rho() if rows is not None else 0.0) if c.disguise == "auto" else float(c.disguise)
+        per_cut = c.columns if columns is None else columns
+        rho = (auto_rho() if rows is not None or per_cut > 1 else 0.0) if c.disguise == "auto" else float(c.disguise)
         disguised = []
 
         def build(noise: float) -> Trap:  # the model sent, disguised: what the column noise is calibrated on
             made = craft(setting.model, plan.layers, shape, plan.aux, chains, noise, setting.input_range, gen, rows, n,
-                         plan.boost, c.cuts, plan.equal, plan.outpost)
+                         plan.boost, c.cuts, plan.equal, plan.outpost, per_cut)
             disguised[:] = [disguise(made.rows(), rho, shape, plan.aux, gen)]
             return made
 
-        trap, noise = self._crafted(build, client, setting, threat, gen, rows)
-        return trap, {"chains": chains, "bins": sum(int(r.numel()) for r in trap.chains), "column_noise": noise,
+        trap, noise = self._crafted(build, client, setting, threat, gen, rows, per_cut)
+        return trap, {"chains": chains, "bins": sum(int(r.shape[0]) for r in trap.chains), "column_noise": noise,
+                      **({"columns": f"{per_cut} rows per cut, each its own column"} if per_cut > 1 else {}),
                       "boost": plan.boost, "cuts": c.cuts if rows else "quantiles",
                       "disguised": f"{disguised[0]} rows, rho {rho:.3g}" if disguised[0] else "none"}
 
@@ -351,7 +378,7 @@ class TrapWeights(ServerAttack):
             slopes = torch.ones(1, dtype=torch.float64) if trap.slopes is None else trap.slopes
             w, b = observation.update[trap.weight].double(), observation.update[trap.bias].double()
             return recover(w / slopes.reshape(-1, *[1] * (w.dim() - 1)), b / slopes, trap.chains, n, shape,
-                           setting.input_range, c.min_mass, top_row=top_row)
+                           setting.input_range, c.min_mass, top_row=top_row, mixes=trap.mixes)
         return recover_through_norm(observation.update, trap, layers.norm.eps, plan.aux, n, shape, setting.input_range,
                                     c.min_mass, top_row=top_row)
 

@@ -5,7 +5,7 @@ import torch
 
 from guardfl.defenses import parse_config
 from guardfl.redteam.attacks import Setting, get
-from guardfl.redteam.attacks.malicious.trap_fit import FIT_BATCHES, FIT_SIZES, shadow_data, sizes, unseeded
+from guardfl.redteam.attacks.malicious.trap_fit import FIT_BATCHES, FIT_GROUPED, FIT_SIZES, shadow_data, sizes, unseeded
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import ClientQuery, FedAvg, FedSGD
 from guardfl.redteam.modality.image import metrics
@@ -35,10 +35,12 @@ def exact(rec, x, rng):
 
 
 def test_sizes_start_with_the_whole_layer_and_fit_the_layer_and_the_cuts():
-    assert sizes("top", 2, 256) == [(2, None), *FIT_SIZES]
-    assert (16, 4) not in sizes("top", 2, 32) and (2, None) in sizes("top", 2, 32)
+    assert sizes("top", 2, 256) == [(2, None, None), *[(k, r, None) for k, r in FIT_SIZES]]
+    assert (16, 4, None) not in sizes("top", 2, 32) and (2, None, None) in sizes("top", 2, 32)
+    assert sizes("top", 2, 256, grouped=True)[len(FIT_SIZES) + 1:] == list(FIT_GROUPED)
+    assert (8, 3, 2) not in sizes("top", 2, 32, grouped=True) and (2, None, 4) in sizes("top", 2, 32, grouped=True)
     middle = sizes("middle", 2, 256)
-    assert all(rows is not None and rows >= 2 for _, rows in middle)  # a median trap's bin lies between two cuts
+    assert all(rows is not None and rows >= 2 for _, rows, _ in middle + sizes("middle", 2, 256, grouped=True))  # a median trap's bin lies between two cuts
 
 
 def test_the_shadow_draws_its_own_defense_randomness():
@@ -65,7 +67,9 @@ def test_against_a_client_that_does_not_inspect_the_fit_takes_the_whole_layer():
     model, setting, threat = setup(centred=False)
     x, y = batch(32, 0)
     rec = get("trap_weights", seed=0, rows="fit").interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
-    assert rec.info["rows"].startswith("all (fit on 4 batches of 32 auxiliary samples, held out from the calibration: 2 x all,")
+    # a whole layer (one chain of 2 rows per cut read most here: 24.5 exact per shadow batch)
+    assert rec.info["rows"].startswith("all (fit on 4 batches of 32 auxiliary samples, held out from the calibration: ")
+    assert " x all" in rec.info["rows"].split(": ")[1].split(",")[0]
     assert exact(rec, x, (0.0, 1.0)) >= 16
 
 

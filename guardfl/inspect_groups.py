@@ -1,0 +1,123 @@
+"""Isolation by groups of rows (``inspect_model``'s isolation check, issue 34): the samples a server reads
+from a linear combination of several rows of a layer's weight gradient, not only one row or the
+difference of two (``guardfl.inspect_isolation``).
+
+Why: a trap whose bins share one classifier column reads a sample from the difference of two adjacent
+rows, which the pairwise tests count. Give each bin ``k`` rows with the same cut but independent columns
+drawn from a ``k``-dimensional subspace, and no two rows' coefficients are proportional any more (the
+pairwise tests and the shared-columns check see nothing), yet the server, who knows the columns, solves a
+``k x k`` system per bin for the bin's ``k`` measurements and reads each sample exactly from the
+difference of two bins. Measured (FC-2, 64 LFW faces, the whole layer, 2026-11-28): ``k = 2`` passed every
+check and read 20 faces exactly (``k = 1``, the pairwise case, was refused: 58 isolated), ``k = 3`` 19,
+isolating 4 by the pairwise count, under the honest architecture's own 25.
+
+The test: rows whose supports (the samples they hold) are identical form a group. A nested pair of groups
+(the smaller's samples all in the larger, at most ``ISOLATION_PEEL`` more), one of them of 2+ rows,
+separates the larger's extra samples when a combination of the larger group's rows minus one of the
+smaller's holds them and (almost) nothing of the shared ones; the sets are peeled with the others. A group
+alone is not counted: its rows mix the same samples, and to cancel all but one the server would need the
+batch's coefficients (a row dominated by one sample is the pairwise tests' own).
+
+"Almost nothing" is the pairwise tests' own: summed absolute residual coefficients within ``tolerance`` of
+the read sample's (the combination with least squared residual), or the read within ``read_error`` of its
+input (the combination with least contamination in the input, from the batch's Gram matrix). The
+combination is the best on this batch. A server finds it without the batch's coefficients (which it does
+not know) when the two groups' classifier columns share a direction ``u``: then ``u`` applied to each
+group's rows gives ``sum (u . e_n) [a_n, 1]`` over each group's samples, and their difference the extra
+samples alone. It does when the columns span no more dimensions than a group has rows (the constructions
+above; an honest layer on uncentred inputs, whose units firing for the whole batch span every column
+direction, does too). Elsewhere the count over-approximates what a server reads; it is judged like every
+count against the client's own architecture at a fresh initialisation on the same batch.
+
+Not examined: combinations of three or more distinct supports (a server that solves for a bin from rows
+of several neighbouring supports), and supports that differ by samples the rows barely hold.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: the most nested group pairs examined per layer: a layer with more is refused by ``inspect_model`` (fail
+#: closed: decoy groups could otherwise hide a trap past the cap), and ``groups_capped`` says so. A trap's
+#: chain has about one nested pair per cut; the benign layers of ``bench/bench_inspect.py`` have at most a few
+GROUP_MAX_PAIRS = 2_000
+#: ridge of the least-squares combinations, relative to the mean diagonal of the normal matrix: the
+#: combination is found even when the group's coefficients are collinear
+_RIDGE = 1e-12
+
+
+def _least(x: Tensor, a: Tensor) -> Tensor:
+    """The combination ``w`` of least ``|x w|`` with ``a . w = 1`` (``x``: residual samples x rows)."""
+    q = x.T @ x
+    q = q + _RIDGE * (q.diagonal().mean().abs() + 1e-300) * torch.eye(q.shape[0], dtype=q.dtype)
+    z = torch.linalg.solve(q, a)
+    return z / (a @ z)
+
+
+def _separates(d: Tensor, rows: Tensor, cancel: Tensor, held: Tensor, gram: Tensor | None, norms: Tensor | None,
+               tolerance: float, read_error: float) -> bool:
+    """Whether a combination of ``d``'s columns ``rows`` holds the samples ``held`` and (almost) nothing of
+    ``cancel`` (boolean masks over the batch), for some sample of ``held`` as its lead."""
+    x, lead_rows = d[cancel][:, rows], d[held][:, rows]
+    chol = None
+    if gram is not None:
+        g = gram[cancel][:, cancel]
+        jitter = 1e-12 * (g.diagonal().mean().abs() + 1e-300)
+        chol = torch.linalg.cholesky_ex(g + jitter * torch.eye(g.shape[0], dtype=g.dtype))[0]
+    for h in range(lead_rows.shape[0]):
+        a = lead_rows[h]
+        if not bool(a.abs().max() > 0):
+            continue
+        w = _least(x, a)
+        coef = (lead_rows @ w).abs()
+        if float((x @ w).abs().sum()) <= tolerance * float(coef.min()):
+            return True
+        if chol is not None:
+            wr = _least(chol.T @ x, a)
+            lead = float(((lead_rows @ wr).abs() * norms[held].flatten()).min())
+            contamination = float((chol.T @ (x @ wr)).norm())
+            if lead > 0 and contamination <= read_error * lead:
+                return True
+    return False
+
+
+def group_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | None, tolerance: float,
+               read_error: float, peel: int) -> tuple[Tensor, dict[str, int]]:
+    """The sample sets a server separates by combining the rows of a nested pair of groups of identical
+    supports (see the module docstring): (sets, batch), and counts (``row_groups``: groups of
+    2+ rows; ``separating_groups``; ``groups_capped``). ``d``: batch x units coefficients (float64),
+    ``support``: their non-zero pattern, ``gram`` / ``norms``: the layer inputs' Gram matrix and norms
+    (batch x 1), or None."""
+    n = d.shape[0]
+    info = {"row_groups": 0, "separating_groups": 0, "groups_capped": 0}
+    live = support.any(0)
+    if int(live.sum()) < 2:
+        return torch.zeros(0, n, dtype=torch.bool), info
+    patterns, inverse = torch.unique(support[:, live].T, dim=0, return_inverse=True)  # groups x batch
+    units = live.nonzero().flatten()[torch.argsort(inverse, stable=True)]
+    count = torch.bincount(inverse, minlength=patterns.shape[0])
+    members = list(units.split(count.tolist()))
+    size = patterns.sum(1)
+    info["row_groups"] = int((count >= 2).sum())
+    if info["row_groups"] == 0:
+        return torch.zeros(0, n, dtype=torch.bool), info
+    s = patterns.float()
+    overlap = s @ s.T
+    extra = size[:, None] - size[None, :]
+    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= peel) & (size[None, :] >= 1)
+    nested &= (count[:, None] + count[None, :]) >= 3  # a pair of single rows: the pairwise tests' own
+    jobs = nested.nonzero().tolist()
+    if len(jobs) > GROUP_MAX_PAIRS:
+        jobs, info["groups_capped"] = jobs[:GROUP_MAX_PAIRS], 1
+    sets = []
+    for big, small in jobs:
+        rows = torch.cat([members[big], members[small]])
+        held = patterns[big] & ~patterns[small]
+        if _separates(d, rows, patterns[small], held, gram, norms, tolerance, read_error):
+            sets.append(held)
+    info["separating_groups"] = len(sets)
+    return (torch.stack(sets) if sets else torch.zeros(0, n, dtype=torch.bool)), info
+
+
+__all__ = ["GROUP_MAX_PAIRS", "group_sets"]

@@ -1,0 +1,111 @@
+"""The isolation check's group test (issue 34, ``guardfl.inspect_groups``): samples a server reads from a
+combination of several rows that share a support, where no one row or pair of rows reads anything."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import guardfl.inspect_isolation as isolation
+from guardfl.inspect import inspect_model, isolated_samples
+from guardfl.inspect_groups import group_sets
+from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise
+from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
+from guardfl.redteam.modality.image.models import FC2
+
+
+def grouped_delta(batch=16, cuts=12, k=2, classes=10, seed=0):
+    """Coefficients of a chain whose cuts hold ``k`` rows each, every row its own column from a ``k``-dim
+    subspace: row (j, l) holds the samples above cut j with coefficient ``c_jl . e_n`` (batch x rows)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.rand(batch, generator=g, dtype=torch.float64)
+    e = torch.randn(batch, classes, generator=g, dtype=torch.float64)  # each sample's logit gradient
+    basis = torch.randn(k, classes, generator=g, dtype=torch.float64)
+    cut = torch.linspace(-0.1, 0.95, cuts, dtype=torch.float64)
+    cols = torch.randn(cuts, k, k, generator=g, dtype=torch.float64) @ basis  # cuts x k x classes
+    above = (s[:, None] > cut[None, :]).double()  # batch x cuts
+    delta = above[:, :, None] * torch.einsum("nc,jlc->njl", e, cols)
+    return delta.reshape(batch, cuts * k), s, cut
+
+
+def alone_in_bin(s, cut):
+    bins = torch.bucketize(s, cut)
+    return [n for n in range(len(s)) if int((bins == bins[n]).sum()) == 1]
+
+
+def test_two_rows_per_cut_with_their_own_columns_read_what_pairs_of_rows_do_not():
+    delta, s, cut = grouped_delta()
+    sets, info = group_sets(delta, delta.abs() > 0, None, None, 0.1, 0.25, 4)
+    assert info["row_groups"] >= 2 and info["separating_groups"] >= 1  # cuts with no sample between them merge
+    found, counts = isolated_samples(delta)
+    alone = alone_in_bin(s, cut)
+    assert alone and set(alone) <= set(found) and counts["separating_groups"] >= 1
+
+
+def test_without_the_group_test_pairs_of_rows_read_only_where_a_bin_shares_one_sample(monkeypatch):
+    # near the top of the measurement two rows share one sample, and one factor cancels it: the rest of the
+    # bins need the group
+    delta, s, cut = grouped_delta(batch=32, cuts=24)
+    monkeypatch.setattr(isolation, "group_sets", lambda d, *a: (torch.zeros(0, d.shape[0], dtype=torch.bool), {}))
+    assert len(isolation.isolated_samples(delta)[0]) < len(alone_in_bin(s, cut))
+
+
+@settings(deadline=None, max_examples=20)
+@given(st.integers(0, 2**16), st.integers(2, 4))
+def test_every_sample_alone_in_its_bin_is_counted_whatever_k(seed, k):
+    delta, s, cut = grouped_delta(batch=20, cuts=10, k=k, seed=seed)
+    perm = torch.randperm(delta.shape[1], generator=torch.Generator().manual_seed(seed))
+    assert set(alone_in_bin(s, cut)) <= set(isolated_samples(delta[:, perm])[0])
+
+
+@settings(deadline=None, max_examples=20)
+@given(st.integers(0, 2**16))
+def test_dense_random_coefficients_still_isolate_nothing(seed):
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randn(32, 64, generator=g, dtype=torch.float64) * (torch.rand(32, 64, generator=g) < 0.5)
+    assert isolated_samples(delta)[0] == []
+
+
+def test_a_group_alone_reads_nothing_a_server_could_not_unmix():
+    # three rows holding the same three samples with independent coefficients: the server knows its columns,
+    # not the batch's coefficients, and no combination it can choose cancels two unknown samples
+    delta = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0], [2.0, 0.1, -0.7]], dtype=torch.float64)
+    assert isolated_samples(delta)[0] == []
+
+
+def test_single_row_pairs_are_left_to_the_pairwise_tests():
+    delta = torch.tensor([[1.0, 0.0], [1.0, 2.0], [1.0, 2.0]], dtype=torch.float64)
+    _, info = group_sets(delta, delta.abs() > 0, None, None, 0.1, 0.25, 4)
+    assert info["row_groups"] == 0 and info["separating_groups"] == 0
+
+
+@pytest.mark.parametrize("per_cut", [2, 3])
+def test_inspect_model_refuses_the_grouped_trap_on_a_centred_batch(per_cut):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(64, 1, 16, 16, generator=g) - 0.5, torch.arange(64) % 10
+    aux = torch.rand(64, 1, 16, 16, generator=g) - 0.5
+    model = FC2((1, 16, 16), 10)
+    trap = craft(model, trap_layers(model, (1, 16, 16)), (1, 16, 16), aux, 2, 0.0, (-0.5, 0.5), g, per_cut=per_cut)
+    disguise(trap.rows(), auto_rho(), (1, 16, 16), aux, g)
+    inspection = inspect_model(trap.sent, model, batch=(x, y))
+    assert not inspection.ok and any(r.startswith("isolation:") for r in inspection.reasons)
+    layer = inspection.checks["isolation"]["layers"]["net.1"]
+    assert layer["separating_groups"] > 0 and layer["row_groups"] > 0
+
+
+def test_a_layer_past_the_cap_of_group_pairs_is_refused(monkeypatch):
+    """Fail closed: decoy groups past the cap could hide a trap's, so a layer with more is refused (here an
+    honest FC-2 on inputs in [0, 1], whose units firing for every sample form a group, with the cap at 0)."""
+    import guardfl.inspect as inspect_module
+    import guardfl.inspect_groups as groups
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(64, 1, 16, 16, generator=g), torch.arange(64) % 10
+    torch.manual_seed(0)
+    model = FC2((1, 16, 16), 10)
+    assert inspect_model(model, model, batch=(x, y)).ok
+    monkeypatch.setattr(groups, "GROUP_MAX_PAIRS", 0)
+    monkeypatch.setattr(inspect_module, "GROUP_MAX_PAIRS", 0)
+    found = inspect_model(model, model, batch=(x, y))
+    assert found.checks["isolation"]["layers"]["net.1"]["groups_capped"] == 1
+    assert not found.ok and any("past what is examined" in r for r in found.reasons)
