@@ -86,15 +86,18 @@ def fresh_init(model, seed: int = 1234):
     return own
 
 
-def trap(base, aux, chains=2, rows=None, seed=0, disguised=False, noise=0.0):
+def trap(base, aux, chains=2, rows=None, seed=0, disguised=False, noise=0.0, per_cut=1):
     """Trap weights (the red team's construction, guardfl.redteam.attacks.malicious.trap_weights) in ``base``;
     ``disguised``: each row with a near-multiple gets a part images barely see (``trap_chain.disguise``, as
     ``disguise: auto`` does for a small trap), adapted to the near-parallel-rows check; ``noise``: relative
     noise on each row's share of its chain's classifier column (``column_noise``; ``auto`` picks 0.02-0.05
-    for these small traps), adapted to the shared-columns check."""
+    for these small traps), adapted to the shared-columns check; ``per_cut``: rows per cut, each with its own
+    classifier column (``trap_weights columns``, ``trap_groups``), adapted to the shared-columns check and
+    the pairwise isolation tests."""
     layers = trap_layers(base, (3, 32, 32))
     gen = torch.Generator().manual_seed(seed)
-    made = craft(base, layers, (3, 32, 32), aux, chains, noise, (float(aux.min()), float(aux.max())), gen, rows, 32)
+    made = craft(base, layers, (3, 32, 32), aux, chains, noise, (float(aux.min()), float(aux.max())), gen, rows, 32,
+                 per_cut=per_cut)
     if disguised:
         disguise(made.rows(), auto_rho(), (3, 32, 32), aux, gen)
     return made.sent
@@ -282,6 +285,10 @@ def main() -> None:
             malicious.setdefault("trap weights, 8 single rows (8 chains of 1)", []).append((trap(base, aux, chains=8, rows=1, seed=seed), base))
             malicious.setdefault("trap weights, 8 rows disguised, column noise 0.05 (adapted to shared columns)", []).append(
                 (trap(base, aux, chains=1, rows=8, seed=seed, disguised=True, noise=0.05), base))
+            malicious.setdefault("trap weights, whole layer, 2 rows per cut with their own columns, disguised (columns: 2)",
+                                 []).append((trap(base, aux, seed=seed, disguised=True, per_cut=2), base))
+            malicious.setdefault("trap weights, 4 x 4 cuts of 2 rows with their own columns, disguised (columns: 2)", []).append(
+                (trap(base, aux, chains=4, rows=4, seed=seed, disguised=True, per_cut=2), base))
         for t in range(args.targets):
             malicious.setdefault("class fishing, rows scaled 3e-3, gap 20 (adaptive)", []).append((fish_scaled(base, t), base))
             malicious.setdefault("class fishing, routed through dead units (adaptive)", []).append((fish_routed(base, t), base))
@@ -321,7 +328,8 @@ def main() -> None:
             for r in results[-2:]:
                 iso = r.checks["isolation"]
                 if "layers" in iso:
-                    judged = [v["isolated"] - iso["baseline"].get(k, 0) for k, v in iso["layers"].items() if v.get("judged", True)]
+                    judged = [v[count] - iso[key].get(k, 0) for k, v in iso["layers"].items() if v.get("judged", True)
+                              for count, key in (("isolated", "baseline"), ("by_pairs", "baseline_by_pairs"))]
                     stats["isolation excess over own init (max)"].append(max(judged, default=0))
             for r in results[1:3]:
                 layers = r.checks["gradient_concentration"].get("layers", {})
@@ -351,9 +359,10 @@ def main() -> None:
             for r in results:
                 iso = r.checks["isolation"]
                 n = b[1].numel()
-                over += [v["isolated"] - I.isolation_limit(n, iso["baseline"].get(k, 0))
-                         for k, v in iso.get("layers", {}).items()
-                         if v.get("judged", True) and iso["baseline"].get(k, 0) >= I.isolation_threshold(n)]
+                for count, key in (("isolated", "baseline"), ("by_pairs", "baseline_by_pairs")):
+                    over += [v[count] - I.isolation_limit(n, iso[key].get(k, 0))
+                             for k, v in iso.get("layers", {}).items()
+                             if v.get("judged", True) and iso[key].get(k, 0) >= I.isolation_threshold(n)]
         rows.append(("benign", group, len(pairs), flagged, flagged / len(pairs), 0))
     stats["isolation, benign count minus its limit where the fresh init leaks, inputs in [0, 1] (max)"] = over
     dsnr: dict[str, list[float]] = {}
