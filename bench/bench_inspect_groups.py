@@ -54,7 +54,7 @@ def cases(resnet: bool):
     torch.manual_seed(0)
     fc2 = FC2((1, 25, 25), 10)
     gen = torch.Generator().manual_seed(0)
-    trap = craft(fc2, trap_layers(fc2, (1, 25, 25)), (1, 25, 25), aux, 2, 0.0, (0.0, 1.0), gen, per_cut=3)
+    trap = craft(fc2, trap_layers(fc2, (1, 25, 25)), (1, 25, 25), aux, 2, 0.0, (0.0, 1.0), gen, samples=64, per_cut=3)
     disguise(trap.rows(), auto_rho(), (1, 25, 25), aux, gen)
     yield "FC-2, 64 LFW faces in [0, 1], honest", fc2, fc2, (x, y)
     yield "FC-2, 64 LFW faces in [0, 1], trap of 3 rows per cut", trap.sent, fc2, (x, y)
