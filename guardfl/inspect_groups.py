@@ -7,9 +7,10 @@ rows, which the pairwise tests count. Give each bin ``k`` rows with the same cut
 drawn from a ``k``-dimensional subspace, and no two rows' coefficients are proportional any more (the
 pairwise tests and the shared-columns check see nothing), yet the server, who knows the columns, solves a
 ``k x k`` system per bin for the bin's ``k`` measurements and reads each sample exactly from the
-difference of two bins. Measured (FC-2, 64 LFW faces, the whole layer, 2026-11-28): ``k = 2`` passed every
-check and read 20 faces exactly (``k = 1``, the pairwise case, was refused: 58 isolated), ``k = 3`` 19,
-isolating 4 by the pairwise count, under the honest architecture's own 25.
+difference of two bins (the red team's ``trap_weights columns: k``). Measured (FC-2, 64 LFW faces in
+[0, 1], the whole layer, 2026-11-27): ``k = 2`` passed every check and read 20 faces exactly (``k = 1``,
+the pairwise case, was refused: 58 isolated), ``k = 3`` 19, isolating 4 by the pairwise count, under the
+honest architecture's own 25.
 
 The test: rows whose supports (the samples they hold) are identical form a group. A nested pair of groups
 (the smaller's samples all in the larger, at most ``ISOLATION_PEEL`` more), one of them of 2+ rows,

@@ -21,6 +21,10 @@ Two tests of "almost nothing else", either suffices:
   "exact" by the red team's own measure: 64 LFW faces with the contamination of 1-8 other faces at a
   relative error of 0.2 read at median SSIM 0.93-0.95, at 0.3 at 0.84-0.89 (``docs/malicious-server.md``).
 
+A combination of two groups of rows of one support each, which no pair of rows reads (bins of several rows
+with their own classifier columns), is ``guardfl.inspect_groups``'; its sets are peeled with these, and
+the count is judged twice: by one or two rows alone (``by_pairs``) and with the groups.
+
 Then peeling: a set of samples all read but one gives that one. Every test is exact arithmetic on the
 client's batch; what is counted is judged by ``inspect_model`` against the client's own model's count on
 the same batch.

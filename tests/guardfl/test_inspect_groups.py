@@ -85,7 +85,7 @@ def test_inspect_model_refuses_the_grouped_trap_on_a_centred_batch(per_cut):
     x, y = torch.rand(64, 1, 16, 16, generator=g) - 0.5, torch.arange(64) % 10
     aux = torch.rand(64, 1, 16, 16, generator=g) - 0.5
     model = FC2((1, 16, 16), 10)
-    trap = craft(model, trap_layers(model, (1, 16, 16)), (1, 16, 16), aux, 2, 0.0, (-0.5, 0.5), g, per_cut=per_cut)
+    trap = craft(model, trap_layers(model, (1, 16, 16)), (1, 16, 16), aux, 2, 0.0, (-0.5, 0.5), g, samples=64, per_cut=per_cut)
     disguise(trap.rows(), auto_rho(), (1, 16, 16), aux, g)
     inspection = inspect_model(trap.sent, model, batch=(x, y))
     assert not inspection.ok and any(r.startswith("isolation:") for r in inspection.reasons)
