@@ -88,12 +88,16 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     the honest FC-2's own isolation on these uncentred faces) and the disguised fishing (its other rows
     scaled to pass the shared-columns check) pass it and leak without a defense; so does the trap sized on
     shadows of the client (``rows: fit``, the largest it reads most with), which says what it tried; DP-SGD
-    holds."""
+    holds. The trap whose cuts hold 4 rows with their own columns (``columns: 4``) passes too: on these faces
+    in [0, 1] its count stays within chance of the honest FC-2's own."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
     assert inspecting.status == "NOT CERTIFIED"
     page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
-    assert "3 of 9 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
-    by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results}
+    assert "3 of 10 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
+    by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results
+          if "columns" not in r["budget"]}
+    grouped = next(r for r in inspecting.results if r["budget"].get("columns") == 4)  # 4 rows per cut, their own columns
+    assert grouped["info"].get("refused") is None and grouped["recovered"]["exact"] >= 5  # 11 faces exactly (docs section 12)
     for key, reason in ((("robbing_the_fed", None, False), "architecture:"), (("trap_weights", None, False), "parallel rows:"),
                         (("fishing", None, False), "class fishing:")):
         assert by[key]["info"]["refused"].startswith(reason) and by[key]["recovered"]["above_max_ssim"] == 0
@@ -116,18 +120,19 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
 
 def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_and_a_small_one_leaks():
     """configs/malicious-adaptive-bn.yaml: FC-2 with BatchNorm1d, the trap's cut-offs in BatchNorm's affine
-    parameters. The whole-layer trap is refused (its chains repeat one direction); the small traps pass, and
-    their chains' column noise against the shared-columns check also takes the 8-row trap under the isolation
-    check at BatchNorm's output (refused there before that check existed), which reads faces exactly: the
-    config does not certify (docs/malicious-server.md section 9)."""
+    parameters. The whole-layer trap is refused (its chains repeat one direction). The 8-row trap, whose
+    column noise against the shared-columns check took it under the pairwise isolation count at BatchNorm's
+    output (docs/malicious-server.md section 9), is refused there again since the group test (section 12:
+    4 of 64 isolated with combinations of two groups of units); the 3-row trap passes and leaks faces past
+    SSIM 0.4: the config does not certify."""
     result = certify(str(CONFIGS / "malicious-adaptive-bn.yaml"))
     assert result.status == "NOT CERTIFIED"
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("cuts")): r for r in result.results}
     assert by[("trap_weights", None, None)]["info"]["refused"].startswith("parallel rows:")
-    for rows in (8, 3):
-        small = by[("trap_weights", rows, None)]
-        assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
-    assert by[("trap_weights", 8, None)]["recovered"]["exact"] >= 1
+    eight = by[("trap_weights", 8, None)]["info"]["refused"]
+    assert eight.startswith("isolation: layer 'net.1 -> net.2'") and "combination of two groups" in eight
+    small = by[("trap_weights", 3, None)]
+    assert small["info"].get("refused") is None and small["recovered"]["above_max_ssim"] > 0
 
 
 def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_traps_that_pass():
