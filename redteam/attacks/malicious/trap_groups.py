@@ -6,19 +6,24 @@ the same and the difference of two adjacent rows holds one bin's samples. That s
 shared-columns check refuses, and the pairwise isolation tests count every such difference. Here each cut
 of a chain's measurement is held by ``k`` rows (same direction, same cut, each its own scale), and each of
 those rows gets its own classifier column: a random rotation of the chain's ``k`` orthogonal random basis
-columns ``u_1 .. u_k`` of the honest columns' mean norm (the columns of one cut orthogonal). No two rows' coefficients are proportional
-(every pairwise test and the shared-columns check see nothing), but the server knows the combinations:
-the ``k`` rows of cut ``j`` give ``C_j M_j``, where row ``l`` of ``M_j`` is ``sum_n (u_l . e_n) [x_n, 1]``
-over the samples above the cut (``e_n`` their logits' gradient), so ``M_j = C_j^-1 G_j``; the difference of
-adjacent cuts' ``M`` holds the bin's samples, and a sample alone in its bin is read exactly from the
-component with the largest bias difference. The top cuts hold one row each (the top one, and those the
-attacker's measurements expect fewer than ``SINGLE_BELOW`` samples above; their other rows stay as they
-were): a group that holds one sample alone, or two of one label, gives ``k`` units with parallel
-coefficients, which the shared-columns check
-refuses whatever their columns; a single row reads a sample alone from its own update, and the bin under
-the first of them comes from that row's combination of the cut below. Measured (FC-2, 64 LFW faces in [0, 1], whole layer, 2
-chains, 2026-11-28): ``k = 2`` read 20 faces exactly and passed every check of the inspection before the
-group test (``guardfl.inspect_groups``), which now counts what combinations of a group's rows read. Ours.
+columns ``u_1 .. u_k`` of the honest columns' mean norm (the columns of one cut orthogonal). No two rows'
+coefficients are proportional (every pairwise test and the shared-columns check see nothing), but the
+server knows the combinations: the ``k`` rows of cut ``j`` give ``C_j M_j``, where row ``l`` of ``M_j`` is
+``sum_n (u_l . e_n) [x_n, 1]`` over the samples above the cut (``e_n`` their logits' gradient), so ``M_j =
+C_j^-1 G_j``; the difference of adjacent cuts' ``M`` holds the bin's samples, and a sample alone in its bin
+is read exactly from the component with the largest bias difference.
+
+The top cuts hold one row each (the top one, and those the attacker's measurements expect fewer than
+``SINGLE_BELOW`` samples above; their other rows stay as they were): a group that holds one sample alone,
+or two of one label, gives ``k`` units with parallel coefficients, which the shared-columns check refuses
+whatever their columns; a single row reads a sample alone from its own update, and the bin under the first
+of them comes from that row's combination of the cut below.
+
+Measured (FC-2, 64 LFW faces in [0, 1], whole layer, 2 chains, 2026-11-27): ``k = 2`` read 20 faces
+exactly and passed every check of the inspection before its group test (``guardfl.inspect_groups``),
+which now counts what combinations of two groups of rows read; since then ``k = 4`` still passes on these
+uncentred faces (within chance of the honest FC-2's own count) and reads 11, and on centred inputs every
+whole-layer grouped trap is refused (docs/malicious-server.md section 12). Ours.
 
 Only without a normalisation between the layer and its ReLU (``trap_weights.refuses`` says so otherwise);
 the left-over rows of a whole layer never fire, as in ``trap_weights``.
