@@ -1093,7 +1093,7 @@ def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) ->
     if not heads:
         return None
     _, isolation, _, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None, inputs)
-    return {name: {"isolated": layer["isolated"], "by_pairs": layer.get("by_pairs", layer["isolated"])}
+    return {name: {"isolated": layer["isolated"], "by_pairs": layer["by_pairs"]}
             for name, layer in isolation.get("layers", {}).items()}
 
 

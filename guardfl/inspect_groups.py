@@ -62,10 +62,6 @@ def _separates(d: Tensor, rows: Tensor, cancel: Tensor, held: Tensor, gram: Tens
     ``cancel`` (boolean masks over the batch), for some sample of ``held`` as its lead."""
     x, lead_rows = d[cancel][:, rows], d[held][:, rows]
     chol = None
-    if gram is not None:
-        g = gram[cancel][:, cancel]
-        jitter = 1e-12 * (g.diagonal().mean().abs() + 1e-300)
-        chol = torch.linalg.cholesky_ex(g + jitter * torch.eye(g.shape[0], dtype=g.dtype))[0]
     for h in range(lead_rows.shape[0]):
         a = lead_rows[h]
         if not bool(a.abs().max() > 0):
@@ -74,7 +70,11 @@ def _separates(d: Tensor, rows: Tensor, cancel: Tensor, held: Tensor, gram: Tens
         coef = (lead_rows @ w).abs()
         if float((x @ w).abs().sum()) <= tolerance * float(coef.min()):
             return True
-        if chol is not None:
+        if gram is not None:
+            if chol is None:  # only where the coefficients do not already separate: the Gram's factor, once
+                g = gram[cancel][:, cancel]
+                jitter = 1e-12 * (g.diagonal().mean().abs() + 1e-300)
+                chol = torch.linalg.cholesky_ex(g + jitter * torch.eye(g.shape[0], dtype=g.dtype))[0]
             wr = _least(chol.T @ x, a)
             lead = float(((lead_rows @ wr).abs() * norms[held].flatten()).min())
             contamination = float((chol.T @ (x @ wr)).norm())

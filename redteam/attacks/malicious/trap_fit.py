@@ -88,9 +88,12 @@ def sizes(cuts: str, chains: int, units: int, grouped: bool = False) -> list[tup
     config's); with ``grouped`` (a layer with no normalisation, ``columns: 1``) then ``FIT_GROUPED``."""
     whole = [] if cuts == "middle" else [(min(chains, units // 2), None, None)]
     plain = [(k, r, None) for k, r in FIT_SIZES if k * r <= units and (cuts == "top" or r >= 2)]
-    groups = [(k, r, g) for k, r, g in FIT_GROUPED
-              if (units // (k * g) >= 2 if r is None else k * r * g <= units and (cuts == "top" or r >= 2))
-              and (cuts == "top" or r is not None)] if grouped else []
+    def fits(k: int, r: int | None, g: int) -> bool:  # two cuts at least; the middle places small traps only
+        if r is None:
+            return cuts == "top" and units // (k * g) >= 2
+        return k * r * g <= units and (cuts == "top" or r >= 2)
+
+    groups = [(k, r, g) for k, r, g in FIT_GROUPED if fits(k, r, g)] if grouped else []
     return whole + plain + groups
 
 

@@ -49,10 +49,9 @@ def group_columns(second_weight: Tensor, rows: Tensor, basis: Tensor, gen: torch
     mixes = []
     for cut in rows:
         rotation = torch.linalg.qr(torch.randn(len(cut), len(cut), generator=gen, dtype=torch.float64))[0]
-        used = cut >= 0
-        second_weight[:, cut[used]] = (rotation @ basis)[used].T.to(second_weight.dtype)
-        sent = rotation @ basis
-        sent[used] = second_weight[:, cut[used]].T.double()
+        used, sent = cut >= 0, rotation @ basis
+        second_weight[:, cut[used]] = sent[used].T.to(second_weight.dtype)
+        sent[used] = second_weight[:, cut[used]].T.double()  # as rounded in the sent weights
         mixes.append(torch.linalg.lstsq(basis.T, sent.T).solution.T)
     return torch.stack(mixes)
 
