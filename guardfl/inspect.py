@@ -81,7 +81,7 @@ from torch import Tensor, nn
 from guardfl import inspect_columns
 from guardfl.errors import ConfigError, MaliciousModelError
 from guardfl.inspect_groups import GROUP_MAX_PAIRS
-from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MAX_PAIRS, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
+from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
                                        ISOLATION_READ_ERROR, ISOLATION_SHARE, ISOLATION_SPREAD, ISOLATION_TOLERANCE,
                                        isolated_samples, isolation_limit, isolation_threshold)
 from guardfl.inspect_rows import PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, parallel_rows
@@ -1192,7 +1192,6 @@ __all__ = [
     "EXACT_SVD_COST",
     "IMPRINT_MIN_ROWS",
     "ISOLATION_INIT_SEED",
-    "ISOLATION_MAX_PAIRS",
     "ISOLATION_MAX_UNITS",
     "ISOLATION_MIN_SAMPLES",
     "ISOLATION_PEEL",

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from guardfl.inspect_groups import group_sets
+from guardfl.inspect_pairs import pair_sets, relative_read_error
 
 #: the judgement (``isolation_limit``): a layer is flagged when it isolates at least ``ISOLATION_MIN_SAMPLES``
 #: samples and ``ISOLATION_SHARE`` of the batch, where the client's architecture at a fresh initialisation
@@ -70,9 +71,6 @@ ISOLATION_READ_ERROR = 0.25
 #: a nested pair separates at most this many samples (a bin of up to 4), to be peeled with the others; a
 #: row dominated by one sample holds at most this many others
 ISOLATION_PEEL = 4
-#: the most (nested) row pairs whose coefficients are compared per layer (a layer with more is judged on
-#: these, and the cap is reported)
-ISOLATION_MAX_PAIRS = 200_000
 
 
 def isolation_threshold(n: int) -> float:
@@ -107,13 +105,6 @@ def _gram(inputs: Tensor | None, n: int) -> Tensor | None:
     return a @ a.T
 
 
-def _read_error(e: Tensor, lead: Tensor, gram: Tensor) -> Tensor:
-    """Per column of ``e`` (batch x k: the coefficients of everything but the read sample, which is
-    ``lead`` = its coefficient times its input's norm), the relative error ``|sum_n e_n a_n| / lead``."""
-    contamination = (e * (gram @ e)).sum(0).clamp_min(0.0).sqrt()
-    return torch.where(lead > 0, contamination / lead.clamp_min(1e-300), torch.full_like(lead, float("inf")))
-
-
 def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, norms: Tensor, read_error: float) -> Tensor:
     """Rows of 2 to ``1 + ISOLATION_PEEL`` samples from which one sample reads within ``read_error``
     alone: (sets, batch), one sample each."""
@@ -125,7 +116,7 @@ def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, norm
     top = weight.argmax(0)
     e = sub.clone()
     e[top, torch.arange(rows.numel())] = 0.0
-    ok = _read_error(e, weight.amax(0), gram) <= read_error
+    ok = relative_read_error(e, weight.amax(0), gram) <= read_error
     sets = torch.zeros(int(ok.sum()), d.shape[0], dtype=torch.bool)
     sets[torch.arange(sets.shape[0]), top[ok]] = True
     return sets
@@ -147,12 +138,12 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
     groups of rows of one support each (``guardfl.inspect_groups``). Returns the samples read (sorted) and
     counts: rows holding one sample (``single_rows``), rows dominated by one (``dominated_rows``, with
     ``inputs``), nested pairs (``nested_pairs``), those that separate (``separating_pairs``),
-    ``pairs_capped`` when more than ``ISOLATION_MAX_PAIRS`` were nested, the samples read by one or two
-    rows alone (``by_pairs``), and the group test's counts (``row_groups``, ``separating_groups``,
-    ``groups_capped``)."""
+    ``screened_pairs`` (those ``guardfl.inspect_pairs``' bounds leave to test exactly; every nested pair is
+    examined), the samples read by one or two rows alone (``by_pairs``), and the group test's counts
+    (``row_groups``, ``separating_groups``, ``groups_capped``)."""
     d = delta.detach().double().cpu()
     top = float(d.abs().max()) if d.numel() else 0.0
-    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "pairs_capped": 0, "by_pairs": 0}
+    info = {"single_rows": 0, "nested_pairs": 0, "separating_pairs": 0, "screened_pairs": 0, "by_pairs": 0}
     if top == 0.0 or d.shape[0] < 2:
         return [], info
     gram = _gram(inputs, d.shape[0])
@@ -164,27 +155,9 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
     if gram is not None:
         sets.append(_dominated_rows(d, support, size, gram, norms, read_error))
         info["dominated_rows"] = int(sets[-1].shape[0])
-    s = support.float()
-    overlap = s.T @ s  # units x units: shared samples (exact in float32 below 2**24)
-    extra = size[:, None] - size[None, :]
-    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= ISOLATION_PEEL) & (size[None, :] >= 1)
-    pairs = nested.nonzero()
-    info["nested_pairs"] = int(pairs.shape[0])
-    if pairs.shape[0] > ISOLATION_MAX_PAIRS:
-        pairs, info["pairs_capped"] = pairs[:ISOLATION_MAX_PAIRS], 1
-    for block in pairs.split(4096):
-        i, j = block[:, 0], block[:, 1]
-        di, dj, shared = d[:, i], d[:, j], support[:, j].double()
-        c = (di * dj * shared).sum(0) / (dj * dj * shared).sum(0)
-        residual = (di - c * dj) * shared
-        held = support[:, i] & ~support[:, j]  # batch x pairs: the samples the difference holds
-        lead = torch.where(held, di.abs(), torch.full_like(di, float("inf"))).amin(0)
-        cancels = residual.abs().sum(0) <= tolerance * lead
-        if gram is not None:
-            lead_read = torch.where(held, di.abs() * norms, torch.full_like(di, float("inf"))).amin(0)
-            cancels |= _read_error(residual, lead_read, gram) <= read_error
-        info["separating_pairs"] += int(cancels.sum())
-        sets.append(held[:, cancels].T)
+    pairs, pair_info = pair_sets(d, support, gram, norms, tolerance, read_error, ISOLATION_PEEL)
+    info.update(pair_info)
+    sets.append(pairs)
     pairs_only = torch.cat(sets)
     info["by_pairs"] = int(_peel(pairs_only).sum())
     grouped, group_info = group_sets(d, support, gram, norms, tolerance, read_error, ISOLATION_PEEL)
@@ -204,6 +177,6 @@ def _peel(sets: Tensor) -> Tensor:
         read |= new
 
 
-__all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MAX_PAIRS", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",
+__all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",
            "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit",
            "isolation_spread", "isolation_threshold"]
