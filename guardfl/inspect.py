@@ -84,7 +84,8 @@ from guardfl.inspect_groups import GROUP_MAX_PAIRS
 from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
                                        ISOLATION_READ_ERROR, ISOLATION_SHARE, ISOLATION_SPREAD, ISOLATION_TOLERANCE,
                                        isolated_samples, isolation_limit, isolation_threshold)
-from guardfl.inspect_rows import PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, parallel_rows
+from guardfl.inspect_rows import (MAX_CANDIDATES, PARALLEL_COS, PARALLEL_MAX_ROWS, PARALLEL_MIN_COLS, SCREEN_MARGIN,
+                                  parallel_rows)
 
 #: a linear layer needs at least this many rows (bins) for the imprint check: Robbing the Fed uses
 #: hundreds of bins; rank one in a handful of rows is not an imprint of a batch
@@ -733,6 +734,10 @@ def _parallel(linears) -> tuple[list[str], dict[str, Any]]:
             reasons.append(f"parallel rows: layer '{name}' ({rows} x {cols}) has {some}{int(flagged.sum())} row(s) that are near "
                            f"multiples of another row (|cos| up to {top:.6f} >= {PARALLEL_COS:g}): one measurement direction "
                            f"repeated, as a trap's or an imprint's bins are")
+        elif info["capped"]:  # fail closed: rows just under the threshold could fill the screen ahead of a trap's
+            reasons.append(f"parallel rows: layer '{name}' ({rows} x {cols}) has more than {MAX_CANDIDATES} pairs of rows "
+                           f"near-parallel in the screen (|cos| >= {PARALLEL_COS - SCREEN_MARGIN:g} projected; benign hidden "
+                           f"layers <= 0.475): past what is compared exactly, not judged whole, refused")
     found: dict[str, Any] = {"max_cos": worst, "layers": layers}
     if not_examined:
         found["not_examined"] = {k: f"more than {PARALLEL_MAX_ROWS} rows" for k in not_examined}

@@ -95,18 +95,20 @@ def _candidates(ds: Tensor, sf: Tensor, gram: Tensor | None, norms: Tensor | Non
 
 
 def pair_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | None, tolerance: float,
-              read_error: float, peel: int) -> tuple[Tensor, dict[str, int]]:
+              read_error: float, peel: int, screen: bool = True) -> tuple[Tensor, dict[str, int]]:
     """The sample sets the nested pairs of rows separate (see ``isolated_samples``): (sets, batch), and
     counts (``nested_pairs``, ``separating_pairs``, ``screened_pairs``: those tested exactly). ``d``: batch
     x units coefficients (float64), ``support``: their non-zero pattern, ``gram`` / ``norms``: the layer
-    inputs' Gram matrix and norms (batch x 1), or None."""
+    inputs' Gram matrix and norms (batch x 1), or None. ``screen=False``: every pair tested exactly (the
+    baseline of ``bench/bench_inspect_pairs.py``; the same outcome)."""
     n = d.shape[0]
     pairs = nested_pairs(support, peel)
     info = {"nested_pairs": int(pairs.shape[0]), "separating_pairs": 0, "screened_pairs": 0}
     if pairs.shape[0] == 0:
         return torch.zeros(0, n, dtype=torch.bool), info
     sf = support.double()
-    pairs = pairs[_candidates(d * sf, sf, gram, norms, pairs, tolerance, read_error)]
+    if screen:
+        pairs = pairs[_candidates(d * sf, sf, gram, norms, pairs, tolerance, read_error)]
     info["screened_pairs"] = int(pairs.shape[0])
     dt, st = d.T.contiguous(), support.T.contiguous()  # units x batch: rows gathered contiguously
     norm_row = None if norms is None else norms.flatten()

@@ -48,7 +48,9 @@ PROJECTION_DIM = 256
 #: the screen's margin below ``PARALLEL_COS``: a projection to 256 dimensions moves a cosine near 0.99 by
 #: about (1 - c^2) / 16 ~ 1e-3, so a margin of 0.05 misses no pair
 SCREEN_MARGIN = 0.05
-#: the most screened pairs compared exactly (more: the first ones; the count is reported)
+#: the most screened pairs compared exactly (more: the first ones, the count is reported, and ``inspect_model``
+#: refuses a layer with more that is not already flagged: rows just under the threshold could fill the
+#: screen ahead of a trap's)
 MAX_CANDIDATES = 20_000
 _CHUNK = 2**22
 

@@ -137,3 +137,25 @@ def test_a_layer_of_repeated_rows_is_bounded_and_still_flagged(monkeypatch):
     monkeypatch.setattr(R, "EXACT_ELEMENTS", 10**6)
     top, rows, info = parallel_rows(w)
     assert rows.all() and info["pairs"] == 40 * 39 // 2 and info["screened"] == 0
+
+
+def test_rows_that_fill_the_screen_ahead_of_a_parallel_pair_get_the_layer_refused(monkeypatch):
+    """Fail closed: where a large layer is screened, rows just under the threshold (|cos| 0.97) could fill
+    the pairs compared exactly ahead of a trap's parallel pair; a layer past that cap is refused even when
+    the pairs compared hold no parallel one."""
+    monkeypatch.setattr(R, "EXACT_ELEMENTS", 1000)
+    monkeypatch.setattr(R, "MAX_CANDIDATES", 50)
+    torch.manual_seed(0)
+    model = FC2((1, 8, 8), 10, hidden=64)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        w = model.net[1].weight
+        base = torch.randn(64, generator=g)
+        w[:12] = base + 0.15 * base.norm() / 8 * torch.randn(12, 64, generator=g)  # 66 pairs near 0.98
+        w[60] = torch.randn(64, generator=g)
+        w[63] = 2.0 * w[60]
+    top, rows, info = parallel_rows(w)
+    assert info["capped"] == 1 and not rows[60]  # the parallel pair came after the cap
+    verdict = inspect_model(model)
+    assert not verdict.ok
+    assert any(r.startswith("parallel rows: layer 'net.1'") and "not judged whole, refused" in r for r in verdict.reasons)
