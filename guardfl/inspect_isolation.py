@@ -21,6 +21,10 @@ Two tests of "almost nothing else", either suffices:
   "exact" by the red team's own measure: 64 LFW faces with the contamination of 1-8 other faces at a
   relative error of 0.2 read at median SSIM 0.93-0.95, at 0.3 at 0.84-0.89 (``docs/malicious-server.md``).
 
+Every nested pair of rows is examined (``guardfl.inspect_pairs``: bounds from matrix products of the
+layer rule most pairs out, the rest are tested exactly; until 2026-11-27 the first 200,000 in row order, a
+cap that decoy rows ahead of a trap could fill).
+
 A combination of two groups of rows of one support each, which no pair of rows reads (bins of several rows
 with their own classifier columns), is ``guardfl.inspect_groups``'; its sets are peeled with these, and
 the count is judged twice: by one or two rows alone (``by_pairs``) and with the groups.
