@@ -109,3 +109,46 @@ def test_a_layer_past_the_cap_of_group_pairs_is_refused(monkeypatch):
     found = inspect_model(model, model, batch=(x, y))
     assert found.checks["isolation"]["layers"]["net.1"]["groups_capped"] == 1
     assert not found.ok and any("past what is examined" in r for r in found.reasons)
+
+
+@settings(deadline=None, max_examples=25)
+@given(st.integers(0, 2**16), st.integers(2, 4), st.sampled_from([6, 12, 32]), st.sampled_from([0.0, 0.02, 0.3]),
+       st.booleans(), st.booleans())
+def test_group_pairs_tested_together_find_what_they_find_one_by_one(seed, k, batch, noise, uncentred, with_inputs):
+    """``_separates_many`` (small group pairs batched, padded) against ``_separates`` (one by one) on a grouped
+    chain with noisy coefficients next to honest units firing on inputs centred or not."""
+    import guardfl.inspect_groups as groups
+
+    g = torch.Generator().manual_seed(seed)
+    chain, _, _ = grouped_delta(batch=batch, cuts=10, k=k, seed=seed)
+    chain = chain * (1 + noise * torch.randn(chain.shape, generator=g, dtype=torch.float64))
+    x = torch.rand(batch, 30, generator=g, dtype=torch.float64) + (1.0 if uncentred else -0.5)
+    fires = x @ torch.randn(30, 200, generator=g, dtype=torch.float64) > 3 * torch.randn(200, generator=g, dtype=torch.float64)
+    honest = fires.double() * (torch.randn(batch, 10, generator=g, dtype=torch.float64)
+                               @ torch.randn(10, 200, generator=g, dtype=torch.float64))
+    d = torch.cat([chain, honest], 1)
+    support = d.abs() > 1e-9 * d.abs().max()
+    gram = x @ x.T if with_inputs else None
+    norms = None if gram is None else gram.diagonal().sqrt()[:, None]
+    together, info = group_sets(d, support, gram, norms, 0.1, 0.25, 4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(groups, "BATCH_ROWS", 0)  # every pair one by one
+        alone, info_alone = group_sets(d, support, gram, norms, 0.1, 0.25, 4)
+    assert sorted(map(tuple, together.int().tolist())) == sorted(map(tuple, alone.int().tolist()))
+    assert info == info_alone
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_honest_wide_layer_on_a_small_uncentred_batch_is_not_refused(seed):
+    """Until 2026-11-27 the cap on group pairs was 2,000, and the honest FC-2 with 1,024 units on 8 CIFAR-10
+    images in [0, 1] had 2,000-2,300 (its units firing for all but a few images form groups): refused, 3 of
+    3 seeds. The cap is now 50,000 (benign measured up to 13,394, 4,096 units)."""
+    from tests import malicious as M
+
+    x, y = M.cifar(8, offset=2000 + 8 * seed)
+    x = x * M.CIFAR_STD + M.CIFAR_MEAN
+    torch.manual_seed(seed)
+    model = FC2((3, 32, 32), 10, hidden=1024)
+    found = inspect_model(model, model, batch=(x, y))
+    assert found.checks["isolation"]["layers"]["net.1"]["groups_capped"] == 0
+    assert found.ok, found.reasons
