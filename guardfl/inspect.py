@@ -1052,11 +1052,35 @@ def _fresh_init(reference: nn.Module) -> nn.Module | None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(ISOLATION_INIT_SEED)
             for m in fresh.modules():
-                if callable(getattr(m, "reset_parameters", None)):
-                    m.reset_parameters()
+                reset = _reset_of(m)
+                if reset is not None:
+                    reset()
     except Exception:  # noqa: BLE001 - an architecture that cannot be re-initialised: no baseline
         return None
     return fresh
+
+
+def _reset_of(module: nn.Module):
+    """The method that re-initialises ``module``'s own parameters: ``reset_parameters``, or for torch.nn's
+    own modules that have only the private one (``nn.MultiheadAttention``, ``nn.Transformer``)
+    ``_reset_parameters``; None for a module that has neither."""
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        return reset
+    private = getattr(module, "_reset_parameters", None)
+    return private if callable(private) and type(module).__module__.startswith("torch.nn") else None
+
+
+def kept_at_fresh_init(module: nn.Module) -> list[str]:
+    """The parameters of ``module`` that the isolation check's fresh initialisation (``_fresh_init``) keeps
+    as they are: those of modules with no reset method (a custom module's own ``nn.Parameter``, torchvision
+    ViT's class token and positional embedding). Their values come from the model the baseline is made
+    of: the reference when the client gives one, else the received model, the server's."""
+    kept = []
+    for prefix, m in module.named_modules():
+        if _reset_of(m) is None:
+            kept += [f"{prefix}.{n}" if prefix else n for n, _ in m.named_parameters(recurse=False)]
+    return kept
 
 
 def _baseline_isolation(reference: nn.Module, received: nn.Module, x: Tensor, y: Tensor,
@@ -1067,6 +1091,12 @@ def _baseline_isolation(reference: nn.Module, received: nn.Module, x: Tensor, y:
     counts are still judged, against a baseline a server may have shaped, and ``checks`` says so); else
     (None, None): the counts are then not judged."""
     baseline, source = _fresh_init(reference), f"a fresh initialisation (seed {ISOLATION_INIT_SEED})"
+    kept = [] if baseline is None else kept_at_fresh_init(reference)
+    if kept:
+        owner = "the reference, the client's" if reference is not received else "the received model, the server's"
+        shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
+        source += (f", except {len(kept)} parameter(s) no reset method covers, kept as they are in {owner}: {shown} "
+                   "(a server that sets them shapes the baseline too)")
     if baseline is None and reference is not received:
         baseline, source = reference, "the reference's own weights: its architecture could not be re-initialised"
     counts = None if baseline is None else _isolation_counts(baseline, x, y, train)
@@ -1218,6 +1248,7 @@ __all__ = [
     "gradient_shares",
     "inspect_model",
     "isolated_samples",
+    "kept_at_fresh_init",
     "isolation_limit",
     "isolation_threshold",
     "output_collapse",

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -320,3 +321,35 @@ def test_a_view_between_the_linear_layer_and_its_batchnorm_hides_nothing():
     reference.net.insert(2, torch.nn.Sequential(torch.nn.Unflatten(1, (16, 16)), torch.nn.Flatten()))
     found = inspect_model(viewed, reference, batch=(x, y))
     assert found.checks["isolation"]["layers"]["net.1 -> net.3"]["isolated"] >= 16 and not found.ok
+
+
+class Shifted(nn.Module):
+    """FC-2 behind a learnable input shift: a custom module's own ``nn.Parameter``, which no reset method
+    covers."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(3, 32, 32))
+        self.body = FC2()
+
+    def forward(self, x):
+        return self.body(x + self.shift)
+
+
+def test_parameters_no_reset_covers_are_named_with_the_model_they_come_from():
+    """The fresh initialisation keeps what no reset method covers, taken from the model the baseline is
+    made of: named in checks, with the reference's or the server's (the received model's) as its source."""
+    from guardfl.inspect import kept_at_fresh_init
+
+    torch.manual_seed(0)
+    model = Shifted()
+    assert kept_at_fresh_init(model) == ["shift"]
+    assert kept_at_fresh_init(FC2()) == []
+    attention = nn.MultiheadAttention(16, 2)  # only the private _reset_parameters: torch.nn's own, called
+    assert kept_at_fresh_init(attention) == []
+    with_reference = inspect_model(model.state_dict(), Shifted(), batch=centred())
+    assert "kept as they are in the reference, the client's: shift" in with_reference.checks["isolation"]["baseline_model"]
+    alone = inspect_model(model, batch=centred())
+    assert "the received model, the server's: shift" in alone.checks["isolation"]["baseline_model"]
+    plain = inspect_model(FC2(), batch=centred())
+    assert plain.checks["isolation"]["baseline_model"] == "a fresh initialisation (seed 0)"
