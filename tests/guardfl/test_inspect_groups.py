@@ -6,12 +6,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import guardfl.inspect_groups as groups
 import guardfl.inspect_isolation as isolation
 from guardfl.inspect import inspect_model, isolated_samples
 from guardfl.inspect_groups import group_sets
 from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
 from guardfl.redteam.modality.image.models import FC2
+from tests import malicious as M
 
 
 def grouped_delta(batch=16, cuts=12, k=2, classes=10, seed=0):
@@ -97,7 +99,6 @@ def test_a_layer_past_the_cap_of_group_pairs_is_refused(monkeypatch):
     """Fail closed: decoy groups past the cap could hide a trap's, so a layer with more is refused (here an
     honest FC-2 on inputs in [0, 1], whose units firing for every sample form a group, with the cap at 0)."""
     import guardfl.inspect as inspect_module
-    import guardfl.inspect_groups as groups
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(64, 1, 16, 16, generator=g), torch.arange(64) % 10
@@ -117,8 +118,6 @@ def test_a_layer_past_the_cap_of_group_pairs_is_refused(monkeypatch):
 def test_group_pairs_tested_together_find_what_they_find_one_by_one(seed, k, batch, noise, uncentred, with_inputs):
     """``_separates_many`` (small group pairs batched, padded) against ``_separates`` (one by one) on a grouped
     chain with noisy coefficients next to honest units firing on inputs centred or not."""
-    import guardfl.inspect_groups as groups
-
     g = torch.Generator().manual_seed(seed)
     chain, _, _ = grouped_delta(batch=batch, cuts=10, k=k, seed=seed)
     chain = chain * (1 + noise * torch.randn(chain.shape, generator=g, dtype=torch.float64))
@@ -143,8 +142,6 @@ def test_an_honest_wide_layer_on_a_small_uncentred_batch_is_not_refused(seed):
     """Until 2026-11-27 the cap on group pairs was 2,000, and the honest FC-2 with 1,024 units on 8 CIFAR-10
     images in [0, 1] had 2,000-2,300 (its units firing for all but a few images form groups): refused, 3 of
     3 seeds. The cap is now 50,000 (benign measured up to 13,394, 4,096 units)."""
-    from tests import malicious as M
-
     x, y = M.cifar(8, offset=2000 + 8 * seed)
     x = x * M.CIFAR_STD + M.CIFAR_MEAN
     torch.manual_seed(seed)

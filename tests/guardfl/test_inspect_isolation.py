@@ -9,7 +9,7 @@ from torch import nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guardfl.inspect import inspect_model, isolated_samples, isolation_limit
+from guardfl.inspect import inspect_model, isolated_samples, isolation_limit, kept_at_fresh_init
 from guardfl.redteam.attacks.malicious.trap_chain import auto_rho, disguise
 from guardfl.redteam.attacks.malicious.trap_weights import craft, trap_layers
 from guardfl.redteam.modality.image.models import FC2
@@ -339,8 +339,6 @@ class Shifted(nn.Module):
 def test_parameters_no_reset_covers_are_named_with_the_model_they_come_from():
     """The fresh initialisation keeps what no reset method covers, taken from the model the baseline is
     made of: named in checks, with the reference's or the server's (the received model's) as its source."""
-    from guardfl.inspect import kept_at_fresh_init
-
     torch.manual_seed(0)
     model = Shifted()
     assert kept_at_fresh_init(model) == ["shift"]

@@ -133,7 +133,7 @@ def test_a_trap_behind_decoy_rows_that_filled_the_old_cap_is_refused():
 
 
 @pytest.mark.parametrize("units", [64, 300])
-def test_an_honest_layer_screens_out_most_of_its_pairs(units):
+def test_an_honest_layer_on_uncentred_inputs_finds_what_the_exhaustive_tests_find(units):
     g = torch.Generator().manual_seed(units)
     x = torch.rand(32, 48, generator=g, dtype=torch.float64)  # uncentred: many nested supports
     w = torch.randn(48, units, generator=g, dtype=torch.float64) / 48 ** 0.5
