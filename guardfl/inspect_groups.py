@@ -46,60 +46,28 @@ from torch import Tensor
 #: 13,394 with 4,096 (batch 12; 2026-11-27). The cap was 2,000 until then, which refused the honest
 #: 1,024-unit FC-2 on 8 such images
 GROUP_MAX_PAIRS = 50_000
-#: group pairs of up to this many rows are tested together (``_separates_many``: padded to this width);
+#: group pairs of up to this many rows are tested together (``_separates``: padded to this width);
 #: larger ones one by one
 BATCH_ROWS = 16
-#: pairs per batch of ``_separates_many``
+#: pairs per batch of ``_separates``
 _BATCH = 2048
 #: ridge of the least-squares combinations, relative to the mean diagonal of the normal matrix: the
 #: combination is found even when the group's coefficients are collinear
 _RIDGE = 1e-12
 
 
-def _least(x: Tensor, a: Tensor) -> Tensor:
-    """The combination ``w`` of least ``|x w|`` with ``a . w = 1`` (``x``: residual samples x rows)."""
-    q = x.T @ x
-    q = q + _RIDGE * (q.diagonal().mean().abs() + 1e-300) * torch.eye(q.shape[0], dtype=q.dtype)
-    z = torch.linalg.solve(q, a)
-    return z / (a @ z)
-
-
-def _separates(d: Tensor, rows: Tensor, cancel: Tensor, held: Tensor, gram: Tensor | None, norms: Tensor | None,
-               tolerance: float, read_error: float) -> bool:
-    """Whether a combination of ``d``'s columns ``rows`` holds the samples ``held`` and (almost) nothing of
-    ``cancel`` (boolean masks over the batch), for some sample of ``held`` as its lead."""
-    x, lead_rows = d[cancel][:, rows], d[held][:, rows]
-    chol = None
-    for h in range(lead_rows.shape[0]):
-        a = lead_rows[h]
-        if not bool(a.abs().max() > 0):
-            continue
-        w = _least(x, a)
-        coef = (lead_rows @ w).abs()
-        if float((x @ w).abs().sum()) <= tolerance * float(coef.min()):
-            return True
-        if gram is not None:
-            if chol is None:  # only where the coefficients do not already separate: the Gram's factor, once
-                g = gram[cancel][:, cancel]
-                jitter = 1e-12 * (g.diagonal().mean().abs() + 1e-300)
-                chol = torch.linalg.cholesky_ex(g + jitter * torch.eye(g.shape[0], dtype=g.dtype))[0]
-            wr = _least(chol.T @ x, a)
-            lead = float(((lead_rows @ wr).abs() * norms[held].flatten()).min())
-            contamination = float((chol.T @ (x @ wr)).norm())
-            if lead > 0 and contamination <= read_error * lead:
-                return True
-    return False
-
-
-def _separates_many(d: Tensor, jobs: list[tuple[Tensor, Tensor, Tensor]], gram: Tensor | None, tolerance: float,
-                    read_error: float, norms: Tensor | None, peel: int) -> Tensor:
-    """``_separates`` for many group pairs at once (``jobs``: each its rows, ``cancel`` and ``held`` masks; at
-    most ``BATCH_ROWS`` rows and ``peel`` held samples): the same least-squares combinations, batched, each pair's
-    rows padded with zero columns (which change no combination: their ridge is the pair's own) and its
-    coefficients with zero samples outside ``cancel``. Returns a mask over ``jobs``."""
+def _separates(d: Tensor, jobs: list[tuple[Tensor, Tensor, Tensor]], gram: Tensor | None, tolerance: float,
+               read_error: float, norms: Tensor | None, peel: int, width: int) -> Tensor:
+    """Which group pairs (``jobs``: each its rows, at most ``width``, and its ``cancel`` and ``held`` masks
+    over the batch) have a combination of their rows that holds the ``held`` samples and (almost) nothing of
+    ``cancel``, for some held sample as its lead: a mask over ``jobs``. The combination ``w`` is the one of
+    least ``|x w|`` with ``lead . w = 1`` (``x``: the rows' coefficients on ``cancel``; with ``gram``, also
+    the one of least contamination in the input). Computed for all pairs at once: each pair's rows padded
+    with zero columns to ``width`` (which change no combination: the ridge is the pair's own) and its
+    coefficients zero outside ``cancel``."""
     n, p = d.shape[0], len(jobs)
-    idx = torch.zeros(p, BATCH_ROWS, dtype=torch.long)
-    used = torch.zeros(p, BATCH_ROWS, dtype=torch.bool)
+    idx = torch.zeros(p, width, dtype=torch.long)
+    used = torch.zeros(p, width, dtype=torch.bool)
     for k, (rows, _, _) in enumerate(jobs):
         idx[k, :rows.numel()], used[k, :rows.numel()] = rows, True
     cancel = torch.stack([c for _, c, _ in jobs])  # p x n
@@ -107,26 +75,35 @@ def _separates_many(d: Tensor, jobs: list[tuple[Tensor, Tensor, Tensor]], gram: 
     full = d[:, idx].permute(1, 0, 2) * used[:, None, :]  # p x n x rows
     x = full * cancel[:, :, None]
     lead_at = held.double().topk(min(peel, n), dim=1)  # each pair's held samples first
-    lead = torch.gather(full, 1, lead_at.indices[:, :, None].expand(-1, -1, BATCH_ROWS))
+    lead = torch.gather(full, 1, lead_at.indices[:, :, None].expand(-1, -1, width))
     valid = (lead_at.values > 0) & (lead.abs().amax(2) > 0)  # p x leads: a held sample with a non-zero lead
     lead = lead * valid[:, :, None]
     out = _batched_tolerance(x, lead, valid, used, tolerance)
-    if gram is not None:
-        diag = gram.diagonal()
-        jitter = 1e-12 * ((cancel * diag).sum(1) / cancel.sum(1).clamp_min(1) + 1e-300)
-        gx = torch.einsum("nm,pmr->pnr", gram, x) + jitter[:, None, None] * x  # (G_S + jitter) x, zero-padded
-        w = _batched_least(x.transpose(1, 2) @ gx, lead, used)  # p x rows x leads
-        lead_read = ((lead @ w).abs() * norms.flatten()[lead_at.indices][:, :, None]).masked_fill(~valid[:, :, None], float("inf"))
-        lead_min = lead_read.amin(1)  # p x leads
-        xw = x @ w
-        contamination = (xw * (gx @ w)).sum(1).clamp_min(0.0).sqrt()
-        out |= ((lead_min > 0) & (contamination <= read_error * lead_min) & valid).any(1)
+    rest = (~out).nonzero().flatten()  # the read test only where the coefficients do not already separate
+    if gram is not None and rest.numel():
+        out[rest] = _batched_read(gram, x[rest], lead[rest], valid[rest], used[rest], cancel[rest],
+                                  norms.flatten()[lead_at.indices[rest]], read_error)
     return out
 
 
-def _batched_least(q: Tensor, lead: Tensor, used: Tensor) -> Tensor:
-    """``_least`` per pair and per lead, batched: ``q`` (p x rows x rows), ``lead`` (p x leads x rows) ->
-    ``w`` (p x rows x leads), each column with ``lead_h . w = 1`` (a zero lead gives zeros)."""
+def _batched_read(gram: Tensor, x: Tensor, lead: Tensor, valid: Tensor, used: Tensor, cancel: Tensor,
+                  lead_norms: Tensor, read_error: float) -> Tensor:
+    """The read test for every pair and lead: the combination of least contamination in the input (``x``'s
+    rows weighted by the Gram matrix of ``cancel``'s inputs, with a jitter of 1e-12 of its mean diagonal)
+    reads some held sample within ``read_error`` of its input (``lead_norms``: the held samples' input
+    norms, p x leads)."""
+    jitter = 1e-12 * ((cancel * gram.diagonal()).sum(1) / cancel.sum(1).clamp_min(1) + 1e-300)
+    gx = torch.einsum("nm,pmr->pnr", gram, x) + jitter[:, None, None] * x  # (G_S + jitter) x, zero-padded
+    w = _least(x.transpose(1, 2) @ gx, lead, used)  # p x rows x leads
+    lead_min = ((lead @ w).abs() * lead_norms[:, :, None]).masked_fill(~valid[:, :, None], float("inf")).amin(1)
+    contamination = ((x @ w) * (gx @ w)).sum(1).clamp_min(0.0).sqrt()  # p x leads
+    return ((lead_min > 0) & (contamination <= read_error * lead_min) & valid).any(1)
+
+
+def _least(q: Tensor, lead: Tensor, used: Tensor) -> Tensor:
+    """Per pair and per lead, the ``w`` of least ``w^T q w`` with ``lead_h . w = 1`` (``q``: p x rows x rows,
+    with a ridge of ``_RIDGE`` times its mean diagonal over the pair's own rows; ``lead``: p x leads x rows)
+    -> p x rows x leads (a zero lead gives zeros)."""
     diag = q.diagonal(dim1=1, dim2=2)
     ridge = _RIDGE * ((diag.sum(1) / used.sum(1)).abs() + 1e-300)
     eye = torch.eye(q.shape[1], dtype=q.dtype)
@@ -136,9 +113,9 @@ def _batched_least(q: Tensor, lead: Tensor, used: Tensor) -> Tensor:
 
 
 def _batched_tolerance(x: Tensor, lead: Tensor, valid: Tensor, used: Tensor, tolerance: float) -> Tensor:
-    """The coefficient test of ``_separates`` for every pair and lead: some lead's combination leaves a summed
+    """The coefficient test for every pair and lead: some lead's combination leaves a summed
     absolute residual on ``cancel`` within ``tolerance`` of its smallest coefficient on the held samples."""
-    w = _batched_least(x.transpose(1, 2) @ x, lead, used)
+    w = _least(x.transpose(1, 2) @ x, lead, used)
     coef = (lead @ w).abs().masked_fill(~valid[:, :, None], float("inf")).amin(1)  # p x leads
     return ((x @ w).abs().sum(1) <= tolerance * coef).logical_and(valid).any(1)
 
@@ -171,17 +148,14 @@ def group_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | 
     jobs = nested.nonzero().tolist()
     if len(jobs) > GROUP_MAX_PAIRS:
         jobs, info["groups_capped"] = jobs[:GROUP_MAX_PAIRS], 1
-    sets, batch = [], []
-    for big, small in jobs:
-        rows = torch.cat([members[big], members[small]])
-        held = patterns[big] & ~patterns[small]
-        if rows.numel() <= BATCH_ROWS:  # and at most ``peel`` held samples, as every nested pair
-            batch.append((rows, patterns[small], held))
-        elif _separates(d, rows, patterns[small], held, gram, norms, tolerance, read_error):
-            sets.append(held)
-    for start in range(0, len(batch), _BATCH):
-        part = batch[start:start + _BATCH]
-        found = _separates_many(d, part, gram, tolerance, read_error, norms, peel)
+    pairs = [(torch.cat([members[big], members[small]]), patterns[small], patterns[big] & ~patterns[small])
+             for big, small in jobs]
+    few = [job for job in pairs if job[0].numel() <= BATCH_ROWS]
+    parts = [(few[k:k + _BATCH], BATCH_ROWS) for k in range(0, len(few), _BATCH)]
+    parts += [([job], job[0].numel()) for job in pairs if job[0].numel() > BATCH_ROWS]  # large groups one by one
+    sets = []
+    for part, width in parts:
+        found = _separates(d, part, gram, tolerance, read_error, norms, peel, width)
         sets += [part[k][2] for k in found.nonzero().flatten().tolist()]
     info["separating_groups"] = len(sets)
     return (torch.stack(sets) if sets else torch.zeros(0, n, dtype=torch.bool)), info

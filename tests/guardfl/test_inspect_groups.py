@@ -116,7 +116,7 @@ def test_a_layer_past_the_cap_of_group_pairs_is_refused(monkeypatch):
 @given(st.integers(0, 2**16), st.integers(2, 4), st.sampled_from([6, 12, 32]), st.sampled_from([0.0, 0.02, 0.3]),
        st.booleans(), st.booleans())
 def test_group_pairs_tested_together_find_what_they_find_one_by_one(seed, k, batch, noise, uncentred, with_inputs):
-    """``_separates_many`` (small group pairs batched, padded) against ``_separates`` (one by one) on a grouped
+    """``_separates`` on small group pairs batched and padded, against each pair alone at its own width on a grouped
     chain with noisy coefficients next to honest units firing on inputs centred or not."""
     g = torch.Generator().manual_seed(seed)
     chain, _, _ = grouped_delta(batch=batch, cuts=10, k=k, seed=seed)
