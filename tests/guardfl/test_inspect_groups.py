@@ -149,3 +149,61 @@ def test_an_honest_wide_layer_on_a_small_uncentred_batch_is_not_refused(seed):
     found = inspect_model(model, model, batch=(x, y))
     assert found.checks["isolation"]["layers"]["net.1"]["groups_capped"] == 0
     assert found.ok, found.reasons
+
+
+def wide_groups(batch, rows, classes, seed):
+    """A group of ``rows`` rows firing for the whole batch, and as many single rows that each miss one or
+    two samples (nested under it): coefficients of rank ``classes`` (an honest layer's, each sample's logit
+    gradient through a random column) or full rank (None)."""
+    g = torch.Generator().manual_seed(seed)
+    support = torch.ones(batch, 2 * rows, dtype=torch.bool)
+    for j in range(rows):
+        support[torch.randperm(batch, generator=g)[:1 + j % 2], rows + j] = False
+    if classes is None:
+        d = torch.randn(batch, 2 * rows, generator=g, dtype=torch.float64)
+    else:
+        d = torch.randn(batch, classes, generator=g, dtype=torch.float64) @ torch.randn(classes, 2 * rows, generator=g,
+                                                                                         dtype=torch.float64)
+    return d * support
+
+
+@settings(deadline=None, max_examples=25)
+@given(st.integers(0, 2**16), st.sampled_from([6, 12, 32]), st.sampled_from([12, 40, 90]), st.sampled_from([None, 3, 10]),
+       st.booleans())
+def test_wide_group_pairs_tested_at_the_batch_width_find_what_their_rows_find(seed, batch, rows, classes, with_inputs):
+    """A pair of groups with more rows than the batch has samples is tested through ``_factor`` (the batch's
+    width: the same combinations' vectors at the same norms), against its rows themselves, on large groups
+    next to a grouped chain (a server's decoys, or an honest layer's units firing for every sample)."""
+    g = torch.Generator().manual_seed(seed)
+    chain, _, _ = grouped_delta(batch=batch, cuts=6, k=3, seed=seed)
+    d = torch.cat([wide_groups(batch, rows, classes, seed), chain], 1)
+    support = d.abs() > 1e-9 * d.abs().max()
+    x = torch.randn(batch, 30, generator=g, dtype=torch.float64)
+    gram = x @ x.T if with_inputs else None
+    norms = None if gram is None else gram.diagonal().sqrt()[:, None]
+    factored, info = group_sets(d, support, gram, norms, 0.1, 0.25, 4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(groups, "_factor", lambda f: f)  # every pair at its own width
+        rows_themselves, info_rows = group_sets(d, support, gram, norms, 0.1, 0.25, 4)
+    assert sorted(map(tuple, factored.int().tolist())) == sorted(map(tuple, rows_themselves.int().tolist()))
+    assert info == info_rows
+
+
+def test_a_server_s_large_groups_cost_a_solve_at_the_batch_width():
+    """A group of 800 rows firing for all 64 samples and 800 single rows nested under it: ~700 pairs of 801
+    rows (some singles share a support), each one solve of that size until 2026-11-27 (7.7 s for this
+    layer, 92 s at 1,600 + 1,600 rows: a server could stall the inspection for minutes), one of at most 64
+    now. Counted, not timed: the widths solved."""
+    d = wide_groups(64, 800, None, 0)
+    support = d.abs() > 0
+    widths = []
+    real = groups._separates
+
+    def spy(full, *args, **kwargs):
+        widths.append(full.shape[2])
+        return real(full, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(groups, "_separates", spy)
+        sets, info = group_sets(d, support, None, None, 0.1, 0.25, 4)
+    assert info["separating_groups"] > 0 and max(widths) <= 64
