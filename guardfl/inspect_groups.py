@@ -48,6 +48,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from guardfl.inspect_pairs import nested_pairs
+
 #: the most nested group pairs examined per layer: a layer with more is refused by ``inspect_model`` (fail
 #: closed: decoy groups could otherwise hide a trap past the cap), and ``groups_capped`` says so. A trap's
 #: chain has about one nested pair per cut. Honest layers on uncentred inputs have many: FC-2 at PyTorch's
@@ -151,16 +153,11 @@ def group_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | 
     units = live.nonzero().flatten()[torch.argsort(inverse, stable=True)]
     count = torch.bincount(inverse, minlength=patterns.shape[0])
     members = list(units.split(count.tolist()))
-    size = patterns.sum(1)
     info["row_groups"] = int((count >= 2).sum())
     if info["row_groups"] == 0:
         return torch.zeros(0, n, dtype=torch.bool), info
-    s = patterns.float()
-    overlap = s @ s.T
-    extra = size[:, None] - size[None, :]
-    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= peel) & (size[None, :] >= 1)
-    nested &= (count[:, None] + count[None, :]) >= 3  # a pair of single rows: the pairwise tests' own
-    jobs = nested.nonzero().tolist()
+    nested = nested_pairs(patterns.T, peel)  # groups x groups, a block of rows at a time
+    jobs = nested[count[nested[:, 0]] + count[nested[:, 1]] >= 3].tolist()  # single rows: the pairwise tests' own
     if len(jobs) > GROUP_MAX_PAIRS:
         jobs, info["groups_capped"] = jobs[:GROUP_MAX_PAIRS], 1
     sets = []

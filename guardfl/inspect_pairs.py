@@ -29,6 +29,8 @@ the outcome (``tests/guardfl/test_inspect_pairs.py`` compares it with the exhaus
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -40,15 +42,26 @@ _ROWS = 256
 _PAIRS = 8192
 
 
+def nested_blocks(support: Tensor, peel: int, rows: int = _ROWS) -> Iterator[Tensor]:
+    """``nested_pairs`` a block of ``rows`` rows ``i`` at a time (each block's pairs as ``(i, j)``, ``i``
+    increasing): the shared samples are a block x units matrix, never units x units (8,192 units: 268 MB
+    of float32 and twice that of differences at once; a block of 256 rows, 8 MB)."""
+    s = support.float()
+    size = s.sum(0)  # exact in float32 below 2**24
+    for start in range(0, s.shape[1], rows):
+        block = slice(start, start + rows)
+        overlap = s[:, block].T @ s  # block x units: shared samples
+        extra = size[block, None] - size[None, :]
+        nested = (overlap == size[None, :]) & (extra >= 1) & (extra <= peel) & (size[None, :] >= 1)
+        found = nested.nonzero()
+        found[:, 0] += start
+        yield found
+
+
 def nested_pairs(support: Tensor, peel: int) -> Tensor:
     """``(i, j)`` pairs of units (rows), ``j``'s samples all among ``i``'s and at most ``peel`` more,
     ``j`` holding at least one sample. ``support``: batch x units."""
-    s = support.float()
-    size = support.sum(0)
-    overlap = s.T @ s  # units x units: shared samples (exact in float32 below 2**24)
-    extra = size[:, None] - size[None, :]
-    nested = (overlap == size[None, :].float()) & (extra >= 1) & (extra <= peel) & (size[None, :] >= 1)
-    return nested.nonzero()
+    return torch.cat([torch.zeros(0, 2, dtype=torch.long), *nested_blocks(support, peel)])
 
 
 def relative_read_error(e: Tensor, lead: Tensor, gram: Tensor) -> Tensor:
@@ -58,40 +71,42 @@ def relative_read_error(e: Tensor, lead: Tensor, gram: Tensor) -> Tensor:
     return torch.where(lead > 0, contamination / lead.clamp_min(1e-300), torch.full_like(lead, float("inf")))
 
 
-def _candidates(ds: Tensor, sf: Tensor, gram: Tensor | None, norms: Tensor | None, pairs: Tensor,
-                tolerance: float, read_error: float) -> Tensor:
-    """A mask over ``pairs`` of those the bounds (module docstring) do not rule out. ``ds``: the
-    coefficients, zero outside their support; ``sf``: the support as float64."""
-    keep = torch.zeros(pairs.shape[0], dtype=torch.bool)
-    a2, outside = ds * ds, 1.0 - sf
-    energy, size = a2.sum(0), sf.sum(0)  # b . b and the samples held, per unit
-    if gram is not None:
-        gd = gram @ ds
-        quad, sgd, dgd = (ds * gd).sum(0), sf * gd, ds * gd  # a^T G a per unit
-        weighted = a2 * norms.square()  # a_n^2 G_nn
-    rows = pairs[:, 0]
-    for start in range(0, ds.shape[1], _ROWS):
-        at = ((rows >= start) & (rows < start + _ROWS)).nonzero().flatten()
-        if at.numel() == 0:
-            continue
+class _Screen:
+    """The bounds of the module docstring for the nested pairs of one block of rows at a time (``near``):
+    the per-unit sums shared by every block computed once. ``ds``: the coefficients, zero outside their
+    support; ``sf``: the support as float64."""
+
+    def __init__(self, ds: Tensor, sf: Tensor, gram: Tensor | None, norms: Tensor | None, tolerance: float,
+                 read_error: float) -> None:
+        self.ds, self.sf, self.gram, self.tolerance, self.read_error = ds, sf, gram, tolerance, read_error
+        self.a2, self.outside = ds * ds, 1.0 - sf
+        self.energy, self.size = self.a2.sum(0), sf.sum(0)  # b . b and the samples held, per unit
+        if gram is not None:
+            gd = gram @ ds
+            self.quad, self.sgd, self.dgd = (ds * gd).sum(0), sf * gd, ds * gd  # a^T G a per unit
+            self.weighted = self.a2 * norms.square()  # a_n^2 G_nn
+
+    def near(self, start: int, pairs: Tensor) -> Tensor:
+        """A mask over ``pairs`` (all with ``i`` in the block of ``_ROWS`` rows from ``start``) of those the
+        bounds do not rule out."""
+        ds, sf, energy, size = self.ds, self.sf, self.energy, self.size
         block = slice(start, start + _ROWS)
-        i, j = rows[at], pairs[at, 1]
+        i, j = pairs[:, 0], pairs[:, 1]
         li, count = i - start, size[i] - size[j]  # |h| >= 1
         ab = (ds[:, block].T @ ds)[li, j]  # a_S . b (b is zero outside S)
-        shared = (a2[:, block].T @ sf)[li, j]  # a_S . a_S
-        held = (a2[:, block].T @ outside)[li, j]  # sum_h a_h^2: positive terms, no cancellation
+        shared = (self.a2[:, block].T @ sf)[li, j]  # a_S . a_S
+        held = (self.a2[:, block].T @ self.outside)[li, j]  # sum_h a_h^2: positive terms, no cancellation
         residual = shared - ab * ab / energy[j]  # |r|_2^2
-        near = ~(residual - SCREEN_SLACK * shared > tolerance ** 2 * held / count)  # NaN: tested exactly
-        if gram is not None:
+        near = ~(residual - SCREEN_SLACK * shared > self.tolerance ** 2 * held / count)  # NaN: tested exactly
+        if self.gram is not None:
             c = ab / energy[j]
-            t1 = (ds[:, block].T @ sgd)[li, j]  # a_S^T G b
-            t2 = (dgd[:, block].T @ sf)[li, j]  # a_S^T G a
-            low = 2 * t2 - quad[i] - 2 * c * t1 + c * c * quad[j]
-            scale = 2 * t2.abs() + quad[i] + 2 * (c * t1).abs() + c * c * quad[j]
-            lead = (weighted[:, block].T @ outside)[li, j] / count  # sum_h a_h^2 G_hh / |h|
-            near |= ~(low - SCREEN_SLACK * scale > read_error ** 2 * lead)
-        keep[at] = near
-    return keep
+            t1 = (ds[:, block].T @ self.sgd)[li, j]  # a_S^T G b
+            t2 = (self.dgd[:, block].T @ sf)[li, j]  # a_S^T G a
+            low = 2 * t2 - self.quad[i] - 2 * c * t1 + c * c * self.quad[j]
+            scale = 2 * t2.abs() + self.quad[i] + 2 * (c * t1).abs() + c * c * self.quad[j]
+            lead = (self.weighted[:, block].T @ self.outside)[li, j] / count  # sum_h a_h^2 G_hh / |h|
+            near |= ~(low - SCREEN_SLACK * scale > self.read_error ** 2 * lead)
+        return near
 
 
 def pair_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | None, tolerance: float,
@@ -102,14 +117,17 @@ def pair_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | N
     inputs' Gram matrix and norms (batch x 1), or None. ``screen=False``: every pair tested exactly (the
     baseline of ``bench/bench_inspect_pairs.py``; the same outcome)."""
     n = d.shape[0]
-    pairs = nested_pairs(support, peel)
-    info = {"nested_pairs": int(pairs.shape[0]), "separating_pairs": 0, "screened_pairs": 0}
+    info = {"nested_pairs": 0, "separating_pairs": 0, "screened_pairs": 0}
+    sf = support.double()
+    bounds = _Screen(d * sf, sf, gram, norms, tolerance, read_error) if screen else None
+    kept = [torch.zeros(0, 2, dtype=torch.long)]
+    for start, found in zip(range(0, d.shape[1], _ROWS), nested_blocks(support, peel)):
+        info["nested_pairs"] += found.shape[0]
+        kept.append(found if bounds is None or found.shape[0] == 0 else found[bounds.near(start, found)])
+    pairs = torch.cat(kept)
+    info["screened_pairs"] = int(pairs.shape[0])
     if pairs.shape[0] == 0:
         return torch.zeros(0, n, dtype=torch.bool), info
-    sf = support.double()
-    if screen:
-        pairs = pairs[_candidates(d * sf, sf, gram, norms, pairs, tolerance, read_error)]
-    info["screened_pairs"] = int(pairs.shape[0])
     dt, st = d.T.contiguous(), support.T.contiguous()  # units x batch: rows gathered contiguously
     norm_row = None if norms is None else norms.flatten()
     inf = torch.tensor(float("inf"), dtype=d.dtype)
@@ -129,4 +147,4 @@ def pair_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | N
     return torch.cat(sets), info
 
 
-__all__ = ["SCREEN_SLACK", "nested_pairs", "pair_sets", "relative_read_error"]
+__all__ = ["SCREEN_SLACK", "nested_blocks", "nested_pairs", "pair_sets", "relative_read_error"]
