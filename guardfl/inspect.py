@@ -150,9 +150,12 @@ DSNR_MIN_BATCH = 8
 #: linear layer's weight gradient (one row, the difference of two, peeling), judged against what the
 #: client's architecture isolates on the same batch at a fresh initialisation of its own
 #: (``isolation_limit``)
-#: the largest layer (output units) examined for isolation: the unit-by-unit support overlaps are a
-#: units x units matrix (4096: 64 MiB); larger layers are named as not examined in ``checks``
-ISOLATION_MAX_UNITS = 4096
+#: the largest layer (output units) examined for isolation, as the parallel-rows check's
+#: (``PARALLEL_MAX_ROWS``); larger layers are named as not examined in ``checks``. 4,096 until 2026-11-27;
+#: at 8,192 the worst case measured, decoy rows in 5 levels below a 12-row chain (26.8 million nested
+#: pairs, batch 64), takes 3.3 s and 0.45 GB (the pairs found and screened a block of rows at a time), and
+#: an honest FC-2 with 8,192 units 6-13 s for the whole inspection (CIFAR-10, batches of 12 and 64)
+ISOLATION_MAX_UNITS = 8192
 #: the most elements one tensor may have for inspect_model to examine it (2**27 ~ 134M: VGG-16's first
 #: fully connected layer has 103M, a 7B language model's output layer 131M). A larger tensor is refused
 #: ("too large to examine") instead of examined: the finiteness scan and the float copies the checks make

@@ -54,9 +54,10 @@ from guardfl.inspect_pairs import nested_pairs
 #: closed: decoy groups could otherwise hide a trap past the cap), and ``groups_capped`` says so. A trap's
 #: chain has about one nested pair per cut. Honest layers on uncentred inputs have many: FC-2 at PyTorch's
 #: default init on CIFAR-10 in [0, 1], over batches of 2 to 64, up to 2,252 with 1,024 units (batch 8) and
-#: 13,394 with 4,096 (batch 12; 2026-11-27). The cap was 2,000 until then, which refused the honest
-#: 1,024-unit FC-2 on 8 such images
-GROUP_MAX_PAIRS = 50_000
+#: 13,394 with 4,096 (batch 12; 2026-11-27) and 41,302 with 8,192 (batch 12, the widest layer isolation
+#: examines since). The cap was 2,000 until then, which refused the honest 1,024-unit FC-2 on 8 such
+#: images, then 50,000; each pair costs at most a solve of the batch's width (``_factor``)
+GROUP_MAX_PAIRS = 200_000
 #: group pairs of up to this many rows are tested together at this width (``_separates``: padded); larger
 #: ones through ``_factor``, at most the batch wide, in batches of one width rounded up to a power of two
 #: (``_parts``)

@@ -141,7 +141,8 @@ def test_group_pairs_tested_together_find_what_they_find_one_by_one(seed, k, bat
 def test_an_honest_wide_layer_on_a_small_uncentred_batch_is_not_refused(seed):
     """Until 2026-11-27 the cap on group pairs was 2,000, and the honest FC-2 with 1,024 units on 8 CIFAR-10
     images in [0, 1] had 2,000-2,300 (its units firing for all but a few images form groups): refused, 3 of
-    3 seeds. The cap is now 50,000 (benign measured up to 13,394, 4,096 units)."""
+    3 seeds. The cap was 50,000 then, 200,000 since isolation examines 8,192 units (benign measured up to
+    13,394 with 4,096 units, 41,302 with 8,192)."""
     x, y = M.cifar(8, offset=2000 + 8 * seed)
     x = x * M.CIFAR_STD + M.CIFAR_MEAN
     torch.manual_seed(seed)

@@ -351,3 +351,26 @@ def test_parameters_no_reset_covers_are_named_with_the_model_they_come_from():
     assert "the received model, the server's: shift" in alone.checks["isolation"]["baseline_model"]
     plain = inspect_model(FC2(), batch=centred())
     assert plain.checks["isolation"]["baseline_model"] == "a fresh initialisation (seed 0)"
+
+
+def test_a_trap_in_a_layer_wider_than_4096_units_is_examined_and_refused():
+    """Until 2026-11-27 isolation examined layers of at most 4,096 units: in FC-2 with 5,000 units it did not
+    run. Now up to 8,192: a disguised trap (whole layer, 2 chains) isolates 30 of 32 centred samples there,
+    the honest architecture none. (On a batch of 16 the honest layer itself singles out all 16: so many
+    units that some fire for one sample alone, and the trap passes, as on any batch where the architecture
+    leaks by itself.)"""
+    torch.manual_seed(0)
+    honest = FC2(hidden=5000)
+    result = inspect_model(trapped(honest).state_dict(), honest, batch=centred())
+    assert "not_examined" not in result.checks["isolation"]
+    assert not result.ok and any(r.startswith("isolation: layer 'net.1'") for r in result.reasons), result.reasons
+
+
+def test_a_layer_wider_than_the_limit_is_named_not_examined(monkeypatch):
+    import guardfl.inspect as inspect_module
+
+    monkeypatch.setattr(inspect_module, "ISOLATION_MAX_UNITS", 100)
+    torch.manual_seed(0)
+    model = FC2()
+    result = inspect_model(model, model, batch=centred())
+    assert result.checks["isolation"]["not_examined"] == ["net.1 (256 units > 100)"] and result.ok
