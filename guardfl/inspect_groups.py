@@ -158,9 +158,10 @@ def group_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | 
     if info["row_groups"] == 0:
         return torch.zeros(0, n, dtype=torch.bool), info
     nested = nested_pairs(patterns.T, peel)  # groups x groups, a block of rows at a time
-    jobs = nested[count[nested[:, 0]] + count[nested[:, 1]] >= 3].tolist()  # single rows: the pairwise tests' own
-    if len(jobs) > GROUP_MAX_PAIRS:
-        jobs, info["groups_capped"] = jobs[:GROUP_MAX_PAIRS], 1
+    nested = nested[count[nested[:, 0]] + count[nested[:, 1]] >= 3]  # single rows: the pairwise tests' own
+    if nested.shape[0] > GROUP_MAX_PAIRS:  # capped before the list is made (millions of pairs: gigabytes)
+        nested, info["groups_capped"] = nested[:GROUP_MAX_PAIRS], 1
+    jobs = nested.tolist()
     sets = []
     for part, full in _parts(d, jobs, members):
         big, small = torch.tensor([j[0] for j in part]), torch.tensor([j[1] for j in part])
