@@ -14,7 +14,7 @@ non-IID batch (mostly one class), also against a fresh initialisation of the sam
 Inputs in [0, 1] (no normalising transform, the isolation check's hard case: an honest MLP's units fire
 for the brightest few samples): FC-2 and its BatchNorm / LayerNorm / GroupNorm forms at default inits and
 over FedAvg rounds, CIFAR-10 and LFW faces, each against the model before it (as a Flower client has it)
-and alone; FC-2 with 1,024 and 4,096 units on batches of 8, 12 and 16 (wide layers on small batches, whose
+and alone; FC-2 with 1,024, 4,096 and 8,192 units on batches of 8, 12 and 16 (wide layers on small batches, whose
 units firing for all but a few samples form many groups of rows).
 Adaptive (issue 34, a server that has read guardfl/inspect.py): trap weights in FC-2's own first layer
 (two chains, one chain, and 8 rows adapted to the isolation check), the same through BatchNorm (FC-2 with
@@ -158,7 +158,7 @@ def uncentred_benign(seeds: int) -> dict[str, list]:
                 history += M.fedavg(history[0], x, y, clients=4, rounds=4, lr=0.01)
                 out.setdefault(f"inputs in [0, 1], {data}: {cls.__name__} FedAvg rounds", []).extend(
                     (m, prev, batch) for m, prev in zip(history[1:], history[:-1]))
-        for units in (1024, 4096):  # wide layers on small batches: many groups of rows (2026-11-27)
+        for units in (1024, 4096, 8192):  # wide layers on small batches: many groups of rows (2026-11-27)
             for s in range(min(seeds, 2)):
                 torch.manual_seed(s)
                 first, second = FC2(in_shape=shape, hidden=units), FC2(in_shape=shape, hidden=units)
