@@ -42,10 +42,10 @@ _ROWS = 256
 _PAIRS = 8192
 
 
-def nested_blocks(support: Tensor, peel: int, rows: int = _ROWS) -> Iterator[Tensor]:
-    """``nested_pairs`` a block of ``rows`` rows ``i`` at a time (each block's pairs as ``(i, j)``, ``i``
-    increasing): the shared samples are a block x units matrix, never units x units (8,192 units: 268 MB
-    of float32 and twice that of differences at once; a block of 256 rows, 8 MB)."""
+def nested_blocks(support: Tensor, peel: int, rows: int = _ROWS) -> Iterator[tuple[int, Tensor]]:
+    """``nested_pairs`` a block of ``rows`` rows ``i`` at a time: ``(start, pairs)``, the block's first row
+    and its pairs as ``(i, j)``. The shared samples are a block x units matrix, never units x units (8,192
+    units: 268 MB of float32 and twice that of differences at once; a block of 256 rows, 8 MB)."""
     s = support.float()
     size = s.sum(0)  # exact in float32 below 2**24
     for start in range(0, s.shape[1], rows):
@@ -55,13 +55,13 @@ def nested_blocks(support: Tensor, peel: int, rows: int = _ROWS) -> Iterator[Ten
         nested = (overlap == size[None, :]) & (extra >= 1) & (extra <= peel) & (size[None, :] >= 1)
         found = nested.nonzero()
         found[:, 0] += start
-        yield found
+        yield start, found
 
 
 def nested_pairs(support: Tensor, peel: int) -> Tensor:
     """``(i, j)`` pairs of units (rows), ``j``'s samples all among ``i``'s and at most ``peel`` more,
     ``j`` holding at least one sample. ``support``: batch x units."""
-    return torch.cat([torch.zeros(0, 2, dtype=torch.long), *nested_blocks(support, peel)])
+    return torch.cat([torch.zeros(0, 2, dtype=torch.long), *(found for _, found in nested_blocks(support, peel))])
 
 
 def relative_read_error(e: Tensor, lead: Tensor, gram: Tensor) -> Tensor:
@@ -119,11 +119,14 @@ def pair_sets(d: Tensor, support: Tensor, gram: Tensor | None, norms: Tensor | N
     n = d.shape[0]
     info = {"nested_pairs": 0, "separating_pairs": 0, "screened_pairs": 0}
     sf = support.double()
-    bounds = _Screen(d * sf, sf, gram, norms, tolerance, read_error) if screen else None
+    bounds = None  # the screen's per-unit sums, made at the first block with pairs (most honest layers have none)
     kept = [torch.zeros(0, 2, dtype=torch.long)]
-    for start, found in zip(range(0, d.shape[1], _ROWS), nested_blocks(support, peel)):
+    for start, found in nested_blocks(support, peel):
         info["nested_pairs"] += found.shape[0]
-        kept.append(found if bounds is None or found.shape[0] == 0 else found[bounds.near(start, found)])
+        if screen and found.shape[0]:
+            bounds = bounds or _Screen(d * sf, sf, gram, norms, tolerance, read_error)
+            found = found[bounds.near(start, found)]
+        kept.append(found)
     pairs = torch.cat(kept)
     info["screened_pairs"] = int(pairs.shape[0])
     if pairs.shape[0] == 0:
