@@ -6,6 +6,7 @@
 
 from guardfl.redteam.attacks.base import Attack, AttackConfig, AttackFailed, Capabilities, NotApplicable, Reconstruction
 from guardfl.redteam.attacks.labels import infer_labels
+from guardfl.redteam.attacks.analytic.exclusive_neurons import ExclusiveNeurons
 from guardfl.redteam.attacks.prepared import PreparedCache
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.analytic.cocktail_party import CocktailParty
@@ -25,6 +26,7 @@ __all__ = [
     "ATTACKS",
     "DLG",
     "EmbeddingReadout",
+    "ExclusiveNeurons",
     "IDLG",
     "Attack",
     "AttackConfig",

@@ -54,8 +54,11 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
         assert status[name]["status"] == "not applicable" and "threat.server: malicious" in status[name]["reason"]
     # TAG reconstructs text: not applicable to an image client
     assert status["tag"]["status"] == "not applicable" and "text" in status["tag"]["reason"]
+    # exclusive units are read from a first linear layer on the flattened input: LeNet's first layer is a convolution
+    assert status["exclusive_neurons"]["status"] == "not applicable"
+    assert "nn.Linear on the whole flattened input" in status["exclusive_neurons"]["reason"]
     assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing", "trap_weights",
-                                                      "tag", "embedding_readout"}
+                                                      "tag", "embedding_readout", "exclusive_neurons"}
     for line in listing:
         if line["status"] == "not applicable":
             continue

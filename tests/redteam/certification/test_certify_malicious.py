@@ -105,6 +105,9 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
                 ("fishing", None, True)):
         assert by[key]["info"].get("refused") is None  # built to pass the inspection, and it does
     assert by[("trap_weights", 6, False)]["recovered"]["exact"] >= 5  # 12 of 64 faces exactly (docs section 10)
+    # the fallback no inspection refuses: the honest model itself, read by its units exclusive to one face (docs section 14)
+    honest = by[("exclusive_neurons", None, False)]
+    assert honest["info"].get("refused") is None and honest["recovered"]["exact"] >= 10  # 27 faces exactly
     fitted = by[("trap_weights", "fit", False)]
     assert fitted["info"].get("refused") is None and fitted["recovered"]["exact"] >= 5  # 16 x 4: 11 faces exactly
     assert "fit on 64 auxiliary samples, 28 of them mirrored" in fitted["info"]["rows"] and "2 x all (refused 1)" in fitted["info"]["rows"]
