@@ -44,6 +44,8 @@ own share cannot be computed alone).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -54,7 +56,7 @@ from guardfl.redteam.attacks.base import DECODING_THREAT, Attack, AttackConfig, 
 from guardfl.redteam.attacks.known_defense import known_defense
 from guardfl.redteam.attacks.labels import labels_for
 from guardfl.redteam.attacks.malicious.server import fill_batch
-from guardfl.redteam.attacks.malicious.trap_weights import TrapLayers, trap_layers
+from guardfl.redteam.attacks.dense import TrapLayers, trap_layers
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import FedSGD, Observation, bn_layers
@@ -87,6 +89,104 @@ def first_dense(model: nn.Module, input_shape: tuple[int, ...], names: list[str]
     return layers
 
 
+def shares(model: nn.Module, layers: TrapLayers, x: Tensor, labels: Tensor, batch: int,
+           train_mode: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """What every candidate ``x`` (k, *input_shape) with every label (L,) would add to a batch-mean
+    loss's gradient over ``batch`` samples, alone: the derivative of ``cross_entropy(model(x_j),
+    labels_l) / batch`` with respect to the first layer's output (k, L, units: its share of the first
+    bias's gradient) and the second layer's output (k, L, units2), and the first layer's units after
+    the ReLU, the second layer's input (k, L, units): its share of the second weight's gradient is
+    their outer product."""
+    k, n_labels = x.shape[0], labels.numel()
+    xs = x.repeat_interleave(n_labels, 0)
+    ys = labels.repeat(k)
+    outs: list[tuple[Tensor, Tensor, Tensor]] = []
+    seen: dict[str, Tensor] = {}
+
+    def first_out(_m, _i, o):
+        seen["z1"] = o
+
+    def second_io(_m, i, o):
+        seen["h"], seen["z2"] = i[0], o
+
+    handles = [layers.first.register_forward_hook(first_out), layers.second.register_forward_hook(second_io)]
+    was = model.training
+    model.train(train_mode)
+    try:
+        for start in range(0, xs.shape[0], CHUNK):
+            seen.clear()
+            with torch.enable_grad():
+                logits = model(xs[start:start + CHUNK])
+                loss = F.cross_entropy(logits, ys[start:start + CHUNK], reduction="sum") / batch
+                dz1, dz2 = torch.autograd.grad(loss, [seen["z1"], seen["z2"]])
+            outs.append((dz1.detach(), dz2.detach(), seen["h"].detach()))
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was)
+    return tuple(torch.cat([o[j] for o in outs]).view(k, n_labels, -1) for j in range(3))  # type: ignore[return-value]
+
+
+@dataclass
+class Peeled:
+    """What ``read_checked`` found: the checked samples (k, d) (float64, flattened) and their labels, the
+    rounds it took, and the first layer's update with their shares removed (weight, bias)."""
+
+    samples: Tensor
+    labels: list[int]
+    rounds: int
+    weight: Tensor
+    bias: Tensor
+
+
+def read_checked(observation: Observation, layers: TrapLayers, choices: Tensor, rtol: float, min_mass: float,
+                 rounds: int) -> Peeled:
+    """Steps 1-3 of the module docstring on ``observation``'s update of ``layers`` (the first linear layer,
+    straight into a ReLU, and the one reading its units): the samples that units hold alone, checked
+    against ``observation.model`` with the labels ``choices`` (a FedSGD update only: a FedAvg update is
+    returned as it is), peeled, repeated at most ``rounds`` times. The model may be the honest one or one
+    a server made: a server attack that hosts its construction there reads the same way."""
+    shape, n = tuple(observation.input_shape), observation.num_samples
+    lo, hi = observation.input_range
+    width = hi - lo
+    weight = observation.update[f"{layers.first_name}.weight"].double()
+    bias = observation.update[f"{layers.first_name}.bias"].double()
+    second = observation.update[f"{layers.second_name}.weight"].double()
+    dtype = next(observation.model.parameters()).dtype
+    scale = float(bias.abs().max()) if bias.numel() else 0.0
+    found = weight.new_zeros((0, weight.shape[1]))
+    found_labels: list[int] = []
+    done = 0
+    if not isinstance(observation.protocol, FedSGD) or scale <= 0:
+        return Peeled(found, found_labels, done, weight, bias)
+    for done in range(1, rounds + 1):
+        rows, cands = exclusive.ratios(weight, bias, min_mass, scale)
+        keep = exclusive.in_range(cands, (lo, hi), 1e-3) >= 0.999
+        rows, cands = rows[keep], cands[keep]
+        new = exclusive.distinct(cands, 1e-4 * width, found)
+        rows, cands = rows[new], cands[new]
+        if not rows.numel():
+            break
+        d1, d2, h = (t.double() for t in shares(observation.model, layers, cands.to(dtype).view(-1, *shape), choices,
+                                                 observation.batch_size, observation.train_mode))
+        at = torch.arange(rows.numel(), device=rows.device)
+        err = exclusive.agreement(d1[at, :, rows], bias[rows, None])  # (k, L): the unit's bias share
+        column = d2 * h[at, :, rows][..., None]  # (k, L, units2): the unit's column of the second weight
+        err = torch.maximum(err, exclusive.column_agreement(column, second[:, rows].T[:, None, :]))
+        best_err, best = err.min(1)
+        ok = torch.nonzero(best_err <= rtol).flatten()
+        ok = ok[exclusive.distinct(cands[ok], 1e-4 * width)]
+        if not ok.numel():
+            break
+        weight, bias = exclusive.peel(weight, bias, d1[ok, best[ok]], cands[ok])
+        second, _ = exclusive.peel(second, second.new_zeros(second.shape[0]), d2[ok, best[ok]], h[ok, best[ok]])
+        found = torch.cat([found, cands[ok]])
+        found_labels += [int(choices[j]) for j in best[ok]]
+        if found.shape[0] >= n:
+            break
+    return Peeled(found, found_labels, done, weight, bias)
+
+
 @register
 class ExclusiveNeurons(Attack):
     """Reads the samples that units of the honest first linear layer hold alone (checked, then peeled)."""
@@ -115,45 +215,6 @@ class ExclusiveNeurons(Attack):
             if not bool(torch.isfinite(observation.update[f"{layers.first_name}.{suffix}"]).all()):
                 raise NotApplicable(f"{self.name}: the update of {layers.first_name}.{suffix} holds non-finite values")
 
-    # -- the model's own share of one candidate --------------------------------------------------------
-    @staticmethod
-    def shares(model: nn.Module, layers: TrapLayers, x: Tensor, labels: Tensor, batch: int,
-               train_mode: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """What every candidate ``x`` (k, *input_shape) with every label (L,) would add to a batch-mean
-        loss's gradient over ``batch`` samples, alone: the derivative of ``cross_entropy(model(x_j),
-        labels_l) / batch`` with respect to the first layer's output (k, L, units: its share of the first
-        bias's gradient) and the second layer's output (k, L, units2), and the first layer's units after
-        the ReLU, the second layer's input (k, L, units): its share of the second weight's gradient is
-        their outer product."""
-        k, n_labels = x.shape[0], labels.numel()
-        xs = x.repeat_interleave(n_labels, 0)
-        ys = labels.repeat(k)
-        outs: list[tuple[Tensor, Tensor, Tensor]] = []
-        seen: dict[str, Tensor] = {}
-
-        def first_out(_m, _i, o):
-            seen["z1"] = o
-
-        def second_io(_m, i, o):
-            seen["h"], seen["z2"] = i[0], o
-
-        handles = [layers.first.register_forward_hook(first_out), layers.second.register_forward_hook(second_io)]
-        was = model.training
-        model.train(train_mode)
-        try:
-            for start in range(0, xs.shape[0], CHUNK):
-                seen.clear()
-                with torch.enable_grad():
-                    logits = model(xs[start:start + CHUNK])
-                    loss = F.cross_entropy(logits, ys[start:start + CHUNK], reduction="sum") / batch
-                    dz1, dz2 = torch.autograd.grad(loss, [seen["z1"], seen["z2"]])
-                outs.append((dz1.detach(), dz2.detach(), seen["h"].detach()))
-        finally:
-            for handle in handles:
-                handle.remove()
-            model.train(was)
-        return tuple(torch.cat([o[j] for o in outs]).view(k, n_labels, -1) for j in range(3))  # type: ignore[return-value]
-
     # -- one observation -------------------------------------------------------------------------------
     def _reconstruct(self, observation: Observation, knowledge: Knowledge, device: torch.device, gen: torch.Generator) -> Reconstruction:
         c = self.config
@@ -162,44 +223,12 @@ class ExclusiveNeurons(Attack):
         shape, n = tuple(observation.input_shape), observation.num_samples
         lo, hi = observation.input_range
         width = hi - lo
-        weight = observation.update[f"{layers.first_name}.weight"].double()
-        bias = observation.update[f"{layers.first_name}.bias"].double()
-        dtype = next(observation.model.parameters()).dtype
         given, source = labels_for(observation, knowledge)
         hard = given if not given.is_floating_point() else given.argmax(-1) if given.dim() == 2 else given.long()
         choices = torch.unique(hard) if source == "known" else torch.arange(observation.num_classes, device=device)
-        scale = float(bias.abs().max()) if bias.numel() else 0.0
-
-        second = observation.update[f"{layers.second_name}.weight"].double()
-        found = weight.new_zeros((0, weight.shape[1]))
-        found_labels: list[int] = []
-        rounds = 0
-        if isinstance(observation.protocol, FedSGD) and scale > 0:
-            for rounds in range(1, c.rounds + 1):
-                rows, cands = exclusive.ratios(weight, bias, c.min_mass, scale)
-                keep = exclusive.in_range(cands, (lo, hi), 1e-3) >= 0.999
-                rows, cands = rows[keep], cands[keep]
-                new = exclusive.distinct(cands, 1e-4 * width, found)
-                rows, cands = rows[new], cands[new]
-                if not rows.numel():
-                    break
-                d1, d2, h = (t.double() for t in self.shares(observation.model, layers, cands.to(dtype).view(-1, *shape),
-                                                              choices, observation.batch_size, observation.train_mode))
-                at = torch.arange(rows.numel(), device=rows.device)
-                err = exclusive.agreement(d1[at, :, rows], bias[rows, None])  # (k, L): the unit's bias share
-                column = d2 * h[at, :, rows][..., None]  # (k, L, units2): the unit's column of the second weight
-                err = torch.maximum(err, exclusive.column_agreement(column, second[:, rows].T[:, None, :]))
-                best_err, best = err.min(1)
-                ok = torch.nonzero(best_err <= c.rtol).flatten()
-                ok = ok[exclusive.distinct(cands[ok], 1e-4 * width)]
-                if not ok.numel():
-                    break
-                weight, bias = exclusive.peel(weight, bias, d1[ok, best[ok]], cands[ok])
-                second, _ = exclusive.peel(second, second.new_zeros(second.shape[0]), d2[ok, best[ok]], h[ok, best[ok]])
-                found = torch.cat([found, cands[ok]])
-                found_labels += [int(choices[j]) for j in best[ok]]
-                if found.shape[0] >= n:
-                    break
+        peeled = read_checked(observation, layers, choices, c.rtol, c.min_mass, c.rounds)
+        found, found_labels, rounds = peeled.samples, peeled.labels, peeled.rounds
+        weight, bias = peeled.weight, peeled.bias
         checked = found.shape[0]
 
         rest = self._unchecked(weight, bias, found, knowledge, observation, n - checked)

@@ -52,6 +52,9 @@ class TrapWeightsConfig(AttackConfig):
     #: (``scales`` does not apply)
     columns: int = Field(default=1, ge=1, le=16, json_schema_extra={"allowed": "an integer in [1, 16]"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
+    #: after the bins, read the samples the sent model's first-layer units hold alone, checked against that
+    #: model and peeled (``exclusive_neurons.read_checked``; FedSGD, no normalisation before the ReLU)
+    peel: bool = True
 
     @field_validator("rows", mode="before")
     @classmethod

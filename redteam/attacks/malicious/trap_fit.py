@@ -210,7 +210,9 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
                 kept[why] += 1
                 reads.append((0, 0.0))
                 continue
-            images, _ = attack.read(query(trap.sent), trap, plan, setting, rows is not None)
+            observation = query(trap.sent)
+            images, found = attack.read(observation, trap, plan, setting, rows is not None)
+            images, _ = attack.peeled(images, found, observation, y, "known")  # its own labels, as it reads the client's
             reads.append(score(images, x, setting.input_range))
         label, out = f"{chains} x {rows or 'all'}" + (f" x {per_cut} per cut" if per_cut else ""), kept["refused"] + kept["near"]
         mean = (sum(e for e, _ in reads) / len(reads), -out, sum(m for _, m in reads) / len(reads))

@@ -117,13 +117,14 @@ check exists for, and a client that inspects refuses it (``ModelRefused``: nothi
 from __future__ import annotations
 
 import copy
-import math
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from guardfl.redteam.attacks.analytic import exclusive
+from guardfl.redteam.attacks.analytic.exclusive_neurons import first_dense, read_checked
 from guardfl.redteam.attacks.base import Capabilities, Reconstruction
+from guardfl.redteam.attacks.dense import TrapLayers, trap_layers  # noqa: F401 - re-exported
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious import trap_norm
@@ -137,76 +138,9 @@ from guardfl.redteam.attacks.malicious.trap_fit import TrapPlan, fit
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
-from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, server_labels
+from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, server_labels
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
 from guardfl.redteam.threat import ThreatModel
-
-
-class TrapLayers(NamedTuple):
-    """Where trap weights go: the first linear layer, the linear layer that reads its units, and the
-    ``BatchNorm1d`` between them (None when the first layer's units go straight into the ReLU)."""
-
-    first_name: str
-    first: nn.Linear
-    second_name: str
-    second: nn.Linear
-    norm_name: str | None = None
-    norm: nn.BatchNorm1d | nn.GroupNorm | None = None
-
-
-def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | str:
-    """The layers of a model that can host trap weights, or the reason it cannot: the modules that run on
-    one probe input, in order, must start with an ``nn.Linear`` on the flattened input, then (optionally)
-    an affine ``nn.BatchNorm1d`` of its units, then an ``nn.ReLU``, then an ``nn.Linear`` reading them."""
-    names = {id(m): n for n, m in model.named_modules()}
-    order: list[nn.Module] = []
-    hooks = [m.register_forward_hook(lambda m, i, o: order.append(m)) for m in model.modules()
-             if not any(True for _ in m.children())]
-    was = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(torch.zeros(1, *input_shape, device=next((p.device for p in model.parameters()), torch.device("cpu"))))
-    except Exception as err:  # noqa: BLE001 - a model the probe cannot run: say so
-        return f"the model does not run on one input of shape {list(input_shape)} ({type(err).__name__})"
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was)
-    normalising = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)  # with or without parameters
-    layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, (nn.ReLU, *normalising))]
-    d = math.prod(input_shape)
-    if len(layers) < 3 or not isinstance(layers[0], nn.Linear) or layers[0].in_features != d:
-        first = type(layers[0]).__name__ if layers else "none"
-        return (f"trap weights need a first layer that is an nn.Linear on the whole flattened input ({d} features); "
-                f"this model's first layer is {first}")
-    norm = layers[1] if isinstance(layers[1], normalising) else None
-    if norm is not None:
-        reason = _norm_refusal(norm, layers[0].out_features)
-        if reason:
-            return reason
-        layers = [layers[0], *layers[2:]]
-    first, relu, second = layers[0], layers[1], layers[2] if len(layers) > 2 else None
-    if not isinstance(relu, nn.ReLU) or not isinstance(second, nn.Linear) or second.in_features != first.out_features:
-        return "trap weights need nn.Linear -> (nn.BatchNorm1d ->) nn.ReLU -> nn.Linear reading all of the first layer's units"
-    return TrapLayers(names[id(first)], first, names[id(second)], second,
-                      None if norm is None else names[id(norm)], norm)
-
-
-def _norm_refusal(norm: nn.Module, units: int) -> str | None:
-    """Why trap weights cannot go through this normalisation of the first layer's ``units``, or None: an
-    affine ``nn.BatchNorm1d`` of all of them, an affine ``nn.GroupNorm`` of groups of 3 or more, or a
-    ``nn.LayerNorm`` over them (8 or more) with a weight and a bias."""
-    if isinstance(norm, nn.BatchNorm1d) and norm.num_features == units and norm.affine:
-        return None
-    if isinstance(norm, nn.GroupNorm) and norm.num_channels == units and norm.affine and units // norm.num_groups >= 3:
-        return None
-    if (isinstance(norm, nn.LayerNorm) and tuple(norm.normalized_shape) == (units,) and units >= 8
-            and norm.weight is not None and norm.bias is not None):
-        return None
-    return (f"the first layer's units go through {type(norm).__name__}: trap weights need an affine nn.BatchNorm1d of all "
-            "of them, an affine nn.GroupNorm of groups of 3 or more, a nn.LayerNorm over 8 or more of them with a weight "
-            "and a bias (the cut-offs go in its bias), or none")
 
 
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
@@ -382,6 +316,30 @@ class TrapWeights(ServerAttack):
         return recover_through_norm(observation.update, trap, layers.norm.eps, plan.aux, n, shape, setting.input_range,
                                     c.min_mass, top_row=top_row)
 
+    def peeled(self, images: Tensor, found: int, observation: Observation, labels: Tensor, source: str) -> tuple[Tensor, int]:
+        """The bins' reading ``images`` (its first ``found`` are candidates, the rest copies) with what the
+        sent model's first layer holds beyond it (``peel``): the samples its units hold alone, checked
+        against the sent model and peeled, repeated (``exclusive_neurons.read_checked``: a chain's top row
+        holding one sample gives it, peeling it leaves the next bin's sample alone in the next row, and a
+        sample peeled from one chain or an honest row can leave a bin of two holding the other). The checked
+        samples come first, then the bins' candidates not among them; and how many were checked. Not
+        through a normalisation (no unit is exclusive there) or on a FedAvg update (nothing to check
+        against)."""
+        layers = first_dense(observation.model, tuple(observation.input_shape), list(observation.update))
+        if not self.config.peel or isinstance(layers, str):
+            return images, 0
+        choices = torch.unique(labels) if source == "known" else torch.arange(observation.num_classes)
+        checked = read_checked(observation, layers, choices.to(observation.update[layers.first_name + ".weight"].device),
+                               1e-3, self.config.min_mass, 64).samples
+        if not checked.shape[0]:
+            return images, 0
+        lo, hi = observation.input_range
+        ours = checked.float().cpu().clamp(lo, hi)
+        theirs = images[:found].flatten(1)
+        new = theirs[exclusive.distinct(theirs.double(), 1e-3 * (hi - lo), ours.double())] if found else theirs
+        merged = torch.cat([ours, new])[:observation.num_samples].view(-1, *observation.input_shape)
+        return fill_batch(merged, observation.num_samples, (lo, hi)), int(checked.shape[0])
+
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
                      gen: torch.Generator) -> Reconstruction:
         plan = self.plan(setting, threat)
@@ -400,11 +358,12 @@ class TrapWeights(ServerAttack):
             raise
         images, found = self.read(observation, trap, plan, setting, small)
         labels, source = server_labels(observation, setting, threat)
+        images, checked = self.peeled(images, found, observation, labels, source)
         norm = plan.layers.norm
         extra = {} if trap.norm is None else {"through": through(norm, trap.norm, plan.aux is not None)}
         if plan.outpost and isinstance(norm, (nn.GroupNorm, nn.LayerNorm)):
             extra["constants"] = "in the weights (adapted to Outpost's noise, which scales with each layer's variance)"
         return Reconstruction(images, labels.cpu(), 0.0, [], {
-            "labels": source, **lines, "candidates": found, "layer": trap.weight.removesuffix(".weight"),
+            "labels": source, **lines, "candidates": found, "checked": checked, "layer": trap.weight.removesuffix(".weight"),
             "scales": "equal" if plan.equal or isinstance(norm, nn.LayerNorm) else "random",
             **extra, "cutoffs": "aux quantiles" if plan.aux is not None else "gaussian guess", "malicious_model": trap.sent})

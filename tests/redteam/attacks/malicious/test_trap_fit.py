@@ -63,14 +63,18 @@ def test_the_shadow_batches_are_as_large_as_the_clients_and_held_out_where_the_a
     assert shadow_data(None, 64) == ([], "")
 
 
-def test_against_a_client_that_does_not_inspect_the_fit_takes_the_whole_layer():
+def test_against_a_client_that_does_not_inspect_the_fit_takes_what_reads_most():
     model, setting, threat = setup(centred=False)
     x, y = batch(32, 0)
-    rec = get("trap_weights", seed=0, rows="fit").interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
-    # a whole layer (one chain of 2 rows per cut read most here: 24.5 exact per shadow batch)
+    # bins alone (no peeling): a whole layer (one chain of 2 rows per cut read most here: 24.5 exact per shadow batch)
+    rec = get("trap_weights", seed=0, rows="fit", peel=False).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
     assert rec.info["rows"].startswith("all (fit on 4 batches of 32 auxiliary samples, held out from the calibration: ")
     assert " x all" in rec.info["rows"].split(": ")[1].split(",")[0]
-    assert exact(rec, x, (0.0, 1.0)) >= 16
+    assert exact(rec, x, (0.0, 1.0)) >= 16 and rec.info["checked"] == 0
+    # peeled (the default), the shadow reads all 32 of its faces with 8 chains of 6 rows
+    rec = get("trap_weights", seed=0, rows="fit").interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert rec.info["rows"].startswith("6 (fit on 4 batches of 32 auxiliary samples, held out from the calibration: 8 x 6, 32 exact")
+    assert exact(rec, x, (0.0, 1.0)) >= 24 and rec.info["checked"] >= 24
 
 
 def test_on_a_centred_batch_the_fit_finds_a_trap_the_inspection_lets_through_where_a_fixed_size_is_refused():

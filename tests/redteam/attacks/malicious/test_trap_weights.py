@@ -522,3 +522,28 @@ def test_column_noise_bad_values_are_one_line():
     for bad in (-0.1, 2, "some", True):
         with pytest.raises(ValueError, match=r"column_noise: expected 'auto' or a number in \[0, 1\]"):
             get("trap_weights", column_noise=bad)
+
+
+def test_peeling_reads_the_samples_a_small_trap_and_the_honest_rows_hold_beyond_its_bins():
+    """A small trap (one chain of 8 rows, the rest of the layer honest) on uncentred images: its bins read a
+    few samples; the sent model's units that hold one sample alone, checked against that model and peeled
+    (``peel``, the default), read many more, every checked one exactly a private image."""
+    model, setting, threat = setup()
+    x, y = batch()
+    bins = get("trap_weights", seed=0, chains=1, rows=8, peel=False).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    peeled = get("trap_weights", seed=0, chains=1, rows=8).interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
+    assert bins.info["checked"] == 0 and peeled.info["checked"] > 0
+    k = peeled.info["checked"]
+    nearest = (peeled.inputs[:k].flatten(1)[:, None] - x.flatten(1)[None]).abs().amax(2).min(1).values
+    assert float(nearest.max()) < 1e-3
+    assert exact(peeled, x) >= exact(bins, x) + 4
+
+
+def test_peeling_does_not_read_through_a_pruned_update():
+    """GradPrune's zeros break every check: nothing is claimed, the bins' reading stands."""
+    model, setting, threat = setup()
+    x, y = batch()
+    setting = replace(setting, defense_config={"kind": "gradprune", "ratio": 0.9})
+    client = ClientQuery(x, y, {"kind": "gradprune", "ratio": 0.9}, FedSGD())
+    rec = get("trap_weights", seed=0, chains=4, rows=2, boost=1000).interrogate(client, setting, threat)
+    assert rec.info["checked"] == 0
