@@ -2,17 +2,18 @@
 honest FC-2's own first layer, per defense, against the oracle bound (issue 34's honest fallback).
 
     python bench/bench_exclusive_neurons.py [--data lfw|cifar] [--seeds 3] [--batch 64] [--centre]
-                                            [--protocol fedsgd|fedavg]
+                                            [--protocol fedsgd|fedavg] [--hidden 256] [--defenses none ...]
 
-FC-2 at PyTorch's default initialisation (a fresh seed per trial), one client batch per trial (LFW: the
-first 64 faces; CIFAR-10: images drawn from the shared 5k sample), inputs in [0, 1] (``--centre``: shifted
-and scaled to zero mean and unit variance). Each defense runs through ``simulate_client`` (the client's real
-path), and the attack knows the defense's configuration and the labels. Prints per defense, over the
-seeds: the samples the attack checked (claimed as exact without the truth), the private images read
-exactly (SSIM > 0.9 after one-to-one matching) and past SSIM 0.4, wrongly checked samples (checked but not
-within 1e-3 of any private image: must be 0), and the attack's time. The ORACLE column is a bound, not an
-attack: each private image matched to its nearest candidate ``G_i / g_i`` of the first, unpeeled reading
-by the ground truth (so it counts the units exclusive at the start; peeling can read more than it).
+FC-2 (``--hidden`` units, 256 by default) at PyTorch's default initialisation (a fresh seed per trial), one
+client batch per trial (LFW: the first 64 faces; CIFAR-10: images drawn from the shared 5k sample), inputs
+in [0, 1] (``--centre``: shifted and scaled to zero mean and unit variance). Each defense runs through
+``simulate_client`` (the client's real path), and the attack knows the defense's configuration and the
+labels. Prints per defense, over the seeds: the samples the attack checked (claimed as exact without the
+truth), the private images read exactly (SSIM > 0.9 after one-to-one matching) and past SSIM 0.4, wrongly
+checked samples (checked but not within 1e-3 of any private image: must be 0), and the attack's time. The
+ORACLE column is a bound, not an attack: each private image matched to its nearest candidate ``G_i / g_i``
+of the first, unpeeled reading by the ground truth (so it counts the units exclusive at the start; peeling
+can read more than it).
 """
 
 from __future__ import annotations
@@ -75,13 +76,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--centre", action="store_true")
     ap.add_argument("--protocol", choices=["fedsgd", "fedavg"], default="fedsgd")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--defenses", nargs="+", choices=list(DEFENSES), default=list(DEFENSES))
     args = ap.parse_args()
     torch.set_num_threads(1)
     protocol = FedSGD() if args.protocol == "fedsgd" else FedAvg(epochs=2, batch_size=16, lr=0.1)
-    print(f"FC-2, {args.data}, batch {args.batch}, {'centred' if args.centre else 'inputs in [0, 1]'}, {args.protocol}, "
+    print(f"FC-2 ({args.hidden} units), {args.data}, batch {args.batch}, {'centred' if args.centre else 'inputs in [0, 1]'}, {args.protocol}, "
           f"{args.seeds} seeds; per defense, over the seeds: checked / exact (SSIM > 0.9) / past 0.4 / wrongly "
           f"checked / ORACLE bound / seconds")
-    results: dict[str, list[tuple]] = {name: [] for name in DEFENSES}
+    defenses = {name: DEFENSES[name] for name in args.defenses}
+    results: dict[str, list[tuple]] = {name: [] for name in defenses}
     for seed in range(args.seeds):
         x, y = data(args.data, args.batch, seed)
         span = (0.0, 1.0)
@@ -89,8 +93,8 @@ def main() -> None:
             x = (x - x.mean()) / x.std()
             span = (float(x.min()), float(x.max()))
         torch.manual_seed(seed)
-        model = FC2(tuple(x.shape[1:]), 10)
-        for name, defense in DEFENSES.items():
+        model = FC2(tuple(x.shape[1:]), 10, hidden=args.hidden)
+        for name, defense in defenses.items():
             obs = simulate_client(model, x, y, defense, protocol, input_range=span)
             t0 = time.perf_counter()
             rec = get("exclusive_neurons").reconstruct(obs, ThreatModel(labels="known", defense="known"))

@@ -16,10 +16,13 @@ Steps (``maths``: ``exclusive``):
 1. Candidates: ``G_i / g_i`` for every unit whose bias entry is not negligible (``min_mass`` of the largest),
    kept when (nearly) all of it lies in the input range.
 2. Checked without the ground truth (FedSGD, where the update is one gradient of the batch mean): each
-   candidate runs through the model the server sent, alone, with every label the attacker may assign (the
-   batch's labels when ``labels: known``, every class otherwise), and its own share of unit i's bias
-   gradient, ``D_i / B``, is compared with ``g_i``: within ``rtol`` for one label, the candidate is a
-   sample, with that label (a mix of samples, a weighted mean of several images, matches none).
+   candidate runs through the model the server sent, alone, with the label unit i's column of the next
+   layer's update shows (that column is ``h_i (p - onehot(y)) / B`` for a unit one sample fires: the
+   label's entry is its most negative; among the batch's labels when ``labels: known``, every class
+   otherwise), and its own share of unit i's bias gradient and of that column are compared with the
+   update: both within ``rtol`` (relative), the candidate is a sample, with that label (a mix of samples,
+   a weighted mean of several images, matches neither; the bias alone, one number, once accepted a mix by
+   chance against Soteria's pruned layer, the column adds one equation per class).
 3. Peeled: a checked sample's share of the whole layer's update, ``D x^T`` and ``D``, is subtracted, so a
    unit that fired for it and one other sample now holds the other alone; steps 1-3 repeat until a round
    checks nothing new (at most ``rounds``).
@@ -62,7 +65,12 @@ from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import FedSGD, Observation, bn_layers
 from guardfl.redteam.threat import Knowledge, ThreatModel
 
-#: candidates run through the model this many at a time (candidate x label pairs)
+#: two candidates within this share of the input range of each other (largest absolute difference) are one
+#: sample: units that hold the same sample alone give it with different rounding (a wide layer's units
+#: with small bias gradients: up to ~1e-4 apart), and peeling it twice would corrupt the rest
+SAME = 1e-3
+
+#: candidates run through the model this many at a time
 CHUNK = 2048
 
 
@@ -91,15 +99,11 @@ def first_dense(model: nn.Module, input_shape: tuple[int, ...], names: list[str]
 
 def shares(model: nn.Module, layers: TrapLayers, x: Tensor, labels: Tensor, batch: int,
            train_mode: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """What every candidate ``x`` (k, *input_shape) with every label (L,) would add to a batch-mean
-    loss's gradient over ``batch`` samples, alone: the derivative of ``cross_entropy(model(x_j),
-    labels_l) / batch`` with respect to the first layer's output (k, L, units: its share of the first
-    bias's gradient) and the second layer's output (k, L, units2), and the first layer's units after
-    the ReLU, the second layer's input (k, L, units): its share of the second weight's gradient is
-    their outer product."""
-    k, n_labels = x.shape[0], labels.numel()
-    xs = x.repeat_interleave(n_labels, 0)
-    ys = labels.repeat(k)
+    """What every candidate ``x`` (k, *input_shape) with its label (k,) would add to a batch-mean loss's
+    gradient over ``batch`` samples, alone: the derivative of ``cross_entropy(model(x_j), labels_j) /
+    batch`` with respect to the first layer's output (k, units: its share of the first bias's gradient)
+    and the second layer's output (k, units2), and the first layer's units after the ReLU, the second
+    layer's input (k, units): its share of the second weight's gradient is their outer product."""
     outs: list[tuple[Tensor, Tensor, Tensor]] = []
     seen: dict[str, Tensor] = {}
 
@@ -113,18 +117,18 @@ def shares(model: nn.Module, layers: TrapLayers, x: Tensor, labels: Tensor, batc
     was = model.training
     model.train(train_mode)
     try:
-        for start in range(0, xs.shape[0], CHUNK):
+        for start in range(0, x.shape[0], CHUNK):
             seen.clear()
             with torch.enable_grad():
-                logits = model(xs[start:start + CHUNK])
-                loss = F.cross_entropy(logits, ys[start:start + CHUNK], reduction="sum") / batch
+                logits = model(x[start:start + CHUNK])
+                loss = F.cross_entropy(logits, labels[start:start + CHUNK], reduction="sum") / batch
                 dz1, dz2 = torch.autograd.grad(loss, [seen["z1"], seen["z2"]])
             outs.append((dz1.detach(), dz2.detach(), seen["h"].detach()))
     finally:
         for handle in handles:
             handle.remove()
         model.train(was)
-    return tuple(torch.cat([o[j] for o in outs]).view(k, n_labels, -1) for j in range(3))  # type: ignore[return-value]
+    return tuple(torch.cat([o[j] for o in outs]).flatten(1) for j in range(3))  # type: ignore[return-value]
 
 
 @dataclass
@@ -163,25 +167,29 @@ def read_checked(observation: Observation, layers: TrapLayers, choices: Tensor, 
         rows, cands = exclusive.ratios(weight, bias, min_mass, scale)
         keep = exclusive.in_range(cands, (lo, hi), 1e-3) >= 0.999
         rows, cands = rows[keep], cands[keep]
-        new = exclusive.distinct(cands, 1e-4 * width, found)
+        new = exclusive.distinct(cands, SAME * width, found)
         rows, cands = rows[new], cands[new]
         if not rows.numel():
             break
-        d1, d2, h = (t.double() for t in shares(observation.model, layers, cands.to(dtype).view(-1, *shape), choices,
+        # the sample's label is the class whose entry of the unit's column is the most negative (the column of
+        # a unit one sample fires is h * (p - onehot(y)) / B): one run per candidate, not one per class
+        allowed = second[choices][:, rows]  # (L, k)
+        labels = choices[allowed.argmin(0)]
+        d1, d2, h = (t.double() for t in shares(observation.model, layers, cands.to(dtype).view(-1, *shape), labels,
                                                  observation.batch_size, observation.train_mode))
         at = torch.arange(rows.numel(), device=rows.device)
-        err = exclusive.agreement(d1[at, :, rows], bias[rows, None])  # (k, L): the unit's bias share
-        column = d2 * h[at, :, rows][..., None]  # (k, L, units2): the unit's column of the second weight
-        err = torch.maximum(err, exclusive.column_agreement(column, second[:, rows].T[:, None, :]))
-        best_err, best = err.min(1)
-        ok = torch.nonzero(best_err <= rtol).flatten()
-        ok = ok[exclusive.distinct(cands[ok], 1e-4 * width)]
+        err = exclusive.agreement(d1[at, rows], bias[rows])  # (k,): the unit's bias share
+        column = d2 * h[at, rows][:, None]  # (k, units2): the unit's column of the second weight
+        err = torch.maximum(err, exclusive.column_agreement(column, second[:, rows].T))
+        ok = torch.nonzero(err <= rtol).flatten()
+        ok = ok[torch.argsort(bias[rows[ok]].abs(), descending=True)]  # of two units holding one sample, the larger
+        ok = ok[exclusive.distinct(cands[ok], SAME * width)][:n - found.shape[0]]  # reads it with less rounding
         if not ok.numel():
             break
-        weight, bias = exclusive.peel(weight, bias, d1[ok, best[ok]], cands[ok])
-        second, _ = exclusive.peel(second, second.new_zeros(second.shape[0]), d2[ok, best[ok]], h[ok, best[ok]])
+        weight, bias = exclusive.peel(weight, bias, d1[ok], cands[ok])
+        second, _ = exclusive.peel(second, second.new_zeros(second.shape[0]), d2[ok], h[ok])
         found = torch.cat([found, cands[ok]])
-        found_labels += [int(choices[j]) for j in best[ok]]
+        found_labels += labels[ok].tolist()
         if found.shape[0] >= n:
             break
     return Peeled(found, found_labels, done, weight, bias)
@@ -211,9 +219,9 @@ class ExclusiveNeurons(Attack):
         layers = first_dense(observation.model, observation.input_shape, list(observation.update))
         if isinstance(layers, str):
             raise NotApplicable(f"{self.name}: {layers}")
-        for suffix in ("weight", "bias"):
-            if not bool(torch.isfinite(observation.update[f"{layers.first_name}.{suffix}"]).all()):
-                raise NotApplicable(f"{self.name}: the update of {layers.first_name}.{suffix} holds non-finite values")
+        for name in (f"{layers.first_name}.weight", f"{layers.first_name}.bias", f"{layers.second_name}.weight"):
+            if not bool(torch.isfinite(observation.update[name]).all()):
+                raise NotApplicable(f"{self.name}: the update of {name} holds non-finite values")
 
     # -- one observation -------------------------------------------------------------------------------
     def _reconstruct(self, observation: Observation, knowledge: Knowledge, device: torch.device, gen: torch.Generator) -> Reconstruction:
@@ -222,7 +230,6 @@ class ExclusiveNeurons(Attack):
         assert not isinstance(layers, str)
         shape, n = tuple(observation.input_shape), observation.num_samples
         lo, hi = observation.input_range
-        width = hi - lo
         given, source = labels_for(observation, knowledge)
         hard = given if not given.is_floating_point() else given.argmax(-1) if given.dim() == 2 else given.long()
         choices = torch.unique(hard) if source == "known" else torch.arange(observation.num_classes, device=device)

@@ -66,6 +66,26 @@ def test_distinct_keeps_the_first_of_near_copies_and_skips_those_already_kept():
     assert exclusive.distinct(x, 1e-4, keep=torch.tensor([[1.0, 1.0]])).tolist() == [0, 3]
 
 
+def _distinct_naive(x, tol, keep=None):
+    chosen = []
+    for i in range(x.shape[0]):
+        ref = [x[j] for j in chosen] + ([] if keep is None else list(keep))
+        if any(float((r - x[i]).abs().max()) <= tol for r in ref):
+            continue
+        chosen.append(i)
+    return chosen
+
+
+@given(seed=st.integers(0, 2**31), rows=st.integers(0, 40), kept=st.integers(0, 5), tol=st.sampled_from([1e-4, 0.05, 0.3]))
+@settings(max_examples=40, deadline=None)
+def test_distinct_is_the_first_of_each_group_of_near_copies_as_a_pairwise_scan_finds_it(seed, rows, kept, tol):
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.rand(6, 5, generator=gen, dtype=torch.float64)
+    x = base[torch.randint(0, 6, (rows,), generator=gen)] + (torch.rand(rows, 5, generator=gen, dtype=torch.float64) - 0.5) * 2 * tol
+    keep = base[:kept] if kept else None
+    assert exclusive.distinct(x, tol, keep).tolist() == _distinct_naive(x, tol, keep)
+
+
 @given(seed=st.integers(0, 2**31), bound=st.floats(0.05, 2.0))
 @settings(max_examples=25, deadline=None)
 def test_pruned_entries_are_filled_within_their_bound_and_kept_entries_are_untouched(seed, bound):
