@@ -44,6 +44,11 @@ too, below; elsewhere: not applicable, with the reason):
   ``rows: fit``: the size (chains and rows, or the whole layer) that reads most of a shadow client's
   batches of auxiliary images, the client's inspection (with a margin under the isolation limit) and
   defense included (``trap_fit``): the construction that adapts to the isolation check on any data.
+- ``peel`` (default on; ours): after the bins, the sent model's first-layer units that hold one sample
+  alone are read, checked against that model and peeled (``exclusive_neurons.read_checked``), which reads
+  on down a chain whose bins hold one sample each and through the honest rows; ``rows: fit`` sizes the
+  trap on that reading (``malicious-adaptive-inspect.yaml``: the passing traps read 24-32 faces exactly,
+  0-12 without). Nothing through a normalisation, a pruning's zeros or noise (the checks fail there).
 - ``cuts: middle`` (with ``rows``; built against SEER's D-SNR check, ``inspect_model(...,
   disaggregation=True)``, which refuses a model when one sample's weight gradient exceeds 2 times all the
   others' in a layer): boosted rows at the top of the measurement give 1000x gradients to the few samples
@@ -122,7 +127,7 @@ import torch
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.analytic import exclusive
-from guardfl.redteam.attacks.analytic.exclusive_neurons import first_dense, read_checked
+from guardfl.redteam.attacks.analytic.exclusive_neurons import SAME, first_dense, read_checked
 from guardfl.redteam.attacks.base import Capabilities, Reconstruction
 from guardfl.redteam.attacks.dense import TrapLayers, trap_layers  # noqa: F401 - re-exported
 from guardfl.redteam.attacks.setting import Setting
@@ -336,7 +341,7 @@ class TrapWeights(ServerAttack):
         lo, hi = observation.input_range
         ours = checked.float().cpu().clamp(lo, hi)
         theirs = images[:found].flatten(1)
-        new = theirs[exclusive.distinct(theirs.double(), 1e-3 * (hi - lo), ours.double())] if found else theirs
+        new = theirs[exclusive.distinct(theirs.double(), SAME * (hi - lo), ours.double())] if found else theirs
         merged = torch.cat([ours, new])[:observation.num_samples].view(-1, *observation.input_shape)
         return fill_batch(merged, observation.num_samples, (lo, hi)), int(checked.shape[0])
 
