@@ -5,8 +5,9 @@ A first layer ``z = W x + b`` on the flattened input, straight into a ReLU, gets
 loss's derivative with respect to ``z``: zero for every unit that does not fire for n. A unit that fires
 for ONE sample alone holds that sample exactly: row ``G_i / g_i`` (Phong et al. 2017's single-sample
 identity; Pan et al. 2022 call such units exclusively activated). The attacker checks a candidate without
-the ground truth: run it through the model it knows, alone, with each label it may have, and compare its
-own ``D_i`` with ``g_i`` (a mix of several samples matches no label's). A checked sample's whole share
+the ground truth: run it through the model it knows, alone, with the label the unit's column of the next
+layer's update shows, and compare its own ``D_i`` and its share of that column with the update (a mix of
+several samples matches neither). A checked sample's whole share
 ``D x^T`` is then known and subtracted from every row (``peel``), which can leave rows that fired for it
 and one other sample holding that other sample alone: the reading is repeated until nothing new checks.
 
@@ -42,14 +43,9 @@ def in_range(x: Tensor, input_range: tuple[float, float], slack: float) -> Tenso
     return ((x >= lo - pad) & (x <= hi + pad)).double().mean(1)
 
 
-def agreement(predicted: Tensor, observed: Tensor) -> Tensor:
-    """Relative disagreement ``|predicted - observed| / |observed|`` (elementwise; observed non-zero)."""
-    return (predicted - observed).abs() / observed.abs()
-
-
-def column_agreement(predicted: Tensor, observed: Tensor) -> Tensor:
-    """Relative disagreement of vectors (last dimension): ``|predicted - observed| / |observed|``, infinite
-    where ``observed`` is zero."""
+def disagreement(predicted: Tensor, observed: Tensor) -> Tensor:
+    """Relative disagreement of vectors (last dimension; a scalar per row is a vector of one):
+    ``|predicted - observed| / |observed|``, infinite where ``observed`` is zero."""
     return (predicted - observed).norm(dim=-1) / observed.norm(dim=-1)
 
 

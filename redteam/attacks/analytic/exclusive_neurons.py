@@ -178,9 +178,9 @@ def read_checked(observation: Observation, layers: TrapLayers, choices: Tensor, 
         d1, d2, h = (t.double() for t in shares(observation.model, layers, cands.to(dtype).view(-1, *shape), labels,
                                                  observation.batch_size, observation.train_mode))
         at = torch.arange(rows.numel(), device=rows.device)
-        err = exclusive.agreement(d1[at, rows], bias[rows])  # (k,): the unit's bias share
+        err = exclusive.disagreement(d1[at, rows, None], bias[rows, None])  # (k,): the unit's bias share
         column = d2 * h[at, rows][:, None]  # (k, units2): the unit's column of the second weight
-        err = torch.maximum(err, exclusive.column_agreement(column, second[:, rows].T))
+        err = torch.maximum(err, exclusive.disagreement(column, second[:, rows].T))
         ok = torch.nonzero(err <= rtol).flatten()
         ok = ok[torch.argsort(bias[rows[ok]].abs(), descending=True)]  # of two units holding one sample, the larger
         ok = ok[exclusive.distinct(cands[ok], SAME * width)][:n - found.shape[0]]  # reads it with less rounding
