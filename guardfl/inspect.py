@@ -52,6 +52,12 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
 - **disaggregation** (opt-in, ``disaggregation=True``, with ``batch``): SEER's D-SNR (Garov et al. 2024):
   the model in train mode, each sample's own weight gradient, flagged when one sample's norm exceeds
   ``DSNR_THRESHOLD`` times the others' together (see docs/malicious-server.md for what it adds).
+- **leak limit** (opt-in, ``leak_limit=k``, with ``batch``; ``leak_limit_check``): the isolation count of
+  samples read exactly, over every linear layer but the classifier, absolute: more than ``k`` and the model
+  is refused, the honest one too (the isolation check judges an excess over the client's own architecture,
+  so it passes that architecture's own leak). Fails closed where the count is no bound (a normalisation
+  of a linear layer's output, a layer too large to examine, a model it cannot run on); partial reads are
+  not counted (docs/malicious-server.md section 15).
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
 docstrings say why. The thresholds were chosen from measurements on benign models (PyTorch default
@@ -493,6 +499,7 @@ def inspect_model(
     batch: tuple[Tensor, Tensor] | None = None,
     strict: bool = False,
     disaggregation: bool = False,
+    leak_limit: int | None = None,
 ) -> Inspection:
     """Inspect a received global model for malicious-server signatures (see the module docstring).
 
@@ -507,6 +514,11 @@ def inspect_model(
     ``disaggregation=True`` (with ``batch``) adds SEER's D-SNR check (``DSNR_THRESHOLD``): a deep copy of the
     model in train mode, per-sample weight-gradient norms (one backward pass per sample when the model has
     batch norm: minutes for a ResNet-18 on 2 busy cores), reported in ``checks["disaggregation"]``.
+    ``leak_limit=k`` (with ``batch``; ``leak_limit_check``) refuses any model, the honest one included,
+    with which a server reads more than ``k`` samples of the batch from the update's linear layers (the
+    isolation check's count, not judged against anything): an absolute limit, where the isolation check
+    alone judges a model against the client's architecture at a fresh initialisation and so passes the
+    honest model's own leak. Reported in ``checks["leak_limit"]``.
 
     Broken or hostile models fail closed: a model is **not ok** (a reason, or ``MaliciousModelError``
     with ``strict=True``) when a tensor holds NaN or infinite values ("non-finite:"), cannot be examined
@@ -528,6 +540,11 @@ def inspect_model(
     """
     state = _state_of(received, "received")
     expected = None if reference is None else _shapes_of(reference)
+    if leak_limit is not None:
+        if isinstance(leak_limit, bool) or not isinstance(leak_limit, int) or leak_limit < 0:
+            raise ConfigError(f"leak_limit: expected None or an integer >= 0 (samples of the batch; got {leak_limit!r})")
+        if batch is None:
+            raise ConfigError("leak_limit: needs batch, the client's own (x, y): the limit is on what a server reads of it")
     reasons: list[str] = []
     checks: dict[str, dict[str, Any]] = {}
 
@@ -572,11 +589,16 @@ def inspect_model(
                                                             disaggregation)
                 reasons += batch_reasons
                 checks.update(batch_checks)
+                if leak_limit is not None:
+                    limit_reasons, checks["leak_limit"] = leak_limit_check(checks.get("isolation"), len(batch[0]), leak_limit)
+                    reasons += limit_reasons
             else:
                 checks["batch"] = {"skipped": load_reason or "the received architecture differs from the reference"}
                 if load_reason:
                     reasons.append(load_reason)
 
+    if leak_limit is not None and "leak_limit" not in checks:  # the model was refused before it could run
+        checks["leak_limit"] = {"limit": leak_limit, "skipped": "the model did not run on the batch (see reasons)"}
     # names come from the sender: keep every reason on one line
     reasons = [r.replace("\r", "\\r").replace("\n", "\\n") for r in reasons]
     result = Inspection(ok=not reasons, reasons=reasons, checks=checks)
@@ -984,6 +1006,49 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
     return reasons, checks
 
 
+def leak_limit_check(isolation: Mapping[str, Any] | None, n: int, limit: int) -> tuple[list[str], dict[str, Any]]:
+    """``inspect_model(leak_limit=)``: the samples of the batch (``n``) a server reads from the update's
+    linear layers, by the isolation check's count (``isolation["samples_read"]``: the union over every
+    layer it judges), against ``limit``. Fails closed: a layer too large to examine, or an isolation check
+    that could not be made, refuses the model (the limit cannot be vouched for). Not counted: the
+    classification layer (a class with one sample is read there from any confident model: its
+    penultimate features, not its input) and convolutions (never examined for isolation: their weight
+    gradient sums over positions, and what an optimisation attack reads from them is the red team's to
+    measure). Reads are counted as the isolation check counts them: a sample within a relative error of
+    ``ISOLATION_READ_ERROR`` (exact, by the red team's measure); partial reads (a few samples mixed, SSIM
+    0.4-0.9) are not counted, and the certificate measures those. Behind a normalisation of a linear
+    layer's output the count (taken at the normalisation's output) is no bound: a server undoes it with
+    terms estimated on its own data (``trap_weights``; measured 2026-11-28 on 64 LFW faces: the boosted
+    median trap reads 2 faces exactly through BatchNorm where the count is 1, and 4-11 past SSIM 0.4
+    where it is 0 or 1; the whole-layer trap 10 exactly through GroupNorm where it is 7; through
+    LayerNorm no read passed the count in 8 runs, refused on the same grounds), so such a model is
+    refused under a limit, the honest one included."""
+    check: dict[str, Any] = {"limit": limit, "batch": n,
+                             "scope": "nn.Linear layers but the classification layer (convolutions not examined)"}
+    if not isolation or "skipped" in isolation or "samples_read" not in isolation:
+        why = (isolation or {}).get("skipped", "the isolation check did not run on the batch")
+        check["skipped"] = why
+        return [f"leak limit: what a server reads of the batch could not be counted ({why}): not vouched for, refused"], check
+    read = list(isolation["samples_read"])
+    check.update(read=len(read), samples=read)
+    reasons = []
+    if len(read) > limit:
+        layers = {name: layer["isolated"] for name, layer in isolation.get("layers", {}).items()
+                  if layer.get("judged", True) and layer["isolated"]}
+        where = _some(f"'{name}' {count}" for name, count in sorted(layers.items(), key=lambda kv: -kv[1]))
+        reasons.append(f"leak limit: a server reads {len(read)} of the batch's {n} samples from this model's update "
+                       f"(by layer: {where}), more than leak_limit = {limit}: the client's own model gives them away "
+                       f"(centred inputs, a larger batch or a defense on the update lower it)")
+    for item in isolation.get("not_examined", []):
+        reasons.append(f"leak limit: layer {item} is past what the isolation check examines: the limit is not vouched for, refused")
+    for name, layer in isolation.get("layers", {}).items():
+        if layer.get("normalised_by"):
+            reasons.append(f"leak limit: '{name}' normalises a linear layer's output ({layer['normalised_by']}), behind which "
+                           f"the count is no bound (trap_weights reads faces exactly through BatchNorm and GroupNorm "
+                           f"where it counts fewer): the limit is not vouched for, refused")
+    return reasons, check
+
+
 def _disaggregation(module: nn.Module, x: Tensor, y: Tensor) -> tuple[list[str], dict[str, Any]]:
     """SEER's D-SNR check (see ``DSNR_THRESHOLD``) on the batch, in train mode."""
     try:
@@ -1155,7 +1220,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
     isolation: dict[str, Any] = {"layers": {}, "not_examined": []}
     per_layer: dict[str, Any] = {}
     judged = n >= CONCENTRATION_MIN_BATCH and labels >= 2
-    worst, reading_hidden = 0, []
+    worst, reading_hidden, read = 0, [], set()
     linear_inputs = {name: a for name, _, a, m in layers if isinstance(m, nn.Linear)}
     for (name, out, a, m), g in zip(layers, grads):
         delta = torch.zeros_like(out, dtype=torch.float64) if g is None else g.detach().double().cpu()
@@ -1165,8 +1230,10 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
             isolation["not_examined"].append(f"{name} ({delta.shape[1]} units > {ISOLATION_MAX_UNITS})")
         else:
             # the read is of the linear layer's input, also behind its normalisation ('linear -> norm')
-            found, info = isolated_samples(delta, linear_inputs.get(name.split(" -> ")[0]))
+            found, info = isolated_samples(delta, linear_inputs.get(name.split(" -> ")[0]), peel_rows=not isinstance(m, _NORMS))
             isolation["layers"][name] = {"isolated": len(found), **info}
+            if isinstance(m, _NORMS):  # a normalisation's output: no bound for ``leak_limit_check``
+                isolation["layers"][name]["normalised_by"] = type(m).__name__
             if out is logits:
                 # the classification layer: a confident model's row k holds only the samples of label k
                 # (softmax saturates), so a class with one sample is isolated there, trained or not: its
@@ -1174,6 +1241,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
                 isolation["layers"][name]["judged"] = False
                 continue
             worst = max(worst, len(found))
+            read.update(found)
             base = None if baseline is None else baseline.get(name, {"isolated": 0, "by_pairs": 0})
             reason = (_isolation_reason(name, info["by_pairs"], n, None if base is None else base["by_pairs"])
                       or _isolation_reason(name, len(found), n, None if base is None else base["isolated"], groups=True))
@@ -1195,6 +1263,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
                            f"of layer '{name}''s weight gradient (> {CONCENTRATION_SHARE:.0%}) of a batch of {n} with "
                            f"{labels} labels")
     isolation["max_isolated"] = worst
+    isolation["samples_read"] = sorted(read)  # by any judged layer: what ``leak_limit`` limits
     if baseline is None:
         isolation["rule"] = "not judged: the client's architecture could not be re-initialised or run on the batch"
     else:
@@ -1247,6 +1316,7 @@ __all__ = [
     "bias_gap",
     "disaggregation_snr",
     "duplicate_row_share",
+    "leak_limit_check",
     "concentration",
     "gradient_shares",
     "inspect_model",

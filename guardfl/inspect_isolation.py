@@ -127,7 +127,7 @@ def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, norm
 
 
 def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: float = ISOLATION_TOLERANCE,
-                     read_error: float = ISOLATION_READ_ERROR) -> tuple[list[int], dict[str, int]]:
+                     read_error: float = ISOLATION_READ_ERROR, peel_rows: bool = True) -> tuple[list[int], dict[str, int]]:
     """The samples a server can read from a linear layer's weight gradient by combining one or two rows,
     or two groups of rows, and peeling, from ``delta`` (batch x units: each sample's loss gradient into the layer's outputs) and,
     optionally, ``inputs`` (the layer's input, one row per sample; see the module docstring for the two
@@ -138,7 +138,8 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
     cancel on row j's samples (``tolerance``) or whose difference reads the extra sample within
     ``read_error`` (with ``inputs``): ``row_i - c row_j`` holds the extra samples; with ``inputs``, each row
     of a few samples dominated by one (``read_error``). A set whose samples are all read but one gives
-    that one (peeling), repeated until nothing changes. Then the same with combinations of two nested
+    that one (peeling), repeated until nothing changes; with ``peel_rows`` (a linear layer's own weight
+    gradient) every row's support peels the reads of one or two rows too, whatever its size. Then the same with combinations of two nested
     groups of rows of one support each (``guardfl.inspect_groups``). Returns the samples read (sorted) and
     counts: rows holding one sample (``single_rows``), rows dominated by one (``dominated_rows``, with
     ``inputs``), nested pairs (``nested_pairs``), those that separate (``separating_pairs``),
@@ -162,16 +163,28 @@ def isolated_samples(delta: Tensor, inputs: Tensor | None = None, tolerance: flo
     pairs, pair_info = pair_sets(d, support, gram, norms, tolerance, read_error, ISOLATION_PEEL)
     info.update(pair_info)
     sets.append(pairs)
-    pairs_only = torch.cat(sets)
-    info["by_pairs"] = int(_peel(pairs_only).sum())
+    separable = torch.cat(sets)
+    # every row's support peels the reads of one or two rows too, whatever its size: once all its samples
+    # but one are read, the server subtracts their shares (it runs each read sample through the model it
+    # holds) and reads the last one (``exclusive_neurons``' cascade, which reads a wide honest layer's whole
+    # batch: separable sets alone stopped at 1 + ISOLATION_PEEL samples). Not the group reads: they are
+    # within ``read_error`` only, and a cascade of approximate reads compounds their error. Not at a
+    # normalisation's output (``peel_rows`` False there): the server holds no sample's share of a row
+    # behind it (``exclusive_neurons`` is not applicable there), and honest FedAvg rounds of FC-2 with
+    # LayerNorm on faces in [0, 1] were flagged (2 of 8) when it did
+    by_pairs = _peel(separable, support[:, size >= 2].T if peel_rows else None)
+    info["by_pairs"] = int(by_pairs.sum())
     grouped, group_info = group_sets(d, support, gram, norms, tolerance, read_error, ISOLATION_PEEL)
     info.update(group_info)
-    return _peel(torch.cat([pairs_only, grouped])).nonzero().flatten().tolist(), info
+    return (by_pairs | _peel(torch.cat([separable, grouped]))).nonzero().flatten().tolist(), info
 
 
-def _peel(sets: Tensor) -> Tensor:
-    """The samples read from separable ``sets`` (sets x batch): a set whose samples are all read but one
-    gives that one, repeated until nothing changes."""
+def _peel(sets: Tensor, rows: Tensor | None = None) -> Tensor:
+    """The samples read from separable ``sets`` (sets x batch) and the supports of the layer's ``rows``
+    (rows x batch, optional): a set or support whose samples are all read but one gives that one,
+    repeated until nothing changes."""
+    if rows is not None:
+        sets = torch.cat([sets, rows])
     read = torch.zeros(sets.shape[1], dtype=torch.bool)
     while True:
         left = sets & ~read

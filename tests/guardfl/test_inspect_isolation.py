@@ -182,11 +182,12 @@ def test_a_read_within_a_quarter_of_the_input_counts_where_the_coefficients_do_n
 
 def test_a_row_dominated_by_one_sample_reads_it():
     """A row of two samples whose other sample's contribution is under a quarter of the first's reads the
-    first (the second is then peeled from a row that holds both)."""
+    first, and the second is then peeled from the row that holds both (its read off by the first's error,
+    a tenth)."""
     delta = torch.tensor([[1.0, 1.0], [0.1, 1.0]], dtype=torch.float64)
     a = torch.eye(2, 8, dtype=torch.float64)
     found, info = isolated_samples(delta, a)
-    assert info["dominated_rows"] == 1 and found == [0]
+    assert info["dominated_rows"] == 1 and found == [0, 1] and info["by_pairs"] == 2
     delta[1, 0] = 0.5
     assert isolated_samples(delta, a)[0] == []
 

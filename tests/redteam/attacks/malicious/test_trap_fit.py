@@ -79,8 +79,10 @@ def test_against_a_client_that_does_not_inspect_the_fit_takes_what_reads_most():
 
 def test_on_a_centred_batch_the_fit_finds_a_trap_the_inspection_lets_through_where_a_fixed_size_is_refused():
     """Centred inputs: the honest FC-2 isolates nothing, so the isolation check flags 2 samples; 8 chains of 6
-    rows are refused (and the certificate still says what was sent), the fitted trap is not and reads at most
-    the one sample the count lets through (docs/malicious-server.md, section 11)."""
+    rows are refused (and the certificate still says what was sent), the fitted trap reads at most the one
+    sample the count lets through (docs/malicious-server.md, section 11). It sends 2 single rows, which pass
+    every shadow batch; since the count peels every row's support (2026-11-28, section 15) they count 2 on
+    this client's batch and are refused there too."""
     model, setting, threat = setup(centred=True)
     x, y = batch(32, 0, centred=True)
     client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, input_range=CENTRED)
@@ -88,9 +90,10 @@ def test_on_a_centred_batch_the_fit_finds_a_trap_the_inspection_lets_through_whe
     assert fixed.info["refused"].startswith("isolation:") and fixed.info["rows"] == "6"
     assert fixed.info["malicious_model"] is not None  # the model sent, on record though refused
     fitted = get("trap_weights", seed=0, rows="fit").interrogate(client, setting, threat)
-    assert "refused" not in fitted.info and client.refused == 1
     line = fitted.info["rows"]
+    assert line.startswith("1 (fit on 4 batches of 32 auxiliary samples, held out from the calibration: 2 x 1, 1 exact")
     assert "8 x 6 (refused 4)" in line and "2 x all (refused 4)" in line
+    assert fitted.info["refused"].startswith("isolation: layer 'net.1' singles out 2 of 32") and client.refused == 2
     assert exact(fitted, x, CENTRED) <= 1
 
 
