@@ -133,6 +133,7 @@ def train(
     state_key: str = STATE_KEY,
     inspect: bool | str = False,
     inspect_disaggregation: bool = False,
+    inspect_leak_limit: int | None = None,
 ) -> Message:
     """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply.
 
@@ -142,15 +143,17 @@ def train(
     sent, ``model`` and the client state are untouched. With inspection on, arrays that do not convert
     to tensors, a first batch the model cannot run on (``ConfigError`` naming ``batch``) and any other
     error while inspecting also come back as that error reply (fail closed), never as an exception.
-    ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check (``local_update``)."""
+    ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check, ``inspect_leak_limit=k``
+    refuses any model (the honest one too) with which the server would read more than ``k`` samples of the
+    first batch from the update (``local_update``)."""
     key, record = received_arrays(msg)
-    if not inspect_enabled(inspect, inspect_disaggregation):
+    if not inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit):
         received = record.to_torch_state_dict()
     else:
         try:
             received = record.to_torch_state_dict()
             inspect_received(getattr(model, "_module", model), loader, received=received,
-                             disaggregation=inspect_disaggregation)
+                             disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit)
         except MaliciousModelError as err:
             return _error_reply(msg, f"guardfl inspect_model: {err}")
         except Exception as err:  # noqa: BLE001 - fail closed: a model that cannot be inspected is not trained

@@ -449,14 +449,16 @@ class GuardedTrainer:
     (rebuilt every round); ``defense``: any guardfl defense or stack (optimizer-level, DP-SGD, input
     encodings; a dict, kind, YAML text, path or ``Defense``); ``epochs`` / ``loss_fn`` / ``num_classes`` /
     ``max_steps`` as in ``local_update``; ``inspect``: check the received model first
-    (``inspect_disaggregation``: with SEER's D-SNR check too, as in ``local_update``); ``state_path``: a
+    (``inspect_disaggregation``: with SEER's D-SNR check too; ``inspect_leak_limit``: refuse any model with
+    which the server reads more than that many samples of the first batch; as in ``local_update``); ``state_path``: a
     JSON file keeping the ``ClientState`` between rounds and launches (read when it exists).
     """
 
     def __init__(self, model: nn.Module, make_optimizer: MakeOptimizer, defense: Defense | Mapping[str, Any] | str | None = None,
                  *, epochs: int = 1, loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
                  num_classes: int | None = None, max_steps: int | None = None, inspect: bool | str = False,
-                 inspect_disaggregation: bool = False, state_path: str | Path | None = None) -> None:
+                 inspect_disaggregation: bool = False, inspect_leak_limit: int | None = None,
+                 state_path: str | Path | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         self.model, self.make_optimizer = model, make_optimizer
@@ -464,8 +466,8 @@ class GuardedTrainer:
         if self.defense is not None and not isinstance(self.defense, Defense):
             from_config(self.defense)  # a bad config fails here, before the first round
         self.epochs, self.loss_fn, self.num_classes, self.max_steps = epochs, loss_fn, num_classes, max_steps
-        self.inspect = inspect_enabled(inspect, inspect_disaggregation)
-        self.inspect_disaggregation = inspect_disaggregation
+        self.inspect = inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit)
+        self.inspect_disaggregation, self.inspect_leak_limit = inspect_disaggregation, inspect_leak_limit
         self.state_path = Path(state_path) if state_path is not None else None
         self.state = ClientState()
         if self.state_path is not None and self.state_path.is_file():
@@ -481,7 +483,7 @@ class GuardedTrainer:
         received = params_to_state(input_model.params)
         if self.inspect:  # MaliciousModelError before anything is trained
             inspect_received(getattr(self.model, "_module", self.model), loader, received=received,
-                             disaggregation=self.inspect_disaggregation)
+                             disaggregation=self.inspect_disaggregation, leak_limit=self.inspect_leak_limit)
         load_plain_state_dict(self.model, received)
         result = local_update(self.model, loader, self.make_optimizer, self.defense, self.epochs, state=self.state,
                               loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps)

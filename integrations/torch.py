@@ -105,9 +105,10 @@ class LocalUpdate:
     gradient: dict[str, Tensor] | None = None
 
 
-def inspect_enabled(inspect: bool | str, disaggregation: bool = False) -> bool:
+def inspect_enabled(inspect: bool | str, disaggregation: bool = False, leak_limit: int | None = None) -> bool:
     """Whether to inspect (``inspect``: False, True or "strict", the same as True); ``disaggregation``
-    (``inspect_disaggregation``: SEER's D-SNR check) must be a bool and needs inspection on."""
+    (``inspect_disaggregation``: SEER's D-SNR check) must be a bool and ``leak_limit``
+    (``inspect_leak_limit``) None or an integer >= 0; each needs inspection on."""
     if inspect is True or inspect is False:
         on = inspect
     elif inspect == "strict":
@@ -119,6 +120,12 @@ def inspect_enabled(inspect: bool | str, disaggregation: bool = False) -> bool:
     if disaggregation and not on:
         raise ConfigError("inspect_disaggregation: True adds a check to the inspection, but inspect is False: "
                           "set inspect=True, or inspect_disaggregation=False")
+    if leak_limit is not None:
+        if isinstance(leak_limit, bool) or not isinstance(leak_limit, int) or leak_limit < 0:
+            raise ConfigError(f"inspect_leak_limit: expected None or an integer >= 0 (samples of the first batch; got {leak_limit!r})")
+        if not on:
+            raise ConfigError("inspect_leak_limit: a limit adds a check to the inspection, but inspect is False: "
+                              "set inspect=True, or inspect_leak_limit=None")
     return on
 
 
@@ -139,19 +146,26 @@ def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
 
 
 def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, received: Any = None, *,
-                     disaggregation: bool = False) -> Inspection:
+                     disaggregation: bool = False, leak_limit: int | None = None) -> Inspection:
     """``inspect_model`` on the model a client received (``received``: its state dict when it is not yet
     loaded into ``model``, which is then the reference architecture), with the loader's first batch;
     ``disaggregation``: SEER's D-SNR check too (``inspect_model(..., disaggregation=True)``, train mode);
-    raises ``MaliciousModelError`` naming the reasons when it is not ok, ``ConfigError`` (naming
-    ``batch``) when the model cannot run on the loader's first batch. Without a usable first batch the
-    weights alone are checked and ``checks["batch"]`` says why the batch checks were skipped."""
+    ``leak_limit``: at most that many samples of the first batch read from the update
+    (``inspect_model(..., leak_limit=)``; the honest model too); raises ``MaliciousModelError`` naming the
+    reasons when it is not ok, ``ConfigError`` (naming ``batch``) when the model cannot run on the
+    loader's first batch. Without a usable first batch the weights alone are checked and
+    ``checks["batch"]`` says why the batch checks were skipped; with ``leak_limit`` that is a
+    ``ConfigError`` (the limit is on that batch: it is never skipped silently)."""
     batch = first_batch(loader)
+    if batch is None and leak_limit is not None:
+        raise ConfigError("inspect_leak_limit: needs the loader's first batch, and the loader is a one-shot iterator, is "
+                          "empty, or its first batch is not (x, y) with one class label per sample")
     if received is None:
-        result = inspect_model(model, reference, batch=batch, strict=True, disaggregation=disaggregation)
+        result = inspect_model(model, reference, batch=batch, strict=True, disaggregation=disaggregation,
+                               leak_limit=leak_limit)
     else:
         result = inspect_model(received, model if reference is None else reference, batch=batch, strict=True,
-                               disaggregation=disaggregation)
+                               disaggregation=disaggregation, leak_limit=leak_limit)
     if batch is None:
         result.checks["batch"] = {"skipped": "no usable first batch: the loader is a one-shot iterator, is empty, "
                                              "or its first batch is not (x, y) with one class label per sample"}
@@ -171,6 +185,7 @@ def local_update(
     max_steps: int | None = None,
     inspect: bool | str = False,
     inspect_disaggregation: bool = False,
+    inspect_leak_limit: int | None = None,
 ) -> LocalUpdate:
     """Train ``model`` (in place, train mode) for ``epochs`` over ``loader`` with ``defense`` and return the
     defended update.
@@ -191,6 +206,11 @@ def local_update(
     ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check (``inspect_model(...,
     disaggregation=True)``: the model in train mode, per-sample weight gradients; one backward pass per
     sample on models with batch norm); a ``ConfigError`` without ``inspect``.
+    ``inspect_leak_limit=k`` (with ``inspect``) refuses any model, the honest one included, with which a
+    server would read more than ``k`` samples of the loader's first batch from the update's linear layers
+    (``inspect_model(..., leak_limit=k)``: an absolute limit; the isolation check alone passes the honest
+    architecture's own leak, e.g. 8-27 of 64 LFW faces in [0, 1] from FC-2's first layer); a
+    ``ConfigError`` without ``inspect`` or without a usable first batch.
 
     Fail closed: when a defense acts, every state entry that training changed must be one of the
     optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer
@@ -198,8 +218,9 @@ def local_update(
     pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
     """
     check_round_args(epochs, max_steps, make_optimizer)
-    on = inspect_enabled(inspect, inspect_disaggregation)
-    inspection = inspect_received(model, loader, disaggregation=inspect_disaggregation) if on else None
+    on = inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit)
+    inspection = (inspect_received(model, loader, disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit)
+                  if on else None)
     state = state or ClientState()
     result = client_round(model, loader, make_optimizer, defense, epochs=epochs, round_index=state.rounds,
                           privacy_state=state.privacy, loss_fn=loss_fn, num_classes=num_classes, max_steps=max_steps)

@@ -104,6 +104,35 @@ def test_local_update_inspect_disaggregation_needs_inspection_and_a_bool(inspect
     assert len(str(info.value).splitlines()) == 1
 
 
+def test_local_update_inspect_leak_limit_refuses_the_honest_models_own_leak():
+    """The honest net singles out 2 of the loader's first 8 samples by itself: every default check passes
+    it (it is the client's own architecture), a leak limit of 1 refuses it before training, 2 trains it."""
+    model = net()
+    before = copy.deepcopy(model.state_dict())
+    assert local_update(copy.deepcopy(model), DataLoader(DATA, batch_size=8), sgd, inspect=True).inspection.ok
+    with pytest.raises(MaliciousModelError) as info:
+        local_update(model, DataLoader(DATA, batch_size=8), sgd, inspect=True, inspect_leak_limit=1)
+    assert info.value.reasons[0].startswith("leak limit: a server reads 2 of the batch's 8 samples")
+    assert same(before, model.state_dict())
+    result = local_update(model, DataLoader(DATA, batch_size=8), sgd, inspect=True, inspect_leak_limit=2)
+    assert result.steps == 4 and result.inspection.checks["leak_limit"]["read"] == 2
+
+
+@pytest.mark.parametrize("inspect, limit, loader, match", [
+    (False, 0, None, r"^inspect_leak_limit: a limit adds a check to the inspection, but inspect is False"),
+    (True, -1, None, r"^inspect_leak_limit: expected None or an integer >= 0"),
+    (True, 2.0, None, r"^inspect_leak_limit: expected None or an integer >= 0"),
+    (True, 2, "one-shot", r"^inspect_leak_limit: needs the loader's first batch"),
+])
+def test_local_update_inspect_leak_limit_bad_input_is_one_line(inspect, limit, loader, match):
+    batches = iter(DataLoader(DATA, batch_size=8)) if loader == "one-shot" else DataLoader(DATA, batch_size=8)
+    model = net()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ConfigError, match=match) as info:
+        local_update(model, batches, sgd, inspect=inspect, inspect_leak_limit=limit)
+    assert len(str(info.value).splitlines()) == 1 and same(before, model.state_dict())
+
+
 # -- Flower ----------------------------------------------------------------------------------------------------
 flwr = pytest.importorskip("flwr")
 
@@ -157,6 +186,18 @@ def test_train_helper_inspect_disaggregation_refuses_what_only_dsnr_sees():
     reply = app(gf.train_message(received), ctx)
     assert reply.has_error() and "disaggregation: sample" in reply.error.reason and "D-SNR > 2" in reply.error.reason
     assert same(before, model.state_dict()) and gf.STATE_KEY not in ctx.state.config_records
+
+
+def test_train_helper_inspect_leak_limit_replies_with_an_error_and_trains_nothing():
+    model, ctx = net(), context()
+    before = copy.deepcopy(model.state_dict())
+    app, _ = inspected_app(model, inspect_leak_limit=1)
+    reply = app(gf.train_message(net().state_dict()), ctx)  # the honest global model
+    assert reply.has_error() and reply.error.code == ErrorCode.MOD_FAILED_PRECONDITION
+    assert "leak limit: a server reads 2 of the batch's 8 samples" in reply.error.reason
+    assert same(before, model.state_dict()) and gf.STATE_KEY not in ctx.state.config_records
+    app, _ = inspected_app(net(), inspect_leak_limit=2)
+    assert not app(gf.train_message(net().state_dict()), context()).has_error()
 
 
 def test_train_helper_trains_a_benign_model_with_inspection_on():

@@ -282,6 +282,16 @@ def test_trainer_inspect_disaggregation_refuses_what_only_dsnr_sees():
         gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect_disaggregation=True)
 
 
+def test_trainer_inspect_leak_limit_refuses_the_honest_models_own_leak():
+    """plain_net singles out 2 of the first 8 samples by itself: a limit of 1 refuses it, nothing trained."""
+    trainer = gn.GuardedTrainer(plain_net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect=True, inspect_leak_limit=1)
+    with pytest.raises(MaliciousModelError, match="leak limit: a server reads 2 of the batch's 8 samples"):
+        trainer.train(fl_model(plain_net()), DataLoader(DATA, batch_size=8))
+    assert trainer.state.rounds == 0
+    with pytest.raises(ConfigError, match="^inspect_leak_limit: a limit adds a check"):
+        gn.GuardedTrainer(plain_net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect_leak_limit=0)
+
+
 def test_trainer_refuses_bad_input_at_construction_and_diff_models():
     with pytest.raises(ConfigError, match="unknown kind"):
         gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), "nope")
