@@ -121,6 +121,13 @@ class ClientSection(StrictModel):
     #: norms, refused above ``DSNR_THRESHOLD`` = 2 on batches of 8 or more), as
     #: ``local_update(..., inspect=True, inspect_disaggregation=True)`` runs it
     inspect_disaggregation: bool = False
+    #: with ``inspect``: the client refuses any model, the honest global model included, with which a
+    #: server reads more than this many samples of its first batch from the update's linear layers
+    #: (``inspect_model(..., leak_limit=)``, as ``local_update(..., inspect_leak_limit=)`` runs it). A
+    #: refused honest model is nothing sent: the honest-server attacks read nothing from that batch, and
+    #: the certificate says the client trained nothing there
+    inspect_leak_limit: int | None = Field(default=None, ge=0, le=4096,
+                                           json_schema_extra={"allowed": "null or an integer in [0, 4096]"})
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 
@@ -129,6 +136,9 @@ class ClientSection(StrictModel):
         if self.inspect_disaggregation and not self.inspect:
             raise ValueError("inspect_disaggregation: true adds a check to the client's inspection, but inspect is false: "
                              "set inspect: true, or remove inspect_disaggregation")
+        if self.inspect_leak_limit is not None and not self.inspect:
+            raise ValueError("inspect_leak_limit: a limit adds a check to the client's inspection, but inspect is false: "
+                             "set inspect: true, or remove inspect_leak_limit")
         return self
 
     @model_validator(mode="after")

@@ -218,23 +218,35 @@ class BatchSource:
         out = {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn or self.target.nvflare), "note": note,
                "batches": {str(b): r for b, r in sorted(self._runs.items())}}
         if self.target is None and self.cfg.client.inspect:
-            out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation)
+            out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation, self.cfg.client.inspect_leak_limit)
         return out
 
 
-def inspection_summary(disaggregation: bool) -> dict[str, Any]:
-    """What an inspecting simulated client runs on every model a malicious server sends (the certificate's
-    ``client.inspection``): ``inspect_model``, strict, with the honest global model as the reference and its
-    own first batch; the checks, and the opt-in check left out when it is."""
+def inspection_summary(disaggregation: bool, leak_limit: int | None = None) -> dict[str, Any]:
+    """What an inspecting simulated client runs on every model a malicious server sends, and with
+    ``leak_limit`` on the honest one too (the certificate's ``client.inspection``): ``inspect_model``,
+    strict, with the honest global model as the reference and its own first batch; the checks, and the
+    opt-in checks left out when they are."""
     checks = list(CHECKS)
     summary: dict[str, Any] = {"function": "guardfl.inspect_model", "strict": True,
                                "reference": "the honest global model", "batch": "the client's first batch",
-                               "disaggregation": disaggregation}
+                               "disaggregation": disaggregation, "leak_limit": leak_limit}
+    not_run = []
     if disaggregation:
         checks.append("disaggregation")
         summary["disaggregation_rule"] = (f"SEER's D-SNR (Garov et al. 2024), train mode: refused above {DSNR_THRESHOLD:g} "
                                           f"on batches of {DSNR_MIN_BATCH} or more")
     else:
-        summary["not_run"] = ["disaggregation (SEER's D-SNR, opt-in: client.inspect_disaggregation: true)"]
+        not_run.append("disaggregation (SEER's D-SNR, opt-in: client.inspect_disaggregation: true)")
+    if leak_limit is not None:
+        checks.append("leak_limit")
+        summary["leak_limit_rule"] = (f"any model, the honest one too, with which a server reads more than {leak_limit} "
+                                      f"samples of the first batch from the update's linear layers (the isolation "
+                                      f"check's count) is refused")
+    else:
+        not_run.append("leak_limit (an absolute limit that refuses the honest model's own leak too, opt-in: "
+                       "client.inspect_leak_limit: k)")
+    if not_run:
+        summary["not_run"] = not_run
     summary["checks"] = checks
     return summary

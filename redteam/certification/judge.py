@@ -190,6 +190,20 @@ def verdict_status(checks: list[dict]) -> str:
 
 
 
+def refusal_warnings(cfg: RedTeamConfig, results: list[dict], batches: int) -> list[str]:
+    """The batches on which the client refused the honest global model (``client.inspect_leak_limit``): it
+    sent nothing there, privately, and trained nothing, which a reviewer must weigh as the deployment's
+    cost (the verdict counts only what leaks)."""
+    refused = sorted({int(r["batch"]) for r in results
+                      if (r.get("threat") or {}).get("server") != "malicious" and (r.get("info") or {}).get("refused")})
+    if not refused:
+        return []
+    return [f"the client's inspection refused the honest global model on {len(refused)} of {batches} batches "
+            f"(client.inspect_leak_limit: {cfg.client.inspect_leak_limit}): a server would read more samples than that from "
+            f"the honest model's own update; the client sent and learned nothing there (centred inputs, a larger batch or a defense "
+            f"on the update lower the count; inspect_model's checks['leak_limit'] names the layers)"]
+
+
 def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:
     """What a reviewer must know about the strength of the population claim."""
     out = []

@@ -14,15 +14,16 @@ from typing import Any, Mapping
 import torch
 
 from guardfl.errors import GuardflError
+from guardfl.inspect import inspect_model
 from guardfl.redteam import attacks as attack_registry
 from guardfl.redteam.attacks.analytic.encoded import attack_view, decode, public_set
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting
-from guardfl.redteam.attacks.malicious.server import ServerAttack
+from guardfl.redteam.attacks.malicious.server import ServerAttack, refused_reconstruction
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.certification.measure import encoding_metrics, measure, recovered
 from guardfl.redteam.certification.plan import record_name
 from guardfl.redteam.certification.state import StateCache
-from guardfl.redteam.client.simulate import ClientQuery, Observation
+from guardfl.redteam.client.simulate import ClientQuery, Observation, first_batch
 from guardfl.redteam.config import AttackSection, RedTeamConfig
 from guardfl.redteam.runtime.files import StateFolder
 from guardfl.redteam.threat import inter_instahide
@@ -41,6 +42,7 @@ class AttackRunner:
         self.attacks = attack_registry.ATTACKS if attacks is None else attacks
         self.cache = StateCache(state)
         self.preparations: dict[str, Any] = {}
+        self.honest_refusals: dict[int, list[str] | None] = {}  # batch -> why the client refused the honest model
 
     def _prepared(self, key: str, info: dict[str, Any]) -> None:
         """A plan's preparation, as the run that made it recorded it (saved in the state), so that a
@@ -114,17 +116,26 @@ class AttackRunner:
                 attack.prepare(self.setting, threat, cache=self.cache,
                                on_done=lambda info: self._prepared(f"{i}-{plan.name}", info))
             known = threat.defense == "known"
-            if isinstance(attack, ServerAttack):
+            # the client refused the honest model on some batches (``honest_refusal``): nothing was sent there,
+            # nothing is attacked, and the record says why
+            refusals = [None if isinstance(attack, ServerAttack) else self.honest_refusal(b, obs, x, y)
+                        for b, (obs, x, y) in zip(bs, items)]
+            kept = [k for k, why in enumerate(refusals) if not why]
+            views, recs = [None] * len(items), [refused_reconstruction(self.setting, why) if why else None for why in refusals]
+            sent, done = [items[k] for k in kept], []
+            if sent and isinstance(attack, ServerAttack):
                 # a malicious server queries each client with models of its own making
-                views = [None] * len(items)
-                recs = [attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seed)
-                        for (obs, x, y), seed in zip(items, seeds)]
-            elif attack.capabilities.inverts_encodings:  # answers with the private images of an encoding client
-                views = [None] * len(items)
-                recs = attack.reconstruct_many([obs for obs, _, _ in items], threat, seeds)
-            else:
-                views = [attack_view(obs, known) for obs, _, _ in items]  # an input encoding: attack the encodings
-                recs = attack.reconstruct_many(views, threat, seeds)
+                done = [attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seeds[k])
+                        for k, (obs, x, y) in zip(kept, sent)]
+            elif sent and attack.capabilities.inverts_encodings:  # answers with the private images of an encoding client
+                done = attack.reconstruct_many([obs for obs, _, _ in sent], threat, [seeds[k] for k in kept])
+            elif sent:
+                seen = [attack_view(obs, known) for obs, _, _ in sent]  # an input encoding: attack the encodings
+                done = attack.reconstruct_many(seen, threat, [seeds[k] for k in kept])
+                for k, view in zip(kept, seen):
+                    views[k] = view
+            for k, rec in zip(kept, done):
+                recs[k] = rec
             seconds = (time.time() - t0) / len(bs)
             for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
                 public = self.public_set() if view is not None and threat.public_data == "known" else None
@@ -161,4 +172,19 @@ class AttackRunner:
         configured defense, the protocol and mode it was observed with)."""
         return ClientQuery(x, y, self.setting.defense_config, obs.protocol, input_range=obs.input_range,
                            train_mode=obs.train_mode, inspect=self.cfg.client.inspect, reference=self.setting.model,
-                           disaggregation=self.cfg.client.inspect_disaggregation)
+                           disaggregation=self.cfg.client.inspect_disaggregation, leak_limit=self.cfg.client.inspect_leak_limit)
+
+    def honest_refusal(self, b: int, obs: Observation, x: torch.Tensor, y: torch.Tensor) -> list[str] | None:
+        """Why the simulated client refuses the honest global model on batch ``b`` (None: it trains on it and
+        sends ``obs``). An inspecting client inspects every model it receives, the honest one too; only
+        the absolute ``client.inspect_leak_limit`` refuses it (the other checks judge a model against the
+        client's architecture: the honest model passes them by construction, and the benign set measures
+        none refused), so it is inspected where that limit is set. Once per batch and runner."""
+        client = self.cfg.client
+        if not client.inspect or client.inspect_leak_limit is None:
+            return None
+        if b not in self.honest_refusals:
+            inspection = inspect_model(self.setting.model, self.setting.model, batch=first_batch(obs.protocol, x, y),
+                                       disaggregation=client.inspect_disaggregation, leak_limit=client.inspect_leak_limit)
+            self.honest_refusals[b] = None if inspection.ok else list(inspection.reasons)
+        return self.honest_refusals[b]

@@ -265,20 +265,24 @@ class ClientQuery:
     ``guardfl.inspect_model`` with ``reference`` (the architecture it expects: the honest global model) and
     its first batch (``(x, y)`` of its first local step); a model that is not ok raises ``ModelRefused``
     (nothing trained, nothing sent) and is counted in ``refused``. ``disaggregation=True``: the inspection
-    adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``, train mode)."""
+    adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``, train mode); ``leak_limit``: at
+    most that many samples of the first batch read from the update (``inspect_model(..., leak_limit=)``)."""
 
     def __init__(self, inputs: Tensor, labels: Tensor, defense_config: DefenseConfig | dict | None, protocol: Protocol,
                  *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
-                 inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False) -> None:
+                 inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False,
+                 leak_limit: int | None = None) -> None:
         if inspect and reference is None:
             raise ConfigError("client.inspect: the client needs its reference model (the honest global model) to inspect")
         if disaggregation and not inspect:
             raise ConfigError("client.inspect_disaggregation: true adds a check to the client's inspection, but inspect is false")
+        if leak_limit is not None and not inspect:
+            raise ConfigError("client.inspect_leak_limit: a limit adds a check to the client's inspection, but inspect is false")
         self._inputs, self._labels = inputs, labels
         self.defense_config = parse_config(defense_config) if defense_config is not None else None  # parsed once
         self.protocol = protocol
         self.input_range, self.train_mode = tuple(input_range), train_mode
-        self.inspect, self.reference, self.disaggregation = inspect, reference, disaggregation
+        self.inspect, self.reference, self.disaggregation, self.leak_limit = inspect, reference, disaggregation, leak_limit
         self.num_samples = int(inputs.shape[0])
         self.input_shape = tuple(inputs.shape[1:])
         self.queries = 0
@@ -288,7 +292,7 @@ class ClientQuery:
         self.queries += 1
         if self.inspect:
             inspection = inspect_model(model, self.reference, batch=first_batch(self.protocol, self._inputs, self._labels),
-                                       disaggregation=self.disaggregation)
+                                       disaggregation=self.disaggregation, leak_limit=self.leak_limit)
             if not inspection.ok:
                 self.refused += 1
                 raise ModelRefused(inspection.reasons)

@@ -22,14 +22,23 @@ IMAGE_CSS = "img { image-rendering: pixelated; border: 1px solid #ddd; }\n"
 
 
 def inspection_line(cert) -> str:
-    """The checks an inspecting client ran, and what SEER's D-SNR check (opt-in) refused, in words."""
+    """The checks an inspecting client ran, and what its opt-in checks (SEER's D-SNR, the leak limit)
+    refused, in words."""
     info = (cert.client or {}).get("inspection") or {}
-    checks = info.get("checks") or []
-    if not (cert.config.get("client") or {}).get("inspect_disaggregation"):
-        return f"checks: {', '.join(checks) or 'the defaults'}; disaggregation (SEER's D-SNR, opt-in) not run"
-    dsnr = [r for r in cert.results if "disaggregation:" in str((r.get("info") or {}).get("refused", ""))]
-    return (f"checks: {', '.join(checks)}; the disaggregation check ({info.get('disaggregation_rule', 'D-SNR')}) "
-            f"was among the reasons of {len(dsnr)} refused run(s)")
+    client = cert.config.get("client") or {}
+    line = f"checks: {', '.join(info.get('checks') or []) or 'the defaults'}"
+    if not client.get("inspect_disaggregation"):
+        line += "; disaggregation (SEER's D-SNR, opt-in) not run"
+    else:
+        dsnr = [r for r in cert.results if "disaggregation:" in str((r.get("info") or {}).get("refused", ""))]
+        line += (f"; the disaggregation check ({info.get('disaggregation_rule', 'D-SNR')}) was among the reasons of "
+                 f"{len(dsnr)} refused run(s)")
+    if client.get("inspect_leak_limit") is not None:
+        limited = [r for r in cert.results if "leak limit:" in str((r.get("info") or {}).get("refused", ""))]
+        honest = {r["batch"] for r in limited if (r.get("threat") or {}).get("server") != "malicious"}
+        line += (f"; the leak limit ({client['inspect_leak_limit']} samples) was among the reasons of {len(limited)} "
+                 f"refused run(s), and refused the honest model on {len(honest)} batch(es)")
+    return line
 
 
 def _where(where: dict | None) -> str:

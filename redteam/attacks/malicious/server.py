@@ -45,10 +45,7 @@ class ServerAttack(Attack):
         except ModelRefused as refused:
             # the client's inspection refused a model: it sent nothing for it, and the attack ends with
             # what it had (nothing: a grey guess) and the reasons on record
-            empty = torch.zeros((0, *setting.input_shape))
-            rec = Reconstruction(fill_batch(empty, setting.num_samples, setting.input_range),
-                                 torch.zeros(setting.num_samples, dtype=torch.long), float("nan"), [],
-                                 {**refused.info, "labels": "not restored", "refused": "; ".join(refused.reasons)})
+            rec = refused_reconstruction(setting, refused.reasons, refused.info)
         rec.info.setdefault("queries", client.queries)
         rec.info.setdefault("refused_queries", getattr(client, "refused", 0))
         return rec
@@ -62,6 +59,16 @@ class ServerAttack(Attack):
         raise NotApplicable(f"{self.name}: a malicious-server attack sends the client its own model; an update the "
                             "client computed on the honest model cannot be attacked this way (use interrogate)")
 
+
+
+def refused_reconstruction(setting: Setting, reasons: list[str], info: dict | None = None) -> Reconstruction:
+    """What an attack gets from a client whose inspection refused the model it was sent (the server's own,
+    or the honest one under ``client.inspect_leak_limit``): nothing, so a grey guess of the batch, the
+    reasons on record (``info["refused"]``) and ``info`` (the attack's lines on the model it sent)."""
+    empty = torch.zeros((0, *setting.input_shape))
+    return Reconstruction(fill_batch(empty, setting.num_samples, setting.input_range),
+                          torch.zeros(setting.num_samples, dtype=torch.long), float("nan"), [],
+                          {**(info or {}), "labels": "not restored", "refused": "; ".join(reasons)})
 
 
 def server_labels(observation: Observation, setting: Setting, threat: ThreatModel) -> tuple[torch.Tensor, str]:

@@ -163,15 +163,22 @@ def shadows(client: ClientQuery, setting: Setting, aux: AuxData | None,
 def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y: Tensor) -> str | None:
     """None when ``client``'s inspection (none where it does not inspect) passes ``sent`` on the shadow's
     batch ``(x, y)`` with the server's margin, else why not: ``refused``, or ``near`` when some layer
-    isolates more than ``FIT_MARGIN`` binomial standard deviations under its isolation limit (the client's
-    batch is not the shadow's, and a count near the limit there is one over it on some batches)."""
+    isolates more than ``FIT_MARGIN`` binomial standard deviations under its isolation limit, or the
+    samples read are within that of the client's leak limit (the client's batch is not the shadow's, and
+    a count near the limit there is one over it on some batches)."""
     if not getattr(client, "inspect", False):
         return None
     x, y = first_batch(client.protocol, x, y)  # what the client inspects: its first local step's batch
-    inspection = inspect_model(sent, setting.model, batch=(x, y), disaggregation=bool(getattr(client, "disaggregation", False)))
+    limit = getattr(client, "leak_limit", None)
+    inspection = inspect_model(sent, setting.model, batch=(x, y), disaggregation=bool(getattr(client, "disaggregation", False)),
+                               leak_limit=limit)
     if not inspection.ok:
         return "refused"
     isolation, n = inspection.checks.get("isolation") or {}, len(x)
+    if limit is not None:
+        read = len(isolation.get("samples_read", []))
+        if read + FIT_MARGIN * isolation_spread(n, read) > limit:
+            return "near"
     for name, layer in (isolation.get("layers") or {}).items():
         if not layer.get("judged", True):
             continue

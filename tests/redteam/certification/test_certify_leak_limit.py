@@ -1,0 +1,59 @@
+"""client.inspect_leak_limit in a certificate: the simulated client refuses any model, the honest one too,
+with which the server reads more than k samples of its batch, and the certificate says what that cost."""
+
+import yaml
+
+from guardfl.redteam.certification.run import certify
+from guardfl.cli import main
+
+FC = {
+    "model": {"name": "fc2", "num_classes": 10, "state": "default"},
+    "data": {"source": "lfw-faces", "limit": 64},
+    "client": {"protocol": "fedsgd", "batch_size": 64, "inspect": True, "inspect_leak_limit": 0},
+    "defense": None,
+    "aux": {"source": "lfw-faces", "offset": 64},
+    "attacks": [{"name": "exclusive_neurons", "threat": {"labels": "known"}},
+                {"name": "trap_weights", "budget": {"chains": 1, "rows": 8}, "threat": {"server": "malicious", "labels": "known"}}],
+    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1},
+    "seed": 0,
+}
+
+
+def test_the_limit_refuses_the_honest_models_own_leak_and_the_certificate_says_the_client_learned_nothing(tmp_path):
+    """FC-2 on 64 faces in [0, 1] gives a third of them away by its own first layer: under a limit of 0 the
+    client refuses the honest model (the honest server's attack reads nothing) and the trap (it reads
+    more), so nothing leaks, and the warning says the client sent and learned nothing."""
+    result = certify(FC, out=tmp_path)
+    assert result.status == "CERTIFIED"
+    by = {r["attack"]: r for r in result.results}
+    honest, trap = by["exclusive_neurons"], by["trap_weights"]
+    assert honest["info"]["refused"].startswith("leak limit: a server reads ") and honest["recovered"]["above_max_ssim"] == 0
+    assert "leak limit" in trap["info"]["refused"] and trap["recovered"]["above_max_ssim"] == 0
+    warning = [w for w in result.warnings if "refused the honest global model on 1 of 1 batches" in w]
+    assert warning and "client.inspect_leak_limit: 0" in warning[0]
+    inspection = result.client["inspection"]
+    assert inspection["leak_limit"] == 0 and "leak_limit" in inspection["checks"]
+    assert "refused the honest global model" in (tmp_path / "report.html").read_text()
+
+
+def test_without_a_limit_the_honest_model_is_not_refused():
+    """The same client inspecting without a limit: the honest model passes every check (it is the client's
+    own architecture) and the honest server reads faces exactly from it."""
+    cfg = {**FC, "client": {**FC["client"], "inspect_leak_limit": None}, "attacks": FC["attacks"][:1] + [
+        {"name": "robbing_the_fed", "threat": {"server": "malicious", "labels": "known"}}]}
+    result = certify(cfg)
+    assert result.status == "NOT CERTIFIED"
+    honest = next(r for r in result.results if r["attack"] == "exclusive_neurons")
+    assert "refused" not in honest["info"] and honest["recovered"]["exact"] >= 8
+    assert not [w for w in result.warnings if "honest global model" in w]
+    assert result.client["inspection"]["not_run"][1].startswith("leak_limit (an absolute limit")
+
+
+def test_a_limit_without_inspection_or_out_of_range_is_one_line(tmp_path, capsys):
+    for client, words in (({"inspect": False}, "inspect_leak_limit: a limit adds a check to the client's inspection"),
+                          ({"inspect_leak_limit": -1}, "client.inspect_leak_limit")):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({**FC, "client": {**FC["client"], **client}}))
+        assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
