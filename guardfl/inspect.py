@@ -1037,8 +1037,8 @@ def leak_limit_check(isolation: Mapping[str, Any] | None, n: int, limit: int) ->
                   if layer.get("judged", True) and layer["isolated"]}
         where = _some(f"'{name}' {count}" for name, count in sorted(layers.items(), key=lambda kv: -kv[1]))
         reasons.append(f"leak limit: a server reads {len(read)} of the batch's {n} samples from this model's update "
-                       f"(by layer: {where}), more than leak_limit = {limit}: the client's own model gives them away "
-                       f"(centred inputs, a larger batch or a defense on the update lower it)")
+                       f"(by layer: {where}), more than leak_limit = {limit} (if this is the honest model: centred inputs, a larger "
+                       f"batch or a defense on the update lower it)")
     for item in isolation.get("not_examined", []):
         reasons.append(f"leak limit: layer {item} is past what the isolation check examines: the limit is not vouched for, refused")
     for name, layer in isolation.get("layers", {}).items():
