@@ -541,8 +541,7 @@ def inspect_model(
     state = _state_of(received, "received")
     expected = None if reference is None else _shapes_of(reference)
     if leak_limit is not None:
-        if isinstance(leak_limit, bool) or not isinstance(leak_limit, int) or leak_limit < 0:
-            raise ConfigError(f"leak_limit: expected None or an integer >= 0 (samples of the batch; got {leak_limit!r})")
+        check_leak_limit(leak_limit, "leak_limit", "samples of the batch")
         if batch is None:
             raise ConfigError("leak_limit: needs batch, the client's own (x, y): the limit is on what a server reads of it")
     reasons: list[str] = []
@@ -1006,6 +1005,13 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
     return reasons, checks
 
 
+def check_leak_limit(value: Any, field: str, unit: str) -> None:
+    """A leak limit must be None or an integer >= 0: else one line naming ``field`` (the caller's name for
+    it) and the range. The one check, for ``inspect_model`` and every integration."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(f"{field}: expected None or an integer >= 0 ({unit}; got {value!r})")
+
+
 def leak_limit_check(isolation: Mapping[str, Any] | None, n: int, limit: int) -> tuple[list[str], dict[str, Any]]:
     """``inspect_model(leak_limit=)``: the samples of the batch (``n``) a server reads from the update's
     linear layers, by the isolation check's count (``isolation["samples_read"]``: the union over every
@@ -1314,6 +1320,7 @@ __all__ = [
     "ZERO_ROW_SHARE",
     "architecture_mismatch",
     "bias_gap",
+    "check_leak_limit",
     "disaggregation_snr",
     "duplicate_row_share",
     "leak_limit_check",

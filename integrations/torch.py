@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from guardfl.defenses import Defense
 from guardfl.errors import ConfigError
-from guardfl.inspect import Inspection, inspect_model
+from guardfl.inspect import Inspection, check_leak_limit, inspect_model
 from guardfl.integrations.round import BN_BUFFERS, MakeOptimizer, check_round_args, client_round, round_defense
 from guardfl.protect import soft_cross_entropy
 
@@ -121,8 +121,7 @@ def inspect_enabled(inspect: bool | str, disaggregation: bool = False, leak_limi
         raise ConfigError("inspect_disaggregation: True adds a check to the inspection, but inspect is False: "
                           "set inspect=True, or inspect_disaggregation=False")
     if leak_limit is not None:
-        if isinstance(leak_limit, bool) or not isinstance(leak_limit, int) or leak_limit < 0:
-            raise ConfigError(f"inspect_leak_limit: expected None or an integer >= 0 (samples of the first batch; got {leak_limit!r})")
+        check_leak_limit(leak_limit, "inspect_leak_limit", "samples of the first batch")
         if not on:
             raise ConfigError("inspect_leak_limit: a limit adds a check to the inspection, but inspect is False: "
                               "set inspect=True, or inspect_leak_limit=None")
