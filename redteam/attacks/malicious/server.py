@@ -85,9 +85,9 @@ def server_labels(observation: Observation, setting: Setting, threat: ThreatMode
 
 def fill_batch(images: torch.Tensor, samples: int, input_range: tuple[float, float]) -> torch.Tensor:
     """``samples`` images from an attack's ``k`` reconstructions of part of a batch: repeated in turn
-    (mid-grey when there are none). Metrics match reconstructions to private images by least total error
-    (``metrics.match``); a grey placeholder could take a private image's match away from the
-    reconstruction that recovers it, a copy of that reconstruction cannot."""
+    (mid-grey when there are none). Metrics match reconstructions to private images one to one
+    (``metrics.match``: the most leaking pairs first, then the least total error); copies keep every
+    reconstruction available to each image it might match, where grey placeholders would only add guesses."""
     if images.shape[0] >= samples:
         return images[:samples]
     if images.shape[0] == 0:

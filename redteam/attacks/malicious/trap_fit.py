@@ -192,7 +192,7 @@ def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y:
 def score(images: Tensor, truth: Tensor, input_range: tuple[float, float]) -> tuple[int, float]:
     """How many of ``truth`` the reconstruction ``images`` reads exactly (one-to-one matching, SSIM >
     ``EXACT_SSIM``) and its mean SSIM."""
-    perm = metrics.match(images, truth)
+    perm = metrics.match(images, truth, data_range=input_range, exact_ssim=EXACT_SSIM)
     span = float(input_range[1] - input_range[0])
     values = [metrics.ssim(images[int(perm[i])], truth[i], span) for i in range(len(truth))]
     return sum(v > EXACT_SSIM for v in values), sum(values) / max(1, len(values))

@@ -1,8 +1,18 @@
 """How much of the private data came back: image metrics after one-to-one matching.
 
-``evaluate(reconstruction, inputs, labels)`` matches reconstructions to the true images with the Hungarian
-algorithm (minimum total MSE), then reports per image and in summary (mean, best = the worst case for
+``evaluate(reconstruction, inputs, labels)`` matches reconstructions to the true images one to one (the
+Hungarian algorithm, :func:`match`), then reports per image and in summary (mean, best = the worst case for
 privacy, worst): MSE, PSNR, SSIM (scikit-image), LPIPS (the ``lpips`` package, AlexNet) and label accuracy.
+
+The matching counts what leaks. Given the certificate's per-image thresholds (``leak_ssim``, ``leak_psnr``)
+and the SSIM of an exact recovery (``exact_ssim``), it is the one-to-one assignment with the most pairs past
+a threshold, among those the most exact pairs, among those the least total MSE. Matching on MSE alone (what
+it did before 2026-11-28) can hand a reconstruction that recovers one image exactly to another image when
+that lowers the total error (measured: a trap's 33 recovered faces counted as 32). One to one, a
+reconstruction still counts for one private image at most: an attack claims no more images than it sends.
+LPIPS does not take part (a pairwise LPIPS matrix is a network pass per pair); nor do the judge's
+per-image limits raised by the attacker's prior (``certify.prior_margin``): the matching uses the
+thresholds themselves.
 
 LPIPS needs AlexNet's ImageNet weights. They are looked for at ``lpips_weights`` (a path), else in the
 torch hub cache; with ``download=True`` torchvision fetches them. Without them LPIPS is reported as
@@ -17,11 +27,13 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching
 from skimage.metrics import structural_similarity
 from torch import Tensor
 
@@ -30,13 +42,104 @@ ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 HIGHER_LEAKS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "label_acc": True}
 
 
-def match(recon: Tensor, truth: Tensor) -> np.ndarray:
-    """``perm`` with ``recon[perm[i]]`` matched to ``truth[i]`` (Hungarian, minimum total MSE)."""
+#: SSIM's constants (Wang et al. 2004; scikit-image's defaults)
+_K1, _K2, _SIGMA, _TRUNCATE = 0.01, 0.03, 1.5, 3.5
+#: elements of one block of image pairs in :func:`ssim_matrix` (float32: 64 MB per intermediate)
+_PAIR_BLOCK = 16 * 2**20
+
+
+def _ssim_window(h: int, w: int) -> tuple[Tensor, float]:
+    """The 1-D window :func:`ssim` uses at this image size and its covariance normalisation: a gaussian
+    (sigma 1.5, radius 5) with population covariance, or below 11 pixels a uniform window with sample
+    covariance (scikit-image's ``structural_similarity`` with those arguments)."""
+    if min(h, w) < 11:
+        size = (min(h, w) // 2) * 2 - 1 or 1
+        return torch.full((size,), 1.0 / size, dtype=torch.float64), (size * size / (size * size - 1) if size > 1 else 1.0)
+    radius = int(_TRUNCATE * _SIGMA + 0.5)
+    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    g = torch.exp(-0.5 * (x / _SIGMA) ** 2)
+    return g / g.sum(), 1.0
+
+
+def _band(n: int, window: Tensor) -> Tensor:
+    """The ``(n - k + 1, n)`` matrix that applies the ``k``-tap ``window`` along an axis of length ``n``
+    where it fits: a filter as a matrix product, an order of magnitude faster than ``conv2d`` here."""
+    k = window.numel()
+    band = torch.zeros(n - k + 1, n, dtype=window.dtype)
+    for i in range(n - k + 1):
+        band[i, i:i + k] = window
+    return band
+
+
+def _filter(images: Tensor, window: Tensor) -> Tensor:
+    """``images`` ``(..., H, W)`` filtered by the separable ``window``, only where it fits (the region
+    scikit-image averages after cropping the border: its padding never enters)."""
+    return _band(images.shape[-2], window) @ images @ _band(images.shape[-1], window).T
+
+
+def ssim_matrix(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
+    """``S[i, j]``: the SSIM of ``recon[j]`` against ``truth[i]`` for every pair (images ``(C, H, W)``), as
+    :func:`ssim` computes it (the mean over channels of the mean SSIM map inside the border), vectorised
+    over pairs, in float32 as scikit-image computes float32 images: it agrees with :func:`ssim` to ~1e-6."""
+    t = truth.detach().to("cpu", torch.float32)
+    r = recon.detach().to("cpu", torch.float32)
+    window, cov_norm = _ssim_window(*t.shape[-2:])
+    window = window.float()
+    c1, c2 = (_K1 * data_range) ** 2, (_K2 * data_range) ** 2
+    mu_t, mu_r = _filter(t, window), _filter(r, window)
+    var_t = cov_norm * (_filter(t * t, window) - mu_t * mu_t)
+    var_r = cov_norm * (_filter(r * r, window) - mu_r * mu_r)
+    out = np.empty((len(t), len(r)))
+    rows = max(1, _PAIR_BLOCK // max(1, r[0].numel() * len(r)))
+    mu_r, var_r, sq_r = mu_r[None], var_r[None], mu_r[None] ** 2
+    for i in range(0, len(t), rows):
+        ti, mi, vi = t[i:i + rows, None], mu_t[i:i + rows, None], var_t[i:i + rows, None]
+        num = _filter(ti * r[None], window).sub_(mi * mu_r).mul_(2 * cov_norm).add_(c2)  # 2 cov + c2
+        num.mul_((2 * mi * mu_r).add_(c1))
+        den = (mi * mi + sq_r).add_(c1).mul_((vi + var_r).add_(c2))
+        out[i:i + rows] = num.div_(den).flatten(2).mean(2, dtype=torch.float64).numpy()
+    return out
+
+
+def _limits(limit: float | Sequence[float] | np.ndarray, n: int) -> np.ndarray:
+    """A threshold for every private image, as a column: one for all, or one per image."""
+    column = np.asarray(limit, dtype=float).reshape(-1, 1)
+    if column.shape[0] not in (1, n):
+        raise ValueError(f"{column.shape[0]} per-image limits for {n} images")
+    return column
+
+
+def match(recon: Tensor, truth: Tensor, *, data_range: tuple[float, float] = (0.0, 1.0),
+          leak_ssim: float | Sequence[float] | None = None, leak_psnr: float | Sequence[float] | None = None,
+          exact_ssim: float | None = None, ssims: np.ndarray | None = None) -> np.ndarray:
+    """``perm`` with ``recon[perm[i]]`` matched to ``truth[i]``, one to one (Hungarian): the assignment with
+    the most pairs that leak (SSIM above ``leak_ssim`` or PSNR above ``leak_psnr``: one limit for every image
+    or one per image), then the most exact ones (SSIM at least ``exact_ssim``), then the least total MSE.
+    Without thresholds: the least total MSE. ``ssims``: :func:`ssim_matrix` when the caller has it."""
     r = recon.detach().float().flatten(1).cpu()
     t = truth.detach().float().flatten(1).cpu()
-    cost = torch.cdist(t, r).pow(2) / r.shape[1]
-    _, cols = linear_sum_assignment(cost.numpy())
+    mse = (torch.cdist(t.double(), r.double()).pow(2) / r.shape[1]).numpy()
+    cost = mse / mse.max() if mse.max() > 0 else mse  # in [0, 1]: a whole assignment sums to under n + 1
+    if leak_ssim is not None or leak_psnr is not None or exact_ssim is not None:
+        n, span = len(t), float(data_range[1] - data_range[0])
+        if ssims is None and (leak_ssim is not None or exact_ssim is not None):
+            ssims = ssim_matrix(recon, truth, span)
+        leaks = np.zeros_like(mse, dtype=bool)
+        if leak_ssim is not None:
+            leaks |= ssims > _limits(leak_ssim, n)
+        if leak_psnr is not None:
+            leaks |= mse < span**2 / 10 ** (_limits(leak_psnr, n) / 10)  # PSNR above the limit
+        exact = ssims >= exact_ssim if exact_ssim is not None else np.zeros_like(leaks)
+        # lexicographic: one more leaking pair outweighs any number of exact ones, one exact pair any MSE
+        cost = cost - (n + 1) * exact - (n + 1) ** 2 * leaks
+    _, cols = linear_sum_assignment(cost)
     return cols
+
+
+def most_recovered(ssims: np.ndarray, at: float) -> int:
+    """How many private images (rows) distinct reconstructions (columns) recover at SSIM ``at`` or more: a
+    maximum bipartite matching, whatever assignment the leak count chose."""
+    return int((maximum_bipartite_matching(csr_matrix(ssims >= at), perm_type="column") >= 0).sum())
 
 
 def psnr(mse: float, data_range: float) -> float:
@@ -129,16 +232,24 @@ def evaluate(
     data_range: tuple[float, float] = (0.0, 1.0),
     lpips_weights: str | None = None,
     download: bool = False,
+    leak_ssim: float | Sequence[float] | None = None,
+    leak_psnr: float | Sequence[float] | None = None,
+    exact_ssim: float | None = None,
 ) -> dict[str, Any]:
-    """Per-image and summary metrics of ``reconstruction`` (a Reconstruction or a tensor) vs the truth."""
+    """Per-image and summary metrics of ``reconstruction`` (a Reconstruction or a tensor) vs the truth,
+    matched by :func:`match` with the limits given (the module docstring). With ``exact_ssim``,
+    ``exact_recovered``: :func:`most_recovered` at that SSIM (the matching favours leaks over exact pairs, so
+    its own rows can hold fewer)."""
     recon = reconstruction.inputs if hasattr(reconstruction, "inputs") else reconstruction
     rec_labels = getattr(reconstruction, "labels", None)
     if recon.shape != inputs.shape:
         raise ValueError(f"reconstruction shape {tuple(recon.shape)} differs from the inputs' {tuple(inputs.shape)}")
     recon, truth = recon.detach().float().cpu(), inputs.detach().float().cpu()
-    perm = match(recon, truth)
-    recon = recon[perm]
     span = data_range[1] - data_range[0]
+    ssims = ssim_matrix(recon, truth, span) if leak_ssim is not None or exact_ssim is not None else None
+    perm = match(recon, truth, data_range=data_range, leak_ssim=leak_ssim, leak_psnr=leak_psnr, exact_ssim=exact_ssim,
+                 ssims=ssims)
+    recon = recon[perm]
     per_image: list[dict[str, Any]] = []
     for i in range(len(truth)):
         mse = float((recon[i] - truth[i]).pow(2).mean())
@@ -163,9 +274,15 @@ def evaluate(
         summary[key] = {"mean": float(np.mean(values)), "best": best, "worst": worst}
     if per_image and "label_correct" in per_image[0]:
         summary["label_acc"] = float(np.mean([r["label_correct"] for r in per_image]))
+    out: dict[str, Any] = {}
+    if exact_ssim is not None:
+        out["exact_recovered"] = most_recovered(ssims, exact_ssim)
     return {
         "per_image": per_image,
         "summary": summary,
+        **out,
         "lpips": {"available": status.available, "reason": status.reason},
-        "notes": "best = the worst case for privacy (most leakage); matching: Hungarian on MSE",
+        "notes": "best = the worst case for privacy (most leakage); matching: "
+                 + ("one to one, the most pairs past the thresholds, then the most exact, then the least MSE"
+                    if leak_ssim is not None or leak_psnr is not None or exact_ssim is not None else "Hungarian on MSE"),
     }
