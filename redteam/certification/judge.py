@@ -62,14 +62,6 @@ def _image_limits(cfg: RedTeamConfig, prior_row: dict | None) -> dict[str, tuple
     return limits
 
 
-def match_limits(cfg: RedTeamConfig, prior_rows: list[dict] | None, n: int) -> dict[str, list[float]]:
-    """For the metrics a reconstruction is matched on (SSIM, PSNR: ``metrics.match``), every private image's
-    limit as the judge applies it (:func:`_image_limits`, the prior's included when ``prior_rows`` are given):
-    the matching then counts exactly the pairs this judge calls leaks."""
-    limits = [_image_limits(cfg, prior_rows[i] if prior_rows else None) for i in range(n)]
-    return {m: [row[m][0] for row in limits] for m in ("ssim", "psnr") if limits and m in limits[0]}
-
-
 def _excess(value: float, limit: float, kind: str) -> float:
     """How far ``value`` is past ``limit`` in the leaking direction (> 0: the image leaked)."""
     return value - limit if kind == "max" else limit - value

@@ -9,9 +9,6 @@ from typing import Any
 
 import torch
 
-from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.certification import judge
-from guardfl.redteam.certification.batches import prior_guess
 from guardfl.redteam.client.simulate import Observation
 from guardfl.redteam import modality
 from guardfl.redteam.config import RedTeamConfig
@@ -19,41 +16,24 @@ from guardfl.redteam.modality.image import metrics
 
 
 def measure(cfg: RedTeamConfig, reconstruction, inputs: torch.Tensor, labels: torch.Tensor | None,
-            input_range: tuple[float, float], prior: list[dict] | None = None) -> dict[str, Any]:
+            input_range: tuple[float, float]) -> dict[str, Any]:
     """Per-sample and summary metrics of a reconstruction (a ``Reconstruction`` or a tensor) against the
     private batch: its modality's (``Modality.evaluate``): ``metrics.evaluate`` for images; for text
     ``evaluate_text`` (ROUGE, token accuracy, bag of words, after matching) and, for a classifier, the
-    restored labels' accuracy. Images are matched so that the most pairs pass the judge's limits on SSIM and
-    PSNR (``metrics.match``; each image's limit raised by the attacker's ``prior`` guess on it, its
-    per-sample metrics, when given): the matching never hides a leak the judge would count."""
-    limits = judge.match_limits(cfg, prior, len(inputs))
+    restored labels' accuracy."""
     return modality.of(cfg).evaluate(reconstruction, inputs, labels, input_range=input_range,
-                                     lpips_weights=cfg.certify.lpips_weights, tokenizer=cfg.data.tokenizer,
-                                     max_ssim=limits.get("ssim"), max_psnr=limits.get("psnr"))
-
-
-def prior_rows(cfg: RedTeamConfig, aux: AuxData | None, inputs: torch.Tensor, labels: torch.Tensor | None,
-               input_range: tuple[float, float]) -> list[dict] | None:
-    """The per-sample metrics of the attacker's prior guess on a batch (``prior_guess``: no update used; the
-    same guess for every sample, so no matching is involved), or None without auxiliary data."""
-    prior = prior_guess(aux)
-    if prior is None:
-        return None
-    return measure(cfg, prior.expand_as(inputs).clone(), inputs, labels, input_range)["per_image"]
+                                     lpips_weights=cfg.certify.lpips_weights, tokenizer=cfg.data.tokenizer)
 
 
 def recovered(m: dict, cfg: RedTeamConfig) -> dict[str, Any] | None:
     """How many private samples came back past the main threshold (the fraction a reviewer reads): SSIM for
-    images, ROUGE-1 for text; "exact": SSIM >= 0.95 (the most images distinct reconstructions recover so,
-    ``metrics.most_recovered``), or every token right (``Modality.recovery``)."""
+    images, ROUGE-1 for text; "exact": SSIM >= 0.95, or every token right (``Modality.recovery``)."""
     rec = modality.of(cfg).recovery
     metric, limit = rec.metric, getattr(cfg.certify, rec.threshold)
     if limit is None:
         return None
     above = sum(1 for p in m["per_image"] if p.get(metric) is not None and p[metric] > limit)
-    exact = m.get("exact_recovered")  # images: the most recovered exactly by distinct reconstructions
-    if exact is None:
-        exact = sum(1 for p in m["per_image"] if p.get(rec.exact_metric) is not None and p[rec.exact_metric] >= rec.exact_at)
+    exact = sum(1 for p in m["per_image"] if p.get(rec.exact_metric) is not None and p[rec.exact_metric] >= rec.exact_at)
     return {f"above_max_{metric}": above, "exact": exact, "of": len(m["per_image"]),
             "fraction": above / max(1, len(m["per_image"]))}
 

@@ -39,7 +39,7 @@ from guardfl.redteam.certification import evidence, judge, repeats
 from guardfl.redteam.certification.batches import BatchSource, load_aux, prior_guess
 from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam.certification.fingerprint import fingerprint
-from guardfl.redteam.certification.measure import prior_rows
+from guardfl.redteam.certification.measure import measure
 from guardfl.redteam.certification.plan import (check_workers_threads, plan_attacks, plan_jobs, record_name,
                                                 resolve_strength, with_samples)
 from guardfl.redteam.certification.runner import AttackRunner
@@ -291,8 +291,9 @@ def _measure_priors(cfg: RedTeamConfig, aux: AuxData | None, attacked: _Attacked
     priors = {}
     if prior is not None:
         for b, (obs, x, y) in attacked.batches.items():
-            priors[b] = prior_rows(cfg, aux, x, y, obs.input_range)
-            attacked.recon[f"b{b}-prior"] = prior.expand_as(x).clone()
+            guess = prior.expand_as(x).clone()
+            priors[b] = measure(cfg, guess, x, y, obs.input_range)["per_image"]
+            attacked.recon[f"b{b}-prior"] = guess
     return priors
 
 

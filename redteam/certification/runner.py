@@ -20,7 +20,7 @@ from guardfl.redteam.attacks.analytic.encoded import attack_view, decode, public
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting
 from guardfl.redteam.attacks.malicious.server import ServerAttack, refused_reconstruction
 from guardfl.redteam.auxdata import AuxData
-from guardfl.redteam.certification.measure import encoding_metrics, measure, prior_rows, recovered
+from guardfl.redteam.certification.measure import encoding_metrics, measure, recovered
 from guardfl.redteam.certification.plan import record_name
 from guardfl.redteam.certification.state import StateCache
 from guardfl.redteam.client.simulate import ClientQuery, Observation, first_batch
@@ -43,7 +43,6 @@ class AttackRunner:
         self.cache = StateCache(state)
         self.preparations: dict[str, Any] = {}
         self.honest_refusals: dict[int, list[str] | None] = {}  # batch -> why the client refused the honest model
-        self.priors: dict[int, list[dict] | None] = {}  # batch -> the prior guess's per-sample metrics
 
     def _prepared(self, key: str, info: dict[str, Any]) -> None:
         """A plan's preparation, as the run that made it recorded it (saved in the state), so that a
@@ -141,9 +140,7 @@ class AttackRunner:
             for b, seed, (obs, x, y), view, raw in zip(bs, seeds, items, views, recs):
                 public = self.public_set() if view is not None and threat.public_data == "known" else None
                 rec, encodings = decode(raw, obs, known, public=public) if view is not None else (raw, None)
-                if b not in self.priors:  # each image's limit, as the judge will apply it, for the matching
-                    self.priors[b] = prior_rows(self.cfg, self.aux, x, y, obs.input_range)
-                m = measure(self.cfg, rec, x, y, obs.input_range, prior=self.priors[b])
+                m = measure(self.cfg, rec, x, y, obs.input_range)
                 record: dict[str, Any] = {
                     "job": record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.as_config(),
                     "budget": {k: v for k, v in {**budget, "seed": seed}.items() if k != "progress"}}

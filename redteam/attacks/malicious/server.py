@@ -86,7 +86,7 @@ def server_labels(observation: Observation, setting: Setting, threat: ThreatMode
 def fill_batch(images: torch.Tensor, samples: int, input_range: tuple[float, float]) -> torch.Tensor:
     """``samples`` images from an attack's ``k`` reconstructions of part of a batch: repeated in turn
     (mid-grey when there are none). Metrics match reconstructions to private images one to one
-    (``metrics.match``: the most leaking pairs first, then the least total error); copies keep every
+    (``metrics.match``: the most exact pairs first, then the least total error); copies keep every
     reconstruction available to each image it might match, where grey placeholders would only add guesses."""
     if images.shape[0] >= samples:
         return images[:samples]

@@ -26,15 +26,13 @@ def _no_check(path, field: str) -> None:
     """Image files are bounded as they are read (``data._check_bytes``)."""
 
 
-def _evaluate(reconstruction, inputs, labels, *, input_range, lpips_weights=None, max_ssim=None, max_psnr=None,
-              **_text) -> dict:
-    """``metrics.evaluate``: SSIM, PSNR, LPIPS per image after matching, the matching counting the pairs past
-    ``max_ssim`` / ``max_psnr`` (the judge's limits: one, or one per image), then the exact ones
-    (``EXACT_SSIM``) (the text options are not an image's)."""
+def _evaluate(reconstruction, inputs, labels, *, input_range, lpips_weights=None, **_text) -> dict:
+    """``metrics.evaluate``: SSIM, PSNR, LPIPS per image after matching, no exact recovery (``EXACT_SSIM``)
+    hidden by the matching (the text options are not an image's)."""
     from guardfl.redteam.modality.image import metrics  # scikit-image and LPIPS: imported when measuring
 
     return metrics.evaluate(reconstruction, inputs, labels, data_range=input_range, lpips_weights=lpips_weights,
-                            leak_ssim=max_ssim, leak_psnr=max_psnr, exact_ssim=EXACT_SSIM)
+                            exact_ssim=EXACT_SSIM)
 
 
 def _built_from_data(name: str, num_classes: int, **_text) -> None:

@@ -83,9 +83,11 @@ def _keep_mask(truth: Tensor, ignore_ids: Iterable[int]) -> Tensor:
 
 def match_sequences(recon: Tensor, truth: Tensor, *, ignore_ids: Iterable[int] = ()) -> np.ndarray:
     """``perm`` with ``recon[perm[i]]`` matched to ``truth[i]``: the Hungarian assignment (scipy's
-    ``linear_sum_assignment``) with the most positions where the ids agree in total (positions whose true
-    id is in ``ignore_ids`` do not count). Among equally good assignments, the one keeping the most rows in
-    place is taken, so an unpermuted batch stays unpermuted."""
+    ``linear_sum_assignment``) with the most rows recovered exactly (every counted position right), then the
+    most positions where the ids agree in total (positions whose true id is in ``ignore_ids`` do not count).
+    Among equally good assignments, the one keeping the most rows in place is taken, so an unpermuted batch
+    stays unpermuted. (Agreement alone never does better by handing an exact reconstruction to another row,
+    but a tie could, and the tie-break would take it: the exact rows come first, as the image metrics'.)"""
     recon, truth = _check(recon, truth)
     b = truth.shape[0]
     if b <= 1:
@@ -95,7 +97,9 @@ def match_sequences(recon: Tensor, truth: Tensor, *, ignore_ids: Iterable[int] =
     step = max(1, (1 << 24) // max(1, b * truth.shape[1]))  # rows at a time: bounded memory for large batches
     for i in range(0, b, step):
         agree[i:i + step] = ((truth[i:i + step, None, :] == recon[None, :, :]) & keep[i:i + step, None, :]).sum(-1)
-    cost = -agree * (b + 1) + (1 - torch.eye(b, dtype=torch.float64))  # agreement first, then staying put
+    exact = (agree == keep.sum(1, keepdim=True)).to(torch.float64)  # every counted position of truth row i
+    tiers = (b + 1) * (b * truth.shape[1] + 1)  # more than any difference of the agreement term and the tie-break
+    cost = -exact * tiers - agree * (b + 1) + (1 - torch.eye(b, dtype=torch.float64))  # exact, agreement, staying put
     _, cols = linear_sum_assignment(cost.numpy())
     return cols
 

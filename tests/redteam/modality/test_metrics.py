@@ -81,63 +81,35 @@ def test_least_mse_matching_can_hide_an_exact_recovery(faces):
     assert max(r["ssim"] for r in out["per_image"]) < 0.95
 
 
-def test_matching_with_thresholds_keeps_the_exact_recovery(faces):
+def test_matching_for_exact_pairs_keeps_the_exact_recovery(faces):
     recon, truth = _bright_face_and_dark_face(faces)
-    assert list(metrics.match(recon, truth, leak_ssim=0.4, exact_ssim=0.95)) == [0, 1]
     assert list(metrics.match(recon, truth, exact_ssim=0.95)) == [0, 1]
-    out = metrics.evaluate(recon, truth, leak_ssim=0.4, exact_ssim=0.95)
+    out = metrics.evaluate(recon, truth, exact_ssim=0.95)
     assert out["per_image"][0]["ssim"] == pytest.approx(1.0) and out["per_image"][0]["matched"] == 0
-    assert "most pairs past the thresholds" in out["notes"]
+    assert "SSIM >= 0.95" in out["notes"]
 
 
-def test_psnr_threshold_takes_part_in_the_matching(faces):
+def test_the_image_modality_matches_for_exact_pairs(faces):
+    from guardfl.redteam.modality.image import EXACT_SSIM, IMAGE
+
     recon, truth = _bright_face_and_dark_face(faces)
-    assert list(metrics.match(recon, truth, leak_psnr=40.0)) == [0, 1]
+    out = IMAGE.evaluate(recon, truth, None, input_range=(0.0, 1.0))
+    assert out["per_image"][0]["matched"] == 0 and f"SSIM >= {EXACT_SSIM:g}" in out["notes"]
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 7), st.integers(1, 7), st.integers(0, 2**31 - 1))
-def test_matching_counts_as_many_leaks_as_any_one_to_one_assignment(n, k, seed):
-    """Property: the count of private images past the threshold after matching is the maximum over all
-    one-to-one assignments (a maximum bipartite matching of the leaking pairs), never below least-MSE's."""
+def test_matching_keeps_as_many_exact_pairs_as_any_one_to_one_assignment(n, k, seed):
+    """Property: the private images recovered exactly after matching are as many as any one-to-one
+    assignment could give (a maximum bipartite matching of the exact pairs), never fewer than least-MSE's;
+    reconstructions are copies, mixtures and noisy versions of private images, repeated as fill_batch does."""
     gen = torch.Generator().manual_seed(seed)
     truth = torch.rand(n, 1, 12, 12, generator=gen)
     picks = torch.randint(0, n, (k,), generator=gen)
-    mix = torch.rand(k, 1, 1, 1, generator=gen)
+    mix = (torch.rand(k, 1, 1, 1, generator=gen) * 1.2).clamp(max=1.0)  # some exact copies
     recon = mix * truth[picks] + (1 - mix) * torch.rand(k, 1, 12, 12, generator=gen)
-    recon = recon.repeat(-(-n // k), 1, 1, 1)[:n]  # fill_batch's copies
+    recon = recon.repeat(-(-n // k), 1, 1, 1)[:n]
     s = metrics.ssim_matrix(recon, truth, 1.0)
-    leaks = lambda perm: sum(s[i, perm[i]] > 0.4 for i in range(n))  # noqa: E731
-    best = maximum_bipartite_matching(csr_matrix(s > 0.4), perm_type="column")
-    assert leaks(metrics.match(recon, truth, leak_ssim=0.4)) == int((best >= 0).sum()) >= leaks(metrics.match(recon, truth))
-
-
-def test_per_image_limits_decide_which_pairs_the_matching_counts(faces):
-    """Two reconstructions, each fairly close to both faces: which face each goes to depends on the
-    faces' own limits (a face whose limit is out of reach is not worth a reconstruction)."""
-    truth = faces[:2]
-    recon = torch.stack([0.8 * truth[0] + 0.2 * truth[1], 0.6 * truth[1] + 0.4 * truth[0]])
-    s = metrics.ssim_matrix(recon, truth, 1.0)
-    low = float(min(s.min(), 0.0))
-    unreachable = float(s.max()) + 0.01
-    for limits in ([low, unreachable], [unreachable, low]):
-        perm = metrics.match(recon, truth, leak_ssim=limits)
-        kept = [i for i in range(2) if s[i, perm[i]] > limits[i]]
-        assert len(kept) == 1
-    with pytest.raises(ValueError, match="3 per-image limits for 2 images"):
-        metrics.match(recon, truth, leak_ssim=[0.1, 0.2, 0.3])
-
-
-def test_exact_recovered_counts_exact_images_whatever_the_leak_matching(faces):
-    """Reconstruction a is face 0 exactly and close to face 1 (which is mostly face 0); b is face 0 with
-    noise. Two leaks need a to go to face 1 and b to face 0: the rows then hold no exact pair, yet one face
-    came back exactly, and ``exact_recovered`` says so."""
-    x0, x1 = faces[0], 0.6 * faces[0] + 0.4 * faces[1]
-    b = (x0 + 0.1 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
-    truth, recon = torch.stack([x0, x1]), torch.stack([x0.clone(), b])
-    s = metrics.ssim_matrix(recon, truth, 1.0)
-    limits = [0.4, 0.7]
-    assert s[0, 1] > 0.4 and s[1, 0] > 0.7 > s[1, 1] and s[0, 0] > 0.95  # the numbers the docstring describes
-    out = metrics.evaluate(recon, truth, leak_ssim=limits, exact_ssim=0.95)
-    assert [r["matched"] for r in out["per_image"]] == [1, 0]
-    assert sum(r["ssim"] >= 0.95 for r in out["per_image"]) == 0 and out["exact_recovered"] == 1
+    exact = lambda perm: sum(s[i, perm[i]] >= 0.95 for i in range(n))  # noqa: E731
+    best = maximum_bipartite_matching(csr_matrix(s >= 0.95), perm_type="column")
+    assert exact(metrics.match(recon, truth, exact_ssim=0.95)) == int((best >= 0).sum()) >= exact(metrics.match(recon, truth))

@@ -139,3 +139,12 @@ def test_shapes_must_agree(gpt2, batch):
 def test_match_of_one_row_and_of_arrays(batch):
     assert match_sequences(batch[:1], batch[:1]).tolist() == [0]
     assert isinstance(match_sequences(np.asarray(batch[[1, 0]]), np.asarray(batch[:2])), np.ndarray)
+
+
+def test_matching_keeps_an_exact_row_that_a_tie_would_hand_away():
+    """Row 0's reconstruction sits at index 1 and is exact; swapping it with the other reconstruction gives
+    the same total agreement and keeps both rows in place, which the tie-break alone would prefer."""
+    truth = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 5]])
+    recon = torch.tensor([[9, 9, 9, 4], [1, 2, 3, 4]])  # recon 1 == truth 0; in place: 1 + 3 agree, swapped: 4 + 0
+    perm = match_sequences(recon, truth)
+    assert list(perm) == [1, 0]
