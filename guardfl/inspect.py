@@ -57,7 +57,10 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   is refused, the honest one too (the isolation check judges an excess over the client's own architecture,
   so it passes that architecture's own leak). Fails closed where the count is no bound (a normalisation
   of a linear layer's output, a layer too large to examine, a model it cannot run on); partial reads are
-  not counted (docs/malicious-server.md section 15).
+  not counted (docs/malicious-server.md section 15). No bound against a server that may query one batch
+  repeatedly: with every unit lifted to fire for every sample no support isolates anyone, and the
+  classifier bins the batch across queries (the red team's ``threshold_bins`` reads faces exactly through
+  a limit of 0; section 17). Against that, defend the update (fresh noise per round).
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
 docstrings say why. The thresholds were chosen from measurements on benign models (PyTorch default
@@ -1030,7 +1033,8 @@ def leak_limit_check(isolation: Mapping[str, Any] | None, n: int, limit: int) ->
     LayerNorm no read passed the count in 8 runs, refused on the same grounds), so such a model is
     refused under a limit, the honest one included."""
     check: dict[str, Any] = {"limit": limit, "batch": n,
-                             "scope": "nn.Linear layers but the classification layer (convolutions not examined)"}
+                             "scope": "nn.Linear layers but the classification layer (convolutions not examined); one update: "
+                                      "no bound on what a server reads by querying one batch repeatedly"}
     if not isolation or "skipped" in isolation or "samples_read" not in isolation:
         why = (isolation or {}).get("skipped", "the isolation check did not run on the batch")
         check["skipped"] = why

@@ -20,6 +20,7 @@ from guardfl.redteam.attacks.registry import ATTACKS, available, get
 from guardfl.redteam.attacks.malicious.robbing_the_fed import RobbingTheFed
 from guardfl.redteam.attacks.malicious.server import ServerAttack
 from guardfl.redteam.attacks.text.tag import TAG
+from guardfl.redteam.attacks.malicious.threshold_bins import ThresholdBins
 from guardfl.redteam.attacks.malicious.trap_weights import TrapWeights
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "RobbingTheFed",
     "ServerAttack",
     "TAG",
+    "ThresholdBins",
     "TrapWeights",
     "available",
     "get",

@@ -57,3 +57,15 @@ def test_a_limit_without_inspection_or_out_of_range_is_one_line(tmp_path, capsys
         assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_the_limit_does_not_hold_against_a_server_that_lifts_every_unit_to_fire_for_every_sample():
+    """The leak limit counts the samples a unit's support isolates. ``threshold_bins`` gives no unit such a
+    support (every hidden unit fires for every sample) and bins the batch with the classifier over 65
+    queries: every model passes the limit of 0, and faces come back exactly (docs section 17)."""
+    cfg = {**FC, "attacks": [{"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}]}
+    result = certify(cfg)
+    assert result.status == "NOT CERTIFIED"
+    (bins,) = result.results
+    assert "refused" not in bins["info"] and bins["info"]["refused_queries"] == "0" and bins["info"]["queries"] == "65"
+    assert bins["recovered"]["exact"] >= 5  # 14 of 64 faces exactly

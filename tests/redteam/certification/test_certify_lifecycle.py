@@ -57,7 +57,7 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
     # exclusive units are read from a first linear layer on the flattened input: LeNet's first layer is a convolution
     assert status["exclusive_neurons"]["status"] == "not applicable"
     assert "nn.Linear on the whole flattened input" in status["exclusive_neurons"]["reason"]
-    assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing", "trap_weights",
+    assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing", "trap_weights", "threshold_bins",
                                                       "tag", "embedding_readout", "exclusive_neurons"}
     for line in listing:
         if line["status"] == "not applicable":

@@ -89,11 +89,13 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     scaled to pass the shared-columns check) pass it and leak without a defense; so does the trap sized on
     shadows of the client (``rows: fit``, the largest it reads most with), which says what it tried; DP-SGD
     holds. The trap whose cuts hold 4 rows with their own columns (``columns: 4``) passes too: on these faces
-    in [0, 1] its count stays within chance of the honest FC-2's own."""
+    in [0, 1] its count stays within chance of the honest FC-2's own. So do the threshold bins (every hidden
+    unit lifted to fire for every sample, the batch binned by the classifier over 65 queries); DP-SGD's
+    fresh noise per query holds against them."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
     assert inspecting.status == "NOT CERTIFIED"
     page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
-    assert "3 of 10 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
+    assert "3 of 11 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results
           if "columns" not in r["budget"]}
     grouped = next(r for r in inspecting.results if r["budget"].get("columns") == 4)  # 4 rows per cut, their own columns
@@ -116,6 +118,8 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     assert by[("trap_weights", 8, False)]["info"]["disguised"].startswith("8 rows")
     assert by[("trap_weights", 1, False)]["info"]["disguised"] == "none"  # one row per measurement: nothing to disguise
     assert max(by[key]["recovered"]["above_max_ssim"] for key in (("trap_weights", 8, False), ("fishing", None, True))) > 0
+    bins = by[("threshold_bins", None, False)]  # every unit fires for every sample: no support isolates anyone (section 17)
+    assert bins["info"].get("refused") is None and bins["recovered"]["exact"] >= 5  # 14 faces exactly
     defended = certify(str(CONFIGS / "malicious-adaptive.yaml"))
     assert defended.status == "CERTIFIED"
     assert all(r["recovered"]["above_max_ssim"] == 0 for r in defended.results)

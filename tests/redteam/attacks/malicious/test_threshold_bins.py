@@ -1,0 +1,70 @@
+"""Threshold bins (issue 34, adaptive to the support-based isolation count and the leak limit): the honest
+first layer lifted so every unit fires for every sample, the batch binned by the classifier over queries."""
+
+import pytest
+import torch
+
+from guardfl.inspect import inspect_model
+from guardfl.redteam.attacks import Setting, get
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.client.simulate import ClientQuery, FedAvg, FedSGD
+from guardfl.redteam.modality.image import metrics
+from guardfl.redteam.modality.image.data import lfw_faces
+from guardfl.redteam.modality.image.models import FC2, FC2BN, LeNetZhu
+from guardfl.redteam.threat import ThreatModel
+
+SHAPE = (1, 25, 25)
+
+
+@pytest.fixture(scope="module")
+def faces():
+    x, y = lfw_faces(10)
+    return x[:32], y[:32], AuxData(x[64:], y[64:])
+
+
+def _setting(model, n=32, protocol=None):
+    return Setting(model, protocol or FedSGD(), n, SHAPE, 10, (0.0, 1.0), None)
+
+
+def test_applicable_to_a_one_hidden_layer_mlp_only_with_the_reason_elsewhere(faces):
+    threat = ThreatModel(server="malicious", labels="known", aux=faces[2])
+    attack = get("threshold_bins")
+    assert attack.applicable(_setting(FC2(SHAPE, 10)), threat) is None
+    assert "first layer is Conv2d" in attack.applicable(_setting(LeNetZhu(SHAPE, 10)), threat)
+    assert "BatchNorm1d" in attack.applicable(_setting(FC2BN(SHAPE, 10)), threat)
+    assert "fedavg" in attack.applicable(_setting(FC2(SHAPE, 10), protocol=FedAvg(epochs=1, batch_size=8, lr=0.1)), threat)
+    assert "auxiliary" in attack.applicable(_setting(FC2(SHAPE, 10)), ThreatModel(server="malicious", labels="known"))
+    tiny = AuxData(faces[2].images[:1], faces[2].labels[:1])
+    assert "2 or more auxiliary images" in attack.applicable(_setting(FC2(SHAPE, 10)), ThreatModel(server="malicious", aux=tiny))
+
+
+def test_every_model_sent_passes_the_leak_limit_and_the_bins_read_faces_exactly(faces):
+    """Against a client that inspects every model with its batch and refuses any with which a server reads
+    one sample (leak_limit=0), every one of the 33 models passes, and the bins read faces exactly."""
+    x, y, aux = faces
+    torch.manual_seed(0)
+    model = FC2(SHAPE, 10)
+    assert not inspect_model(model, model, batch=(x, y), leak_limit=0).ok  # the honest model itself is refused
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    threat = ThreatModel(server="malicious", labels="known", aux=aux)
+    rec = get("threshold_bins", seed=0).interrogate(client, _setting(model), threat)
+    assert client.refused == 0 and rec.info["queries"] == 33 and rec.info["bins"] == 32
+    sent = rec.info["malicious_model"]
+    checks = inspect_model(sent, model, batch=(x, y), leak_limit=0)
+    assert checks.ok and checks.checks["leak_limit"]["read"] == 0
+    exact = sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"])
+    assert exact >= 5
+
+
+def test_the_biases_are_lifted_and_the_threshold_lives_in_the_weights(faces):
+    """No bias gap in the classifier (its honest biases), and every hidden unit fires for every sample."""
+    x, y, aux = faces
+    torch.manual_seed(1)
+    model = FC2(SHAPE, 10)
+    rec = get("threshold_bins", seed=1, queries=4).interrogate(ClientQuery(x, y, None, FedSGD()), _setting(model),
+                                                                   ThreatModel(server="malicious", labels="known", aux=aux))
+    sent = rec.info["malicious_model"]
+    assert torch.equal(sent.net[3].bias, model.net[3].bias)
+    pre = x.flatten(1) @ sent.net[1].weight.T + sent.net[1].bias
+    assert bool((pre > 0).all())
+    assert rec.info["queries"] == 4 and rec.info["bins"] == 3 and rec.inputs.shape == x.shape
