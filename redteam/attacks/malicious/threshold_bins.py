@@ -25,9 +25,13 @@ the client sends each round, the threat fishing's feature search already assumes
 Every bin's reading is returned (one per bin; ``queries - 1`` defaults to the batch size), single-sample
 or not: the attacker cannot tell them apart reliably here (the units' readings of a two-sample bin can
 agree closely when one sample's coefficients dominate, and the float32 difference of two updates blurs a
-single one's), and the certificate's one-to-one matching counts each reading once. Not applicable: a first layer that does not read the whole flattened input, a
-normalisation between it and its ReLU (it couples the units or the batch), a layer reading the units
-that is not the classifier, FedAvg (the bins are differences of single gradients), no auxiliary data.
+single one's), and the certificate's one-to-one matching counts each reading once.
+
+Not applicable: a first layer that does not read the whole flattened input, a normalisation between it
+and its ReLU (it couples the units or the batch), a layer reading the units that is not the classifier,
+FedAvg (the bins are differences of single gradients), no auxiliary data. Not adapted to a defense: a
+pruning's zeros or fresh noise in each query land in the differences (a defense seeded to repeat its
+noise cancels there, and the bins read through it: docs/malicious-server.md section 17).
 """
 
 from __future__ import annotations
