@@ -148,14 +148,16 @@ def simulate_client(
     *,
     input_range: tuple[float, float] = (0.0, 1.0),
     train_mode: bool = True,
+    round_index: int = 0,
 ) -> Observation:
     """Run the client exactly as deployed and return what it transmits.
 
     The round is ``guardfl.integrations.round.client_round``, the loop ``local_update`` (and so the Flower
     and NVFlare adapters) runs: the same model, data, defense and seed give a bit-identical update (FedSGD:
     ``local_update(...).gradient`` with one batch of all samples; FedAvg: its ``delta`` with the protocol's
-    in-order loader and SGD). The defense is the client's first round's (``round_defense(defense, 0)``: a
-    given instance is rebuilt, a seeded one starts from its seed). ``model`` is the global model the
+    in-order loader and SGD). The defense is the client's round ``round_index``'s (``round_defense(defense,
+    round_index)``, the first round by default: a given instance is rebuilt, a seeded one gets that round's
+    seed, derived from its seed and the round, as ``local_update`` with its ``ClientState`` does). ``model`` is the global model the
     server sent (left untouched). ``defense``: any guardfl defense or stack (a config works too); None
     means no defense (``Identity``, bit-identical to plain SGD). The client
     goes through ``guardfl.protect`` as a deployed client does: gradient defenses wrap its SGD; DP-SGD is
@@ -180,7 +182,8 @@ def simulate_client(
                           "encode token ids: use a gradient defense or DP-SGD for a text model")
 
     global_model = copy.deepcopy(model)
-    result, update, released, num_classes = _run_client(model, inputs, labels, protocol, defense_obj, train_mode)
+    result, update, released, num_classes = _run_client(model, inputs, labels, protocol, defense_obj, train_mode,
+                                                        round_index)
     return Observation(
         protocol=protocol,
         model=global_model,
@@ -200,7 +203,7 @@ def simulate_client(
 
 
 def _run_client(model: nn.Module, inputs: Tensor, labels: Tensor, protocol: Protocol, defense: Defense,
-                train_mode: bool) -> tuple[RoundResult, dict[str, Tensor], list[tuple[Tensor, Tensor]], int]:
+                train_mode: bool, round_index: int = 0) -> tuple[RoundResult, dict[str, Tensor], list[tuple[Tensor, Tensor]], int]:
     """The deployed client's round on its own copy of ``model``: the round's result, the update it sends
     (by trainable parameter), the BatchNorm running statistics it releases, and the number of classes."""
     client = copy.deepcopy(model)
@@ -211,7 +214,8 @@ def _run_client(model: nn.Module, inputs: Tensor, labels: Tensor, protocol: Prot
         warnings.filterwarnings("ignore", message=".*Full backward hook.*")  # a first layer whose input needs no grad
         warnings.filterwarnings("ignore", message=".*Optimal order is the smallest alpha.*")  # epsilon, unused here
         result = client_round(client, protocol.loader(inputs, labels), protocol.make_optimizer, defense,
-                              epochs=protocol.local_epochs, num_classes=num_classes, train_mode=train_mode, record=True)
+                              epochs=protocol.local_epochs, num_classes=num_classes, train_mode=train_mode, record=True,
+                              round_index=round_index)
     sent = protocol.sent(result)
     update = {name: sent[name] for name in names}
     released = [(bn.running_mean.detach().clone(), bn.running_var.detach().clone())
@@ -256,9 +260,12 @@ class ModelRefused(GuardflError):
 class ClientQuery:
     """The client as a malicious server reaches it: send a model, receive the update the client computes
     on its private batch with it (``simulate_client``: the real defense path, train mode as deployed).
-    The attack holds only this callable, never the batch. Each query builds the defense anew from its
-    configuration, so its randomness is fresh per query (a seeded configuration repeats its draws, as a
-    deployed seeded client would); ``queries`` counts the models sent. Picklable (a worker process runs
+    The attack holds only this callable, never the batch. Each query is the client's next FL round: the
+    defense is built anew from its configuration for round ``k`` (``round_defense``), so its randomness is
+    fresh per query, and a seeded configuration gets round ``k``'s seed derived from its seed, as a deployed
+    client that keeps its ``ClientState`` does (before 2026-11-28 every query reused the first round's seed,
+    repeating a seeded defense's noise, which a server differencing two queries cancels: ``threshold_bins``
+    read 16 faces exactly through a seeded DP-SGD that way); ``queries`` counts the models sent. Picklable (a worker process runs
     it), so it holds the configuration, not a defense object.
 
     ``inspect=True``: the client checks every received model first, as ``local_update(inspect=True)`` does:
@@ -297,5 +304,6 @@ class ClientQuery:
                 self.refused += 1
                 raise ModelRefused(inspection.reasons)
         defense = from_config(self.defense_config) if self.defense_config is not None else None
+        # each model the server sends is the client's next round: a seeded defense gets that round's seed
         return simulate_client(model, self._inputs, self._labels, defense, self.protocol,
-                               input_range=self.input_range, train_mode=self.train_mode)
+                               input_range=self.input_range, train_mode=self.train_mode, round_index=self.queries - 1)

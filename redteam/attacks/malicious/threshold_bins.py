@@ -30,8 +30,8 @@ single one's), and the certificate's one-to-one matching counts each reading onc
 Not applicable: a first layer that does not read the whole flattened input, a normalisation between it
 and its ReLU (it couples the units or the batch), a layer reading the units that is not the classifier,
 FedAvg (the bins are differences of single gradients), no auxiliary data. Not adapted to a defense: a
-pruning's zeros or fresh noise in each query land in the differences (a defense seeded to repeat its
-noise cancels there, and the bins read through it: docs/malicious-server.md section 17).
+pruning's zeros or fresh noise in each query land in the differences (noise repeated in every query
+would cancel there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17).
 """
 
 from __future__ import annotations

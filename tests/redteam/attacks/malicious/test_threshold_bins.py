@@ -68,3 +68,21 @@ def test_the_biases_are_lifted_and_the_threshold_lives_in_the_weights(faces):
     pre = x.flatten(1) @ sent.net[1].weight.T + sent.net[1].bias
     assert bool((pre > 0).all())
     assert rec.info["queries"] == 4 and rec.info["bins"] == 3 and rec.inputs.shape == x.shape
+
+
+def test_each_query_is_a_new_round_so_a_seeded_defense_does_not_repeat_its_noise(faces):
+    """The deployed client derives each round's seed from its seed and the round (``round_defense``); so does
+    the red team's client per query. Were the noise repeated, differences of two queries would cancel it:
+    the bins read faces exactly through a seeded DP-SGD (16 of 64 when the queries reused one seed)."""
+    x, y, aux = faces
+    torch.manual_seed(0)
+    model = FC2(SHAPE, 10)
+    dp = {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0, "seed": 0}
+    client = ClientQuery(x, y, dp, FedSGD())
+    first, second = client(model).update["net.1.bias"], client(model).update["net.1.bias"]
+    assert not torch.equal(first, second)
+    again = ClientQuery(x, y, dp, FedSGD())
+    assert torch.equal(again(model).update["net.1.bias"], first)  # round 0 of a seeded client: reproducible
+    rec = get("threshold_bins", seed=0).interrogate(ClientQuery(x, y, dp, FedSGD()), _setting(model),
+                                                   ThreatModel(server="malicious", labels="known", aux=aux))
+    assert sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"]) == 0
