@@ -155,9 +155,8 @@ def simulate_client(
     The round is ``guardfl.integrations.round.client_round``, the loop ``local_update`` (and so the Flower
     and NVFlare adapters) runs: the same model, data, defense and seed give a bit-identical update (FedSGD:
     ``local_update(...).gradient`` with one batch of all samples; FedAvg: its ``delta`` with the protocol's
-    in-order loader and SGD). The defense is the client's round ``round_index``'s (``round_defense(defense,
-    round_index)``, the first round by default: a given instance is rebuilt, a seeded one gets that round's
-    seed, derived from its seed and the round, as ``local_update`` with its ``ClientState`` does). ``model`` is the global model the
+    in-order loader and SGD). The defense is round ``round_index``'s (``round_defense``: rebuilt; seeded, that
+    round's seed, as ``local_update`` with its ``ClientState`` derives it). ``model`` is the global model the
     server sent (left untouched). ``defense``: any guardfl defense or stack (a config works too); None
     means no defense (``Identity``, bit-identical to plain SGD). The client
     goes through ``guardfl.protect`` as a deployed client does: gradient defenses wrap its SGD; DP-SGD is
@@ -182,8 +181,7 @@ def simulate_client(
                           "encode token ids: use a gradient defense or DP-SGD for a text model")
 
     global_model = copy.deepcopy(model)
-    result, update, released, num_classes = _run_client(model, inputs, labels, protocol, defense_obj, train_mode,
-                                                        round_index)
+    result, update, released, num_classes = _run_client(model, inputs, labels, protocol, defense_obj, train_mode, round_index)
     return Observation(
         protocol=protocol,
         model=global_model,
