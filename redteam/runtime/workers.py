@@ -202,12 +202,18 @@ def sigint_held() -> Iterator[None]:
     Only the main thread's mask is changed; elsewhere this does nothing. A terminal's Ctrl-C is sent to the
     process: another thread of the main process with SIGINT unblocked (one a library started earlier) may
     take it, and Python then raises ``KeyboardInterrupt`` in the main thread at once, inside the spawn:
-    not lost either (a worker half started has ``daemon`` set and dies with its parent)."""
+    not lost either (a worker half started has ``daemon`` set and dies with its parent). multiprocessing's
+    resource tracker is started first: the first spawn starts it, and its start unblocks SIGINT (CPython's
+    ``ensure_running``), so the first worker was spawned with Ctrl-C deliverable (a CI run printed its
+    ``KeyboardInterrupt`` traceback from ``site``)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started inside, it would unblock SIGINT before the worker's spawn
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield

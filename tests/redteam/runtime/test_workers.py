@@ -118,6 +118,33 @@ def test_a_ctrl_c_while_a_worker_is_spawned_is_held_not_lost():
     assert reached
 
 
+_FIRST_SPAWN = """
+import multiprocessing, signal
+from guardfl.redteam.runtime.workers import sigint_held
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    with sigint_held():
+        child = ctx.Process(target=int)
+        child.start()
+        print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    child.join()
+"""
+
+
+def test_sigint_stays_held_through_an_interpreters_first_spawn(tmp_path):
+    """A fresh interpreter's first spawn also starts multiprocessing's resource tracker, whose start
+    unblocks SIGINT: the worker was then spawned with Ctrl-C deliverable, and one still importing printed
+    a traceback (a CI run's ctrl-c test). The hold must survive the first spawn (nothing created before)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_spawn.py"
+    script.write_text(_FIRST_SPAWN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
 def test_a_spawned_process_discards_the_held_ctrl_c_and_ignores_later_ones():
     import multiprocessing
     import signal
