@@ -294,6 +294,12 @@ def wrap(
 
     Pass ``model`` to have ``last_stats`` name layers by their parameter names; defenses that need the
     model and the batch inputs (Soteria, GradDefense) require it.
+
+    A defense instance keeps drawing from its streams across steps and calls. A defense built again with
+    the same explicit ``seed`` starts the same streams again: in an FL loop that wraps a new optimizer
+    every round, give each round its own (``guardfl.integrations.torch.round_defense(defense, round)``),
+    or a server differencing two rounds' updates of one batch cancels the noise (``wrap`` has no round
+    counter to check this; ``local_update`` has, and refuses a seeded defense without its ``ClientState``).
     """
     names = list(model.named_parameters()) if model is not None else None
     return GuardedOptimizer(optimizer, defense, param_names=names, model=model)

@@ -16,6 +16,10 @@ Randomness: Opacus's DP noise and its Poisson sampling come from generators of t
 entropy unless ``seed`` is given; the sampling on its own stream). Opacus's sampler would otherwise draw from
 torch's global generator, which a fresh process seeds with a constant and most training scripts seed
 themselves: the batches would be predictable, and DP-SGD's amplification by subsampling assumes they are not.
+A seed gives the same noise wherever it is used again: across FL rounds, derive one per round
+(``guardfl.integrations.torch.round_defense(defense, r)``, which ``local_update`` with its ``ClientState``
+does); a seeded DP-SGD given a ``privacy_state`` (a later round) that ``round_defense`` did not build is a
+``ConfigError``.
 """
 
 from __future__ import annotations
@@ -231,6 +235,11 @@ def protect(
     else:
         grad_defense = Stack.regroup(gradient)  # the same instances, their own streams kept
 
+    if dp and privacy_state is not None and defense.round_index is None and dp[0].stream_seed is not None:
+        raise ConfigError("defense.seed: a seeded dpsgd with privacy_state (a later round) would draw the seed's first "
+                          "noise again, which a server cancels by differencing two rounds; build each round's defense "
+                          "with guardfl.integrations.torch.round_defense(defense, round) or use local_update with its "
+                          "ClientState (per-round seeds), or leave seed unset (OS entropy)")
     if dp:
         model, dp_opt, engine, data_loader, guarded = _make_private(model, optimizer, data_loader, dp[0], grad_defense, privacy_state)
         optimizer = PrivateOptimizer(dp_opt, engine, dp[0].config.delta, guarded)

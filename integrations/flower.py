@@ -58,6 +58,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense
 from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError
 from guardfl.inspect import inspect_model
+from guardfl.integrations.round import check_round_counter
 from guardfl.integrations.torch import ClientState, MakeOptimizer, inspect_enabled, inspect_received, local_update
 from guardfl.integrations.update import BN_BUFFERS, UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
@@ -307,7 +308,9 @@ class GuardedNumPyClient(NumPyClient):
     so that BatchNorm buffers are left alone; without it every floating-point array is defended and a
     changed integer array (``num_batches_tracked``) makes ``fit`` raise ``UndefendedUpdateError`` (Flower
     then reports the client's failure: nothing undefended is sent). Pass the
-    ``context`` of ``client_fn(context)`` to derive per-round seeds for an explicitly seeded defense.
+    ``context`` of ``client_fn(context)`` to derive per-round seeds for an explicitly seeded defense
+    (required with one: a ``ConfigError`` without it, since a client built again each round would repeat
+    the seed's first noise).
     Everything else is delegated to the wrapped client. For optimizer-level defenses inside your own
     ``fit``, use ``guardfl.wrap`` / ``local_update`` and keep ``client_state(context)``.
     """
@@ -315,6 +318,8 @@ class GuardedNumPyClient(NumPyClient):
     def __init__(self, client: NumPyClient, defense: Defense | Mapping[str, Any] | str, *,
                  clip_norm: float | None = None, names: Sequence[str] | None = None,
                  skip: Sequence[str] = BN_BUFFERS, context: Context | None = None) -> None:
+        if context is None:  # a client_fn builds this client again every round: the seed's first noise every time
+            check_round_counter(defense, "context", "pass client_fn's context (its state keeps the round counter)")
         self.client = client
         self.update_defense = UpdateDefense(defense, clip_norm=clip_norm, skip=skip)
         self.names = list(names) if names is not None else None

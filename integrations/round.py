@@ -146,6 +146,22 @@ def _reseed_for_round(defense: Defense, round_index: int) -> None:
         _reseed_for_round(member, round_index)
 
 
+def check_round_counter(defense: Defense | Mapping[str, Any] | str | None, field: str, remedy: str) -> None:
+    """One ``ConfigError`` line naming ``field`` when ``defense`` draws randomness from an explicit seed and
+    the caller has no round counter: each round would rebuild it with the same seed and repeat round 0's
+    noise (or masks, or mixing), and a server that differences two rounds' updates of one batch cancels it
+    (the red team's ``threshold_bins`` read 16 of 64 faces exactly through DP-SGD that way). OS entropy
+    and deterministic defenses need no counter."""
+    if defense is None:
+        return
+    built = defense if isinstance(defense, Defense) else from_config(defense)
+    seeded = built.seeded_randomness()
+    if seeded:
+        raise ConfigError(f"{field}: required with a defense seeded explicitly ({', '.join(sorted(set(seeded)))}): {remedy}; "
+                          "without it every round would draw the seed's first noise again, which a server cancels "
+                          "by differencing two rounds (or leave seed unset: OS entropy)")
+
+
 def round_defense(defense: Defense | Mapping[str, Any] | str | None, round_index: int) -> Defense:
     """A fresh defense for FL round ``round_index`` (0-based): OS entropy, or a per-round seed derived from
     an explicit ``seed`` (so rounds never share a noise stream). A given instance is not used itself (its
@@ -155,6 +171,7 @@ def round_defense(defense: Defense | Mapping[str, Any] | str | None, round_index
         return Identity()
     fresh = defense.fresh() if isinstance(defense, Defense) else from_config(defense)
     _reseed_for_round(fresh, round_index)
+    fresh.round_index = round_index
     return fresh
 
 

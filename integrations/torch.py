@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from guardfl.defenses import Defense
 from guardfl.errors import ConfigError
 from guardfl.inspect import Inspection, check_leak_limit, inspect_model
-from guardfl.integrations.round import BN_BUFFERS, MakeOptimizer, check_round_args, client_round, round_defense
+from guardfl.integrations.round import (BN_BUFFERS, MakeOptimizer, check_round_args, check_round_counter, client_round,
+                                        round_defense)
 from guardfl.protect import soft_cross_entropy
 
 _STATE_VERSION = 1
@@ -192,7 +193,9 @@ def local_update(
     ``make_optimizer(params)`` builds the client's optimizer (e.g. ``lambda p: torch.optim.SGD(p, lr=0.01)``);
     it is rebuilt every round, as a Flower client would. ``defense`` is any guardfl defense or stack,
     DP-SGD and input encodings included (through ``guardfl.protect``). ``state`` is the previous round's
-    ``result.state`` (None on a client's first round). Batches are moved to the model's device.
+    ``result.state`` (None on a client's first round; required, ``ClientState()`` in the first round, when
+    the defense is seeded explicitly: each round's seed is derived from the seed and ``state.rounds``, and
+    without the counter every round would repeat the first round's noise). Batches are moved to the model's device.
 
     ``inspect=True`` (or ``"strict"``, the same) first checks the received model with
     ``guardfl.inspect_model`` (weights, and the loader's first batch in eval mode unless the loader is a
@@ -217,6 +220,8 @@ def local_update(
     pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
     """
     check_round_args(epochs, max_steps, make_optimizer)
+    if state is None:
+        check_round_counter(defense, "state", "pass ClientState() in the first round, then each result.state")
     on = inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit)
     inspection = (inspect_received(model, loader, disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit)
                   if on else None)

@@ -230,6 +230,16 @@ class Defense:
         return type(self).from_config(self.config)
 
     # -- randomness -------------------------------------------------------------------------------
+    #: the FL round ``guardfl.integrations.round_defense`` built this instance for (its seed, if any, is
+    #: that round's); None for an instance built otherwise
+    round_index: int | None = None
+
+    def seeded_randomness(self) -> list[str]:
+        """The kinds of this defense's randomised leaves whose streams come from an explicit seed (their own
+        or a seeded stack's): the same noise again wherever the same seed is used again, which a server
+        that differences two rounds' updates cancels. Empty for OS entropy or a deterministic defense."""
+        return [leaf.kind for leaf in self.leaves() if leaf.randomized and leaf.stream_seed is not None]
+
     @property
     def stream_seed(self) -> int | None:
         """The seed this defense's random streams derive from (``make_generator``), None when they come

@@ -125,7 +125,7 @@ def _reseeded(defense: dict[str, Any] | None, r: int) -> dict[str, Any] | None:
 def train_once(utility, red: dict[str, Any], defense: dict[str, Any] | None,
                task: tuple[Tensor, Tensor, Tensor, Tensor], seed: int) -> dict[str, Any]:
     """One training with ``defense`` from initialisation ``seed``, tested on the held-out part."""
-    from guardfl.integrations.torch import local_update
+    from guardfl.integrations.torch import ClientState, local_update
 
     xtr, ytr, xte, yte = task
     model = build(red, tuple(xtr.shape[1:]), seed)
@@ -137,7 +137,8 @@ def train_once(utility, red: dict[str, Any], defense: dict[str, Any] | None,
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         update = local_update(model, loader, lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum), defense=defense,
-                              epochs=utility.epochs, num_classes=red["model"]["num_classes"])
+                              epochs=utility.epochs, num_classes=red["model"]["num_classes"],
+                              state=ClientState())  # one training, round 0 (a seeded defense needs the counter)
     seconds = time.perf_counter() - started
     model.eval()
     correct = counted = 0

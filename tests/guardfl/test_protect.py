@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import guardfl
 from guardfl.defenses import DPSGD, GradPrune, InstaHide, MixUp, Outpost, SignCompression, Stack
 from guardfl.errors import ConfigError, UnsupportedOptimizerError
+from guardfl.integrations.torch import round_defense
 
 N, BATCH = 64, 16
 
@@ -62,8 +63,8 @@ def test_epsilon_is_cumulative_across_rounds(accountant):
         for r in range(rounds):
             model, opt, loader = _setup(seed=r)
             model, opt, loader = guardfl.protect(
-                model, opt, loader, DPSGD(noise_multiplier=1.1, accountant=accountant, seed=r), privacy_state=state
-            )
+                model, opt, loader, round_defense(DPSGD(noise_multiplier=1.1, accountant=accountant, seed=0), r),
+                privacy_state=state)
             for _ in range(epochs_per_round):
                 _epoch(model, opt, loader)
             state = opt.privacy_state()
@@ -73,6 +74,22 @@ def test_epsilon_is_cumulative_across_rounds(accountant):
     one_run = run(1, 2)
     assert two_rounds == pytest.approx(one_run, rel=1e-6)
     assert two_rounds > run(1, 1)  # and it grows with steps
+
+
+
+def test_a_seeded_dpsgd_in_a_later_round_needs_a_per_round_seed():
+    """``privacy_state`` says this is a later round: a seeded DP-SGD not built for it by ``round_defense``
+    would draw round 0's noise again (a server differencing two rounds cancels it). One line; the
+    round's own defense trains, and unseeded DP-SGD needs nothing."""
+    model, opt, loader = _setup()
+    model, opt, loader = guardfl.protect(model, opt, loader, DPSGD(noise_multiplier=1.0, seed=3))
+    _epoch(model, opt, loader)
+    state = opt.privacy_state()
+    with pytest.raises(ConfigError, match=r"^defense.seed: a seeded dpsgd with privacy_state") as err:
+        guardfl.protect(*_setup(), DPSGD(noise_multiplier=1.0, seed=3), privacy_state=state)
+    assert "\n" not in str(err.value) and "round_defense" in str(err.value)
+    guardfl.protect(*_setup(), round_defense(DPSGD(noise_multiplier=1.0, seed=3), 1), privacy_state=state)
+    guardfl.protect(*_setup(), DPSGD(noise_multiplier=1.0), privacy_state=state)
 
 
 def test_epsilon_grows_monotonically():

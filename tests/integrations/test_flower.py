@@ -152,6 +152,19 @@ class PlainClient(NumPyClient):
         return [p + 0.5 for p in parameters], 10, {"loss": 1.0}
 
 
+
+def test_numpy_client_with_a_seeded_defense_needs_the_context():
+    """A client_fn builds the client again every round: without the context's round counter a seeded
+    defense would send its first noise every round. One line naming ``context``."""
+    with pytest.raises(ConfigError, match=r"^context: required with a defense seeded explicitly \(gaussian\)"):
+        gf.GuardedNumPyClient(PlainClient(), {"kind": "gaussian", "sigma": 0.1, "seed": 4})
+    ctx = context()
+    sent = [gf.GuardedNumPyClient(PlainClient(), {"kind": "gaussian", "sigma": 0.1, "seed": 4}, context=ctx).fit(
+        PlainClient().get_parameters({}), {})[0][0] for _ in range(2)]  # rebuilt each round, one context
+    assert not np.array_equal(sent[0], sent[1])
+    gf.GuardedNumPyClient(PlainClient(), GradPrune(0.9, seed=1))  # deterministic: no counter needed
+
+
 def test_numpy_client_wrapper_defends_fit():
     client = gf.GuardedNumPyClient(PlainClient(), GradPrune(0.9), context=context())
     params = client.get_parameters({})

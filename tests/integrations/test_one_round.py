@@ -16,7 +16,7 @@ from guardfl.defenses import (DPSGD, GaussianNoise, GradDefense, GradPrune, Iden
 from guardfl.defenses.registry import available
 from guardfl.errors import ConfigError
 from guardfl.integrations.round import FedAvg, FedSGD, client_round, round_defense
-from guardfl.integrations.torch import local_update
+from guardfl.integrations.torch import ClientState, local_update
 from guardfl.redteam import simulate_client
 
 PUBLIC = torch.rand(5, 1, 4, 4, generator=torch.Generator().manual_seed(11))  # Inter-InstaHide's public images
@@ -66,12 +66,12 @@ def both(model, x, y, defense, protocol, seed):
         if isinstance(protocol, FedSGD):
             loader = DataLoader(TensorDataset(x, y), batch_size=len(x))
             # any lr: the gradient is taken before the step
-            sent = local_update(client, loader, lambda p: torch.optim.SGD(p, lr=0.3), defense).gradient
+            sent = local_update(client, loader, lambda p: torch.optim.SGD(p, lr=0.3), defense, state=ClientState()).gradient
         else:
             loader = DataLoader(TensorDataset(x, y), batch_size=protocol.batch_size)
             make = lambda p: torch.optim.SGD(p, lr=protocol.lr, momentum=protocol.momentum,  # noqa: E731
                                              weight_decay=protocol.weight_decay)
-            sent = local_update(client, loader, make, defense, epochs=protocol.epochs).delta
+            sent = local_update(client, loader, make, defense, epochs=protocol.epochs, state=ClientState()).delta
     return observed, sent
 
 

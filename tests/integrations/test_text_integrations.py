@@ -103,7 +103,7 @@ def test_local_update_one_pruned_step_sends_the_documented_zeros(kind):
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_local_update_with_dp_sgd_on_text_is_cumulative_and_removes_the_hooks(kind):
-    model, state, eps = make(kind), None, []
+    model, state, eps = make(kind), ClientState(), []  # seeded: the round counter from round 0
     for _ in range(2):
         result = local_update(model, loader(kind), sgd(LR), DPSGD(noise_multiplier=1.0, seed=0), state=state)
         state = result.state
@@ -134,7 +134,7 @@ def test_local_update_refuses_dp_on_multihead_attention_naming_the_swap():
     assert "\n" not in message and message.startswith("defense: DP-SGD cannot train this model")
     assert "nn.MultiheadAttention -> DPMultiheadAttention" in message and "dp_compatible" in message
     fixed = guardfl.dp_compatible(AttentionClassifier())  # what the message asks for: then it trains
-    result = local_update(fixed, loader("classifier"), sgd(LR), DPSGD(noise_multiplier=1.0, seed=0))
+    result = local_update(fixed, loader("classifier"), sgd(LR), DPSGD(noise_multiplier=1.0, seed=0), state=ClientState())
     assert 0 < result.epsilon < math.inf and "encoder.self_attn.qlinear.weight" in result.delta
 
 

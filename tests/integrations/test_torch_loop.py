@@ -58,7 +58,7 @@ def test_sign_update_is_a_multiple_of_lr_and_prune_is_sparse():
 def test_dp_epsilon_is_cumulative_over_rounds_and_hooks_are_removed():
     from opacus.accountants import RDPAccountant
 
-    model, state = mlp(), None
+    model, state = mlp(), ClientState()  # a seeded defense needs the round counter from round 0
     for _ in range(3):
         result = local_update(model, loader(), sgd(0.1), DPSGD(noise_multiplier=1.0, seed=1), state=state)
         state = ClientState.from_json(result.state.to_json())  # saved and restored between rounds
@@ -91,6 +91,30 @@ def test_seeded_defense_draws_a_new_stream_every_round_reproducibly():
     assert not torch.equal(a, round_defense(stacked, 3)([torch.ones(50)])[0][0])
     unseeded = GaussianNoise(sigma=0.1)
     assert not torch.equal(round_defense(unseeded, 0)([torch.zeros(10)])[0][0], round_defense(unseeded, 0)([torch.zeros(10)])[0][0])
+
+
+
+@pytest.mark.parametrize("defense", [GaussianNoise(sigma=0.1, seed=5), DPSGD(noise_multiplier=1.0, seed=1),
+                                     Stack(GradPrune(0.5), GaussianNoise(sigma=0.1), seed=9),
+                                     {"kind": "outpost", "seed": 3}])
+def test_a_seeded_random_defense_needs_the_round_counter(defense):
+    """Without a ClientState every call is round 0: a seeded defense would send the same noise every round,
+    and two rounds' updates of one batch differenced cancel it. One line naming ``state``; with
+    ``ClientState()`` it trains, and two rounds draw different noise."""
+    with pytest.raises(ConfigError, match=r"^state: required with a defense seeded explicitly") as err:
+        local_update(mlp(), loader(), sgd(0.1), defense)
+    assert "\n" not in str(err.value) and "ClientState()" in str(err.value)
+    first = local_update(mlp(), loader(), sgd(0.1), defense, state=ClientState())
+    again = local_update(mlp(), loader(), sgd(0.1), defense, state=ClientState())
+    second = local_update(mlp(), loader(), sgd(0.1), defense, state=first.state)
+    key = "3.weight"
+    assert torch.equal(first.delta[key], again.delta[key])  # the seed: reproducible
+    assert not torch.equal(first.delta[key], second.delta[key])  # the next round: other noise
+
+
+@pytest.mark.parametrize("defense", [GradPrune(0.5, seed=2), SignCompression(seed=2), GaussianNoise(sigma=0.1), None])
+def test_deterministic_or_unseeded_defenses_need_no_counter(defense):
+    local_update(mlp(), loader(), sgd(0.1), defense)
 
 
 def test_bad_input_is_one_clear_error():
