@@ -7,7 +7,10 @@ This construction gives no unit such a support. The server keeps the honest firs
 raises each unit's bias until it fires for every auxiliary image (the lowest pre-activation plus three
 standard deviations), so on the client's batch every unit fires for every sample: the first layer is an
 affine map ``h = W x + b`` and its update is ``sum_n g_n x_n^T`` with ``g_n = W2^T delta_n``, no sample
-alone anywhere. Then the classifier does the binning, across queries of the same batch (FedSGD on a batch
+alone anywhere. In a deeper MLP every hidden layer is lifted in turn, on the lifted units before it (the
+whole stack affine on the batch, ``g_n`` the chain's transposed weights times ``delta_n``; 2026-11-28: until
+then a deeper MLP was "not applicable" and a leak-limit certificate rested on the traps alone). Then the
+classifier does the binning of the last hidden units, across queries of the same batch (FedSGD on a batch
 the client sends each round, the threat fishing's feature search already assumes):
 
 * the classifier is the honest one times ``gain`` (rows of comparable norm: no zeroed row, the honest
@@ -27,9 +30,9 @@ or not: the attacker cannot tell them apart reliably here (the units' readings o
 agree closely when one sample's coefficients dominate, and the float32 difference of two updates blurs a
 single one's), and the certificate's one-to-one matching counts each reading once.
 
-Not applicable: a first layer that does not read the whole flattened input, a normalisation between it
-and its ReLU (it couples the units or the batch), a layer reading the units that is not the classifier,
-FedAvg (the bins are differences of single gradients), no auxiliary data. Not adapted to a defense: a
+Not applicable: a model that is not ``nn.Linear -> nn.ReLU -> ... -> nn.Linear`` (the classifier) with the
+first layer on the whole flattened input (a convolution, a normalisation, which couples the units or the
+batch, or an activation written as a function rather than a module, which the probe cannot see), FedAvg (the bins are differences of single gradients), no auxiliary data. Not adapted to a defense: a
 pruning's zeros or fresh noise in each query land in the differences (noise repeated in every query
 would cancel there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17).
 """
@@ -53,6 +56,11 @@ from guardfl.redteam.threat import ThreatModel
 
 #: the bias lift: the lowest auxiliary pre-activation of a unit is raised by this many standard deviations
 LIFT_STDS = 3.0
+#: the same for the hidden layers after the first: their inputs are lifted units, whose spread on the
+#: client's batch strays further from the auxiliary images' (at 3, one face of 32 left a unit of a third
+#: hidden layer silent, which the leak limit read and refused; at 6 every model of 1-4 hidden layers of
+#: 256 passes it: 12, 12, 7, 5 of 32 LFW faces exactly; a lift of 6 on the first layer too reads 9, not 12)
+DEEP_LIFT_STDS = 6.0
 
 
 class ThresholdBinsConfig(AttackConfig):
@@ -64,11 +72,59 @@ class ThresholdBinsConfig(AttackConfig):
     slope: float = Field(default=2000.0, gt=0, le=1e7, json_schema_extra={"allowed": "a number in (0, 1e7]"})
 
 
-def lifted(first: nn.Linear, aux: Tensor) -> Tensor:
-    """The first layer's biases raised so that every unit fires on every auxiliary image, with a margin of
-    ``LIFT_STDS`` standard deviations of its pre-activation (units that already do keep theirs plus it)."""
-    pre = aux.flatten(1).double() @ first.weight.detach().double().T + first.bias.detach().double()
-    return first.bias.detach().double() + (-pre.min(0).values).clamp(min=0) + LIFT_STDS * pre.std(0)
+def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:
+    """A hidden layer's biases raised so that every unit fires on every auxiliary input (``inputs``: the
+    images, or the lifted layer before's units on them), with a margin of ``stds`` standard deviations of
+    its pre-activation (units that already do keep theirs plus it)."""
+    pre = inputs.flatten(1).double() @ layer.weight.detach().double().T + layer.bias.detach().double()
+    return layer.bias.detach().double() + (-pre.min(0).values).clamp(min=0) + stds * pre.std(0)
+
+
+def lifted_chain(hidden: list[nn.Linear], aux: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Every hidden layer lifted in turn on the auxiliary images (each on the lifted units before it, so
+    the whole stack is affine on them), and the last hidden layer's units on the images."""
+    biases, h = [], aux.flatten(1).double()
+    for i, layer in enumerate(hidden):
+        bias = lifted(layer, h, LIFT_STDS if i == 0 else DEEP_LIFT_STDS)
+        biases.append(bias)
+        h = h @ layer.weight.detach().double().T + bias
+    return biases, h
+
+
+def relu_chain(model: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> list[tuple[str, nn.Linear]] | str:
+    """The model's linear layers, in order, when it is an MLP ``Linear -> ReLU -> ... -> Linear`` (the last
+    the classifier, the first on the whole flattened input), or the reason it is not."""
+    found = trap_layers(model, input_shape)  # the first layer, its ReLU, the layer reading it (or why not)
+    if isinstance(found, str):
+        return found
+    if found.norm is not None:
+        return (f"the first layer's units go through {type(found.norm).__name__}: the affine first layer needs them "
+                "straight into the ReLU")
+    names = {id(m): n for n, m in model.named_modules()}
+    order: list[nn.Module] = []
+    hooks = [m.register_forward_hook(lambda m, i, o: order.append(m)) for m in model.modules()
+             if not any(True for _ in m.children())]
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape, device=found.first.weight.device))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was)
+    layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, nn.ReLU)]
+    linears = layers[0::2]
+    pattern = (len(layers) % 2 == 1 and all(isinstance(m, nn.Linear) for m in linears)
+               and all(isinstance(m, nn.ReLU) for m in layers[1::2])
+               and all(b.in_features == a.out_features for a, b in zip(linears, linears[1:])))
+    if not pattern:
+        kinds = " -> ".join(type(m).__name__ for m in layers[:8])
+        return f"needs an MLP nn.Linear -> nn.ReLU -> ... -> nn.Linear (the classifier); this model runs {kinds}"
+    head = classifier(model, num_classes)
+    if head is None or head[1] is not linears[-1]:
+        return "the last linear layer must be the classifier (the target logit thresholds the last hidden units)"
+    return [(names[id(m)], m) for m in linears]
 
 
 def switch_points(hidden: Tensor, second: nn.Linear, a: Tensor, c: Tensor, gain: float, slope: float) -> Tensor:
@@ -79,17 +135,19 @@ def switch_points(hidden: Tensor, second: nn.Linear, a: Tensor, c: Tensor, gain:
     return (base - others) / (slope * (hidden @ c))
 
 
-def binned_model(model: nn.Module, first_name: str, second_name: str, bias: Tensor, a: Tensor, c: Tensor,
+def binned_model(model: nn.Module, biases: dict[str, Tensor], head_name: str, a: Tensor, c: Tensor,
                  t: float, gain: float, slope: float) -> nn.Module:
-    """The model sent for threshold ``t``: the honest weights, the lifted biases, the scaled classifier with
-    the target row's threshold in its weights."""
+    """The model sent for threshold ``t``: the honest weights, the hidden layers' lifted biases (layer name
+    -> bias), the scaled classifier with the target row's threshold in its weights."""
     sent = copy.deepcopy(model)
-    first, second = sent.get_submodule(first_name), sent.get_submodule(second_name)
+    head = sent.get_submodule(head_name)
     with torch.no_grad():
-        first.bias.copy_(bias.to(first.bias.dtype))
-        w = gain * second.weight.double()
+        for name, bias in biases.items():
+            layer = sent.get_submodule(name)
+            layer.bias.copy_(bias.to(layer.bias.dtype))
+        w = gain * head.weight.double()
         w[0] += slope * (a - t * c)
-        second.weight.copy_(w.to(second.weight.dtype))
+        head.weight.copy_(w.to(head.weight.dtype))
     return sent
 
 
@@ -123,15 +181,9 @@ class ThresholdBins(ServerAttack):
 
     @classmethod
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
-        found = trap_layers(setting.model, tuple(setting.input_shape))
-        if isinstance(found, str):
-            return found
-        if found.norm is not None:
-            return (f"the first layer's units go through {type(found.norm).__name__}: the affine first layer needs them "
-                    "straight into the ReLU")
-        head = classifier(setting.model, setting.num_classes)
-        if head is None or head[0] != found.second_name:
-            return "the layer reading the first layer's units must be the classifier (a one-hidden-layer MLP)"
+        chain = relu_chain(setting.model, tuple(setting.input_shape), setting.num_classes)
+        if isinstance(chain, str):
+            return chain
         if setting.num_classes < 2:
             return "needs two or more classes (the target logit against the others)"
         if threat.aux is not None and len(_aux_images(threat)) < 2:
@@ -141,24 +193,23 @@ class ThresholdBins(ServerAttack):
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
                      gen: torch.Generator) -> Reconstruction:
         c_ = self.config
-        layers = trap_layers(setting.model, tuple(setting.input_shape))
-        aux = _aux_images(threat)
-        first, second = layers.first, layers.second
-        bias = lifted(first, aux)
-        c = bias / bias.pow(2).sum()
-        a = torch.randn(first.out_features, generator=gen, dtype=torch.float64)
+        chain = relu_chain(setting.model, tuple(setting.input_shape), setting.num_classes)
+        (first_name, _), (head_name, head) = chain[0], chain[-1]
+        biases, hidden = lifted_chain([m for _, m in chain[:-1]], _aux_images(threat))
+        c = biases[-1] / biases[-1].pow(2).sum()
+        a = torch.randn(head.in_features, generator=gen, dtype=torch.float64)
         a /= a.norm()
-        hidden = aux.flatten(1).double() @ first.weight.detach().double().T + bias
-        points = switch_points(hidden, second, a, c, c_.gain, c_.slope)
+        points = switch_points(hidden, head, a, c, c_.gain, c_.slope)
         queries = c_.queries or setting.num_samples + 1
         inner = torch.quantile(points, torch.linspace(0, 1, queries, dtype=torch.float64)[1:-1])
         span = float(points.max() - points.min()) or 1.0
         thresholds = torch.cat([points.min()[None] - span, inner, points.max()[None] + span])
         updates, sent = [], None
+        lift = {name: bias for (name, _), bias in zip(chain[:-1], biases)}
         for t in thresholds.tolist():
-            sent = binned_model(setting.model, layers.first_name, layers.second_name, bias, a, c, t, c_.gain, c_.slope)
+            sent = binned_model(setting.model, lift, head_name, a, c, t, c_.gain, c_.slope)
             obs = client(sent)
-            updates.append((obs.update[f"{layers.first_name}.weight"].double(), obs.update[f"{layers.first_name}.bias"].double()))
+            updates.append((obs.update[f"{first_name}.weight"].double(), obs.update[f"{first_name}.bias"].double()))
         lo, hi = setting.input_range
         images, empty = [], 0
         for (w0, b0), (w1, b1) in zip(updates[:-1], updates[1:]):
@@ -171,4 +222,4 @@ class ThresholdBins(ServerAttack):
         labels, source = server_labels(obs, setting, threat)
         return Reconstruction(fill_batch(found, setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {
             "labels": source, "bins": queries - 1, "empty_bins": empty, "candidates": len(images),
-            "layer": layers.first_name, "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})
+            "layer": first_name, "lifted": len(biases), "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})

@@ -26,7 +26,7 @@ def _setting(model, n=32, protocol=None):
     return Setting(model, protocol or FedSGD(), n, SHAPE, 10, (0.0, 1.0), None)
 
 
-def test_applicable_to_a_one_hidden_layer_mlp_only_with_the_reason_elsewhere(faces):
+def test_applicable_to_relu_mlps_only_with_the_reason_elsewhere(faces):
     threat = ThreatModel(server="malicious", labels="known", aux=faces[2])
     attack = get("threshold_bins")
     assert attack.applicable(_setting(FC2(SHAPE, 10)), threat) is None
@@ -54,6 +54,31 @@ def test_every_model_sent_passes_the_leak_limit_and_the_bins_read_faces_exactly(
     assert checks.ok and checks.checks["leak_limit"]["read"] == 0
     exact = sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"])
     assert exact >= 5
+
+
+def _mlp(*hidden: int, norm: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers, d = [torch.nn.Flatten()], SHAPE[1] * SHAPE[2]
+    for i, h in enumerate(hidden):
+        layers += [torch.nn.Linear(d, h), *([torch.nn.BatchNorm1d(h)] if norm and i else []), torch.nn.ReLU()]
+        d = h
+    return torch.nn.Sequential(*layers, torch.nn.Linear(d, 10))
+
+
+def test_a_deeper_mlp_is_lifted_layer_by_layer_and_passes_the_leak_limit(faces):
+    """Every hidden layer lifted in turn (the whole stack affine on the batch): with three hidden layers
+    every model passes leak_limit=0 and the first layer's bins read faces exactly (7 of 32 measured; until
+    2026-11-28 a deeper MLP was not applicable and its leak-limit certificate rested on the traps alone)."""
+    x, y, aux = faces
+    model = _mlp(256, 256, 256)
+    threat = ThreatModel(server="malicious", labels="known", aux=aux)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    rec = get("threshold_bins", seed=0).interrogate(client, _setting(model), threat)
+    assert client.refused == 0 and rec.info["lifted"] == 3
+    exact = sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"])
+    assert exact >= 3
+    reason = get("threshold_bins").applicable(_setting(_mlp(64, 64, norm=True)), threat)
+    assert "Linear -> ReLU -> Linear -> BatchNorm1d -> ReLU -> Linear" in reason
 
 
 def test_the_biases_are_lifted_and_the_threshold_lives_in_the_weights(faces):
