@@ -32,9 +32,11 @@ single one's), and the certificate's one-to-one matching counts each reading onc
 
 Not applicable: a model that is not ``nn.Linear -> nn.ReLU -> ... -> nn.Linear`` (the classifier) with the
 first layer on the whole flattened input (a convolution, a normalisation, which couples the units or the
-batch, or an activation written as a function rather than a module, which the probe cannot see), FedAvg (the bins are differences of single gradients), no auxiliary data. Not adapted to a defense: a
-pruning's zeros or fresh noise in each query land in the differences (noise repeated in every query
-would cancel there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17).
+batch, or an activation written as a function rather than a module, which the probe cannot see), FedAvg
+(the bins are differences of single gradients), no auxiliary data. Adapted to a pruning (``read_bin``: an
+entry zero in either update is no reading; GradPrune 0.9 on 32 faces: 9-11 exact, 3-6 before). Not adapted
+to noise: fresh noise in each query lands in the differences (noise repeated in every query would cancel
+there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17).
 """
 
 from __future__ import annotations
@@ -151,13 +153,30 @@ def binned_model(model: nn.Module, biases: dict[str, Tensor], head_name: str, a:
     return sent
 
 
-def read_bin(dw: Tensor, db: Tensor) -> Tensor | None:
-    """The image a bin's update difference holds: the unit with the largest bias difference, its weight
-    difference over it (``x_n`` exactly when one sample switched); None for an empty bin."""
+def read_bin(w0: Tensor, b0: Tensor, w1: Tensor, b1: Tensor, fill: Tensor | None = None) -> Tensor | None:
+    """The image a bin's two consecutive first-layer updates hold: a unit's weight difference over its bias
+    difference (``x_n`` exactly when one sample switched), the unit with the largest bias difference first;
+    None for an empty bin. A zero entry in either update is no reading (a pruning's zero, or a kept entry
+    facing a pruned one, differences to the update itself): units whose bias is zero in either are skipped,
+    and each pixel is taken from the first unit whose weight entry is non-zero in both (adaptive to
+    GradPrune; without a pruning every entry is non-zero and the first unit gives the whole image). Pixels
+    no unit reads are ``fill`` (the attacker's auxiliary mean image), else 0."""
+    dw, db = w1 - w0, b1 - b0
     if not torch.isfinite(db).all() or not torch.isfinite(dw).all():
         return None
-    j = int(db.abs().argmax())
-    return None if db[j] == 0 else dw[j] / db[j]
+    valid = (b0 != 0) & (b1 != 0) & (db != 0)
+    if not valid.any():
+        return None
+    kept = (w0 != 0) & (w1 != 0)
+    image = torch.zeros_like(dw[0]) if fill is None else fill.to(dw.dtype).clone()
+    have = torch.zeros_like(kept[0])
+    for j in torch.argsort(db.abs() * valid, descending=True)[: int(valid.sum())].tolist():
+        new = kept[j] & ~have
+        image[new] = dw[j, new] / db[j]
+        have |= new
+        if bool(have.all()):
+            break
+    return image if bool(have.any()) else None
 
 
 def _aux_images(threat: ThreatModel) -> Tensor:
@@ -195,7 +214,9 @@ class ThresholdBins(ServerAttack):
         c_ = self.config
         chain = relu_chain(setting.model, tuple(setting.input_shape), setting.num_classes)
         (first_name, _), (head_name, head) = chain[0], chain[-1]
-        biases, hidden = lifted_chain([m for _, m in chain[:-1]], _aux_images(threat))
+        aux = _aux_images(threat)
+        mean_image = aux.flatten(1).double().mean(0)
+        biases, hidden = lifted_chain([m for _, m in chain[:-1]], aux)
         c = biases[-1] / biases[-1].pow(2).sum()
         a = torch.randn(head.in_features, generator=gen, dtype=torch.float64)
         a /= a.norm()
@@ -213,7 +234,7 @@ class ThresholdBins(ServerAttack):
         lo, hi = setting.input_range
         images, empty = [], 0
         for (w0, b0), (w1, b1) in zip(updates[:-1], updates[1:]):
-            image = read_bin(w1 - w0, b1 - b0)
+            image = read_bin(w0, b0, w1, b1, mean_image)
             if image is None:
                 empty += 1
                 continue
