@@ -132,7 +132,10 @@ class UpdateDefense:
         stats; raises ``UndefendedUpdateError`` when an array cannot be defended (see the module docstring).
 
         ``round_index``: the client's FL round (0-based); when given, the round gets a fresh defense whose
-        explicit seed, if any, is derived from (seed, round), as in ``guardfl.integrations.torch``."""
+        explicit seed, if any, is derived from (seed, round), as in ``guardfl.integrations.torch``. Without
+        it this instance's streams continue from call to call; an instance built again every round with
+        the same seed would repeat its first noise (the adapters pass their round counter, and
+        ``GuardedNumPyClient`` refuses a seeded defense without one)."""
         if isinstance(received, Mapping):
             names = list(received) if names is None else names
             received = list(received.values())

@@ -72,6 +72,11 @@ class ThresholdBinsConfig(AttackConfig):
     gain: float = Field(default=1000.0, gt=0, le=1e6, json_schema_extra={"allowed": "a number in (0, 1e6]"})
     #: the target logit's slope along the projection (its step is 1/slope wide)
     slope: float = Field(default=2000.0, gt=0, le=1e7, json_schema_extra={"allowed": "a number in (0, 1e7]"})
+    #: the share of each hidden layer's units lifted (a random subset); the others get their threshold at
+    #: the median of their auxiliary pre-activations (they fire for about half the batch, as a centred benign
+    #: layer's units do). 1: every unit fires for every sample (an affine layer); 0.3: as many always-on
+    #: units as a benign layer on inputs in [0, 1] has (up to 32% measured), so no count of them tells
+    lifted: float = Field(default=1.0, ge=0.0, le=1.0, json_schema_extra={"allowed": "a number in [0, 1]"})
 
 
 def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:
@@ -82,14 +87,20 @@ def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:
     return layer.bias.detach().double() + (-pre.min(0).values).clamp(min=0) + stds * pre.std(0)
 
 
-def lifted_chain(hidden: list[nn.Linear], aux: Tensor) -> tuple[list[Tensor], Tensor]:
-    """Every hidden layer lifted in turn on the auxiliary images (each on the lifted units before it, so
-    the whole stack is affine on them), and the last hidden layer's units on the images."""
+def lifted_chain(hidden: list[nn.Linear], aux: Tensor, share: float = 1.0,
+                 gen: torch.Generator | None = None) -> tuple[list[Tensor], Tensor]:
+    """Every hidden layer's biases set in turn on the auxiliary images (each on the units before it), and
+    the last hidden layer's units on the images: a random ``share`` of each layer's units lifted (they fire
+    for every image; all of them: the whole stack affine on the images), the others with their threshold
+    at the median of their auxiliary pre-activations (they fire for about half)."""
     biases, h = [], aux.flatten(1).double()
     for i, layer in enumerate(hidden):
         bias = lifted(layer, h, LIFT_STDS if i == 0 else DEEP_LIFT_STDS)
+        if share < 1:
+            rest = torch.rand(layer.out_features, generator=gen, dtype=torch.float64) >= share
+            bias[rest] = -(h @ layer.weight.detach().double()[rest].T).median(0).values
         biases.append(bias)
-        h = h @ layer.weight.detach().double().T + bias
+        h = (h @ layer.weight.detach().double().T + bias).clamp(min=0)
     return biases, h
 
 
@@ -216,7 +227,7 @@ class ThresholdBins(ServerAttack):
         (first_name, _), (head_name, head) = chain[0], chain[-1]
         aux = _aux_images(threat)
         mean_image = aux.flatten(1).double().mean(0)
-        biases, hidden = lifted_chain([m for _, m in chain[:-1]], aux)
+        biases, hidden = lifted_chain([m for _, m in chain[:-1]], aux, c_.lifted, gen)
         c = biases[-1] / biases[-1].pow(2).sum()
         a = torch.randn(head.in_features, generator=gen, dtype=torch.float64)
         a /= a.norm()
@@ -243,4 +254,4 @@ class ThresholdBins(ServerAttack):
         labels, source = server_labels(obs, setting, threat)
         return Reconstruction(fill_batch(found, setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {
             "labels": source, "bins": queries - 1, "empty_bins": empty, "candidates": len(images),
-            "layer": first_name, "lifted": len(biases), "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})
+            "layer": first_name, "lifted": len(biases), "lifted_share": c_.lifted, "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})

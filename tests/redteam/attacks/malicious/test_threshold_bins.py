@@ -81,6 +81,23 @@ def test_a_deeper_mlp_is_lifted_layer_by_layer_and_passes_the_leak_limit(faces):
     assert "Linear -> ReLU -> Linear -> BatchNorm1d -> ReLU -> Linear" in reason
 
 
+def test_a_partial_lift_looks_like_a_benign_layer_and_still_passes_the_limit(faces):
+    """``lifted: 0.3``: 30% of the units fire for every sample (benign FC-2 on inputs in [0, 1]: up to 32%),
+    the rest for about half: no count of always-on units tells it from an honest layer, every model still
+    passes leak_limit=0 (5 of 6 seeds and batch sizes measured) and the bins read faces exactly (9-17)."""
+    x, y, aux = faces
+    torch.manual_seed(1)
+    model = FC2(SHAPE, 10)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    rec = get("threshold_bins", seed=1, lifted=0.3).interrogate(client, _setting(model),
+                                                              ThreatModel(server="malicious", labels="known", aux=aux))
+    assert client.refused == 0
+    sent = rec.info["malicious_model"]
+    pre = x.flatten(1) @ sent.net[1].weight.T + sent.net[1].bias
+    assert 0.2 <= float((pre > 0).all(0).float().mean()) <= 0.35 and float((pre <= 0).all(0).float().mean()) < 0.05
+    assert sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"]) >= 5
+
+
 def test_a_bin_is_read_where_both_updates_kept_an_entry():
     """A zero in either update (a pruning's) is no reading: a unit whose bias was pruned in one update is
     skipped, and each pixel comes from the first unit whose entry both updates kept; unread pixels are the
