@@ -26,11 +26,9 @@ class TrapLayers(NamedTuple):
     norm: nn.BatchNorm1d | nn.GroupNorm | None = None
 
 
-def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | str:
-    """The layers of a model that can host trap weights, or the reason it cannot: the modules that run on
-    one probe input, in order, must start with an ``nn.Linear`` on the flattened input, then (optionally)
-    an affine ``nn.BatchNorm1d`` of its units, then an ``nn.ReLU``, then an ``nn.Linear`` reading them."""
-    names = {id(m): n for n, m in model.named_modules()}
+def run_order(model: nn.Module, input_shape: tuple[int, ...]) -> list[nn.Module] | str:
+    """The leaf modules that run on one zero input (eval mode, no gradient), in the order they ran, or the
+    reason the probe could not run the model."""
     order: list[nn.Module] = []
     hooks = [m.register_forward_hook(lambda m, i, o: order.append(m)) for m in model.modules()
              if not any(True for _ in m.children())]
@@ -45,6 +43,17 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | 
         for h in hooks:
             h.remove()
         model.train(was)
+    return order
+
+
+def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | str:
+    """The layers of a model that can host trap weights, or the reason it cannot: the modules that run on
+    one probe input, in order, must start with an ``nn.Linear`` on the flattened input, then (optionally)
+    an affine ``nn.BatchNorm1d`` of its units, then an ``nn.ReLU``, then an ``nn.Linear`` reading them."""
+    names = {id(m): n for n, m in model.named_modules()}
+    order = run_order(model, input_shape)
+    if isinstance(order, str):
+        return order
     normalising = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)  # with or without parameters
     layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, (nn.ReLU, *normalising))]
     d = math.prod(input_shape)

@@ -48,7 +48,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
-from guardfl.redteam.attacks.dense import trap_layers
+from guardfl.redteam.attacks.dense import run_order, trap_layers
 from guardfl.redteam.attacks.malicious.fishing import classifier
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
 from guardfl.redteam.attacks.registry import register
@@ -114,18 +114,9 @@ def relu_chain(model: nn.Module, input_shape: tuple[int, ...], num_classes: int)
         return (f"the first layer's units go through {type(found.norm).__name__}: the affine first layer needs them "
                 "straight into the ReLU")
     names = {id(m): n for n, m in model.named_modules()}
-    order: list[nn.Module] = []
-    hooks = [m.register_forward_hook(lambda m, i, o: order.append(m)) for m in model.modules()
-             if not any(True for _ in m.children())]
-    was = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(torch.zeros(1, *input_shape, device=found.first.weight.device))
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was)
+    order = run_order(model, input_shape)
+    if isinstance(order, str):
+        return order
     layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, nn.ReLU)]
     linears = layers[0::2]
     pattern = (len(layers) % 2 == 1 and all(isinstance(m, nn.Linear) for m in linears)
