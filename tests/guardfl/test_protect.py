@@ -76,7 +76,6 @@ def test_epsilon_is_cumulative_across_rounds(accountant):
     assert two_rounds > run(1, 1)  # and it grows with steps
 
 
-
 def test_a_seeded_dpsgd_in_a_later_round_needs_a_per_round_seed():
     """``privacy_state`` says this is a later round: a seeded DP-SGD not built for it by ``round_defense``
     would draw round 0's noise again (a server differencing two rounds cancels it). One line; the

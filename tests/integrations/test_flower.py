@@ -152,7 +152,6 @@ class PlainClient(NumPyClient):
         return [p + 0.5 for p in parameters], 10, {"loss": 1.0}
 
 
-
 def test_numpy_client_with_a_seeded_defense_needs_the_context():
     """A client_fn builds the client again every round: without the context's round counter a seeded
     defense would send its first noise every round. One line naming ``context``."""
