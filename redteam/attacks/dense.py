@@ -46,12 +46,14 @@ def run_order(model: nn.Module, input_shape: tuple[int, ...]) -> list[nn.Module]
     return order
 
 
-def trap_layers(model: nn.Module, input_shape: tuple[int, ...]) -> TrapLayers | str:
+def trap_layers(model: nn.Module, input_shape: tuple[int, ...],
+                order: list[nn.Module] | str | None = None) -> TrapLayers | str:
     """The layers of a model that can host trap weights, or the reason it cannot: the modules that run on
     one probe input, in order, must start with an ``nn.Linear`` on the flattened input, then (optionally)
-    an affine ``nn.BatchNorm1d`` of its units, then an ``nn.ReLU``, then an ``nn.Linear`` reading them."""
+    an affine ``nn.BatchNorm1d`` of its units, then an ``nn.ReLU``, then an ``nn.Linear`` reading them.
+    ``order``: ``run_order``'s result when the caller has probed the model already."""
     names = {id(m): n for n, m in model.named_modules()}
-    order = run_order(model, input_shape)
+    order = run_order(model, input_shape) if order is None else order
     if isinstance(order, str):
         return order
     normalising = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)  # with or without parameters

@@ -107,16 +107,14 @@ def lifted_chain(hidden: list[nn.Linear], aux: Tensor, share: float = 1.0,
 def relu_chain(model: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> list[tuple[str, nn.Linear]] | str:
     """The model's linear layers, in order, when it is an MLP ``Linear -> ReLU -> ... -> Linear`` (the last
     the classifier, the first on the whole flattened input), or the reason it is not."""
-    found = trap_layers(model, input_shape)  # the first layer, its ReLU, the layer reading it (or why not)
+    order = run_order(model, input_shape)
+    found = trap_layers(model, input_shape, order)  # the first layer, its ReLU, the layer reading it (or why not)
     if isinstance(found, str):
         return found
     if found.norm is not None:
         return (f"the first layer's units go through {type(found.norm).__name__}: the affine first layer needs them "
                 "straight into the ReLU")
     names = {id(m): n for n, m in model.named_modules()}
-    order = run_order(model, input_shape)
-    if isinstance(order, str):
-        return order
     layers = [m for m in order if any(True for _ in m.parameters(recurse=False)) or isinstance(m, nn.ReLU)]
     linears = layers[0::2]
     pattern = (len(layers) % 2 == 1 and all(isinstance(m, nn.Linear) for m in linears)
