@@ -10,6 +10,7 @@ from guardfl._version import __version__
 from guardfl.defenses import from_config
 from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError, UnsupportedOptimizerError
 from guardfl.inspect import Inspection, inspect_model
+from guardfl.inspect_history import LeakHistory
 from guardfl.optimizer import GuardedOptimizer, wrap
 from guardfl.protect import PrivateOptimizer, dp_compatible, load_plain_state_dict, plain_state_dict, protect, soft_cross_entropy
 from guardfl.stats import LayerStats, StageStats, StepStats
@@ -20,6 +21,7 @@ __all__ = [
     "GuardflError",
     "Inspection",
     "LayerStats",
+    "LeakHistory",
     "MaliciousModelError",
     "NonFiniteGradientError",
     "PrivateOptimizer",

@@ -57,10 +57,13 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   is refused, the honest one too (the isolation check judges an excess over the client's own architecture,
   so it passes that architecture's own leak). Fails closed where the count is no bound (a normalisation
   of a linear layer's output, a layer too large to examine, a model it cannot run on); partial reads are
-  not counted (docs/malicious-server.md section 15). No bound against a server that may query one batch
-  repeatedly: with every unit lifted to fire for every sample no support isolates anyone, and the
-  classifier bins the batch across queries (the red team's ``threshold_bins`` reads faces exactly through
-  a limit of 0; section 17). Against that, defend the update (fresh noise per round).
+  not counted (docs/malicious-server.md section 15). One update's count is no bound against a server that
+  may query one batch repeatedly: with every unit lifted to fire for every sample no support isolates
+  anyone, and the classifier bins the batch across queries (the red team's ``threshold_bins`` reads faces
+  exactly through a limit of 0; section 17). With ``history`` (a ``LeakHistory``, ``guardfl.inspect_history``)
+  the limit counts across rounds: this update's reads, its difference's with every earlier update of the
+  same batch, and what those gave away (no face exactly then, but partial reads remain; section 18).
+  Against that, defend the update (fresh noise per round).
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
 docstrings say why. The thresholds were chosen from measurements on benign models (PyTorch default
@@ -90,6 +93,7 @@ from torch import Tensor, nn
 from guardfl import inspect_columns
 from guardfl.errors import ConfigError, MaliciousModelError
 from guardfl.inspect_groups import GROUP_MAX_PAIRS
+from guardfl.inspect_history import LeakHistory
 from guardfl.inspect_isolation import (ISOLATION_INIT_SEED, ISOLATION_MIN_SAMPLES, ISOLATION_PEEL,
                                        ISOLATION_READ_ERROR, ISOLATION_SHARE, ISOLATION_SPREAD, ISOLATION_TOLERANCE,
                                        isolated_samples, isolation_limit, isolation_threshold)
@@ -503,6 +507,7 @@ def inspect_model(
     strict: bool = False,
     disaggregation: bool = False,
     leak_limit: int | None = None,
+    history: LeakHistory | None = None,
 ) -> Inspection:
     """Inspect a received global model for malicious-server signatures (see the module docstring).
 
@@ -521,7 +526,10 @@ def inspect_model(
     with which a server reads more than ``k`` samples of the batch from the update's linear layers (the
     isolation check's count, not judged against anything): an absolute limit, where the isolation check
     alone judges a model against the client's architecture at a fresh initialisation and so passes the
-    honest model's own leak. Reported in ``checks["leak_limit"]``.
+    honest model's own leak. Reported in ``checks["leak_limit"]``. ``history`` (a ``LeakHistory`` the client
+    keeps for its whole life, with ``leak_limit``) extends the limit across rounds: the samples read from
+    this update, from its difference with every update the client sent on the same batch, and those earlier
+    rounds gave away, together (``guardfl.inspect_history``); an accepted model's round is added to it.
 
     Broken or hostile models fail closed: a model is **not ok** (a reason, or ``MaliciousModelError``
     with ``strict=True``) when a tensor holds NaN or infinite values ("non-finite:"), cannot be examined
@@ -547,6 +555,12 @@ def inspect_model(
         check_leak_limit(leak_limit, "leak_limit", "samples of the batch")
         if batch is None:
             raise ConfigError("leak_limit: needs batch, the client's own (x, y): the limit is on what a server reads of it")
+    if history is not None:
+        if not isinstance(history, LeakHistory):
+            raise ConfigError(f"history: must be a guardfl.inspect_history.LeakHistory, got {type(history).__name__}")
+        if leak_limit is None:
+            raise ConfigError("history: extends the leak limit across rounds, but leak_limit is None: set leak_limit, or history=None")
+    signals: dict[str, tuple[Tensor, Tensor]] = {}
     reasons: list[str] = []
     checks: dict[str, dict[str, Any]] = {}
 
@@ -588,12 +602,14 @@ def inspect_model(
                 # or the module the received state runs in (never anyone's weights)
                 baseline = reference if isinstance(reference, nn.Module) else module
                 batch_reasons, batch_checks = _batch_checks(module, batch, classifier[0] if classifier else None, baseline,
-                                                            disaggregation)
+                                                            disaggregation, signals)
                 reasons += batch_reasons
                 checks.update(batch_checks)
                 if leak_limit is not None:
                     limit_reasons, checks["leak_limit"] = leak_limit_check(checks.get("isolation"), len(batch[0]), leak_limit)
                     reasons += limit_reasons
+                    if history is not None and "read" in checks["leak_limit"]:
+                        reasons += _leak_history(history, batch, signals, checks["leak_limit"], leak_limit)
             else:
                 checks["batch"] = {"skipped": load_reason or "the received architecture differs from the reference"}
                 if load_reason:
@@ -604,6 +620,8 @@ def inspect_model(
     # names come from the sender: keep every reason on one line
     reasons = [r.replace("\r", "\\r").replace("\n", "\\n") for r in reasons]
     result = Inspection(ok=not reasons, reasons=reasons, checks=checks)
+    if history is not None and result.ok:  # a refused model's update is never sent: only accepted rounds are remembered
+        history.record(*_valid_batch(batch), signals, set(checks["leak_limit"].get("all_samples", [])))
     if strict and not result.ok:
         raise MaliciousModelError(result.reasons)
     return result
@@ -897,12 +915,13 @@ def _record(ran: list, names: Mapping[int, str], m: nn.Module, inp, out) -> None
         ran.append((f"{ran[-1][0]} -> {names[id(m)]}", m, out, None))
 
 
-def _batch_checks(module: nn.Module, batch, examined: str | None = None,
-                  baseline: nn.Module | None = None, disaggregation: bool = False) -> tuple[list[str], dict[str, dict[str, Any]]]:
+def _batch_checks(module: nn.Module, batch, examined: str | None = None, baseline: nn.Module | None = None,
+                  disaggregation: bool = False, signals_out: dict | None = None) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The output and gradient checks on the batch. ``examined``: the layer the weight checks took for the
     classifier (the last 2-D weight); when another layer computes the logits, its weights are checked too.
     ``baseline``: the client's architecture (the reference module, or the received one), whose fresh
-    initialisation's isolation on the same batch is what the received model's is judged against."""
+    initialisation's isolation on the same batch is what the received model's is judged against.
+    ``signals_out``: filled with the judged linear layers' ``(delta, input)`` (for ``LeakHistory``)."""
     x, y = _valid_batch(batch)
     linear = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not linear:
@@ -995,7 +1014,10 @@ def _batch_checks(module: nn.Module, batch, examined: str | None = None,
                            f"{x.shape[0]} with {labels} labels")
     base, source = (_baseline_isolation(baseline, module, x, y, train=mode.startswith("train")) if baseline is not None
                     else (None, None))
-    layer_reasons, checks["isolation"], per_layer, reading_hidden = _layer_gradients(ran, raw_logits, y, labels, base, inputs)
+    layer_reasons, checks["isolation"], per_layer, reading_hidden, signals = _layer_gradients(ran, raw_logits, y, labels, base,
+                                                                                              inputs)
+    if signals_out is not None:
+        signals_out.update(signals)
     if source:
         checks["isolation"]["baseline_model"] = source
     reasons += layer_reasons
@@ -1057,6 +1079,30 @@ def leak_limit_check(isolation: Mapping[str, Any] | None, n: int, limit: int) ->
                            f"the count is no bound (trap_weights reads faces exactly through BatchNorm and GroupNorm "
                            f"where it counts fewer): the limit is not vouched for, refused")
     return reasons, check
+
+
+def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], limit: int) -> list[str]:
+    """``inspect_model(leak_limit=, history=)``: the limit on this update's reads, its differences' with every
+    remembered update of the same batch and what those gave away, together (``check`` updated in place:
+    ``history``, ``read_with_history``, ``all_samples``)."""
+    x, y = _valid_batch(batch)
+    now = set(check.get("samples", []))
+    earlier, info = history.reads(x, y, signals)
+    total = now | earlier
+    check.update(history=info, read_with_history=len(total), all_samples=sorted(total),
+                 scope="nn.Linear layers but the classification layer (convolutions not examined): this update, its difference "
+                       "with every update this client sent on the same batch, and what those gave away; not combinations of "
+                       "three or more updates, nor batches that change between rounds")
+    reasons = []
+    if info.get("full"):
+        reasons.append(f"leak limit: this batch was answered {info['rounds']} times, all its history remembers (max_rounds = "
+                       f"{history.max_rounds}): what differences with more rounds read is not vouched for, refused")
+    if len(total) > limit >= len(now):  # else the one-update reason says it already
+        reasons.append(f"leak limit: a server reads {len(total)} of the batch's {len(x)} samples with this update and the "
+                       f"{info['rounds']} this client sent before on the same batch ({info['read_by_differences']} by "
+                       f"differencing this update with one of them, {info['read_before']} given away before), more than "
+                       f"leak_limit = {limit}")
+    return reasons
 
 
 def _disaggregation(module: nn.Module, x: Tensor, y: Tensor) -> tuple[list[str], dict[str, Any]]:
@@ -1205,7 +1251,7 @@ def _isolation_counts(baseline: nn.Module, x: Tensor, y: Tensor, train: bool) ->
              if isinstance(m, nn.Linear) and isinstance(o, Tensor) and o.dim() == 2 and o.shape[0] == x.shape[0]]
     if not heads:
         return None
-    _, isolation, _, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None, inputs)
+    _, isolation, _, _, _ = _layer_gradients(ran, heads[-1], y, int(y.unique().numel()), None, inputs)
     return {name: {"isolated": layer["isolated"], "by_pairs": layer["by_pairs"]}
             for name, layer in isolation.get("layers", {}).items()}
 
@@ -1223,7 +1269,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
               if isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == n and out.requires_grad]
     if not layers or not logits.requires_grad:
         why = "the model's linear layers do not depend on anything differentiable (no float input, no trainable weight)"
-        return [], {"skipped": why}, {}, []
+        return [], {"skipped": why}, {}, [], {}
     loss = torch.nn.functional.cross_entropy(logits.double(), y.to(logits.device), reduction="sum")
     grads = torch.autograd.grad(loss, [out for _, out, _, _ in layers], allow_unused=True)
     reasons: list[str] = []
@@ -1231,6 +1277,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
     per_layer: dict[str, Any] = {}
     judged = n >= CONCENTRATION_MIN_BATCH and labels >= 2
     worst, reading_hidden, read = 0, [], set()
+    signals: dict[str, tuple[Tensor, Tensor]] = {}  # judged linear layers' (delta, input): ``LeakHistory``'s differences
     linear_inputs = {name: a for name, _, a, m in layers if isinstance(m, nn.Linear)}
     for (name, out, a, m), g in zip(layers, grads):
         delta = torch.zeros_like(out, dtype=torch.float64) if g is None else g.detach().double().cpu()
@@ -1252,6 +1299,8 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
                 continue
             worst = max(worst, len(found))
             read.update(found)
+            if isinstance(m, nn.Linear) and a is not None and a.dim() == 2 and a.shape[0] == n:
+                signals[name] = (delta, a.detach().double().cpu())
             base = None if baseline is None else baseline.get(name, {"isolated": 0, "by_pairs": 0})
             reason = (_isolation_reason(name, info["by_pairs"], n, None if base is None else base["by_pairs"])
                       or _isolation_reason(name, len(found), n, None if base is None else base["isolated"], groups=True))
@@ -1286,7 +1335,7 @@ def _layer_gradients(ran, logits: Tensor, y: Tensor, labels: int, baseline: dict
         isolation["baseline_by_pairs"] = {name: counts["by_pairs"] for name, counts in baseline.items()}
     if not isolation["not_examined"]:
         del isolation["not_examined"]
-    return reasons, isolation, per_layer, reading_hidden
+    return reasons, isolation, per_layer, reading_hidden, signals
 
 
 def _reads_input(a: Tensor, inputs: Tensor) -> bool:
