@@ -128,6 +128,12 @@ class ClientSection(StrictModel):
     #: the certificate says the client trained nothing there
     inspect_leak_limit: int | None = Field(default=None, ge=0, le=4096,
                                            json_schema_extra={"allowed": "null or an integer in [0, 4096]"})
+    #: with ``inspect_leak_limit``: the client keeps what it sent between rounds (``local_update`` with its
+    #: ``ClientState``: a ``LeakHistory``), and the limit is on what one update, its difference with any
+    #: earlier update of the same batch, and earlier rounds read together (a malicious server's queries are
+    #: the client's rounds). false: a client built anew each round (a Flower ``client_fn``, NVIDIA FLARE),
+    #: whose limit holds per update only (``threshold_bins`` reads faces exactly through it by differencing)
+    inspect_leak_history: bool = True
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 
@@ -139,6 +145,9 @@ class ClientSection(StrictModel):
         if self.inspect_leak_limit is not None and not self.inspect:
             raise ValueError("inspect_leak_limit: a limit adds a check to the client's inspection, but inspect is false: "
                              "set inspect: true, or remove inspect_leak_limit")
+        if not self.inspect_leak_history and self.inspect_leak_limit is None:
+            raise ValueError("inspect_leak_history: false says how the client keeps its leak limit, but inspect_leak_limit is "
+                             "not set: set inspect_leak_limit, or remove inspect_leak_history")
         return self
 
     @model_validator(mode="after")

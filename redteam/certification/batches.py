@@ -218,11 +218,12 @@ class BatchSource:
         out = {"kind": kind, "ref": self.target and (self.target.clientapp or self.target.train_fn or self.target.nvflare), "note": note,
                "batches": {str(b): r for b, r in sorted(self._runs.items())}}
         if self.target is None and self.cfg.client.inspect:
-            out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation, self.cfg.client.inspect_leak_limit)
+            out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation, self.cfg.client.inspect_leak_limit,
+                                                     self.cfg.client.inspect_leak_history)
         return out
 
 
-def inspection_summary(disaggregation: bool, leak_limit: int | None = None) -> dict[str, Any]:
+def inspection_summary(disaggregation: bool, leak_limit: int | None = None, leak_history: bool = True) -> dict[str, Any]:
     """What an inspecting simulated client runs on every model a malicious server sends, and with
     ``leak_limit`` on the honest one too (the certificate's ``client.inspection``): ``inspect_model``,
     strict, with the honest global model as the reference and its own first batch; the checks, and the
@@ -243,6 +244,11 @@ def inspection_summary(disaggregation: bool, leak_limit: int | None = None) -> d
         summary["leak_limit_rule"] = (f"any model, the honest one too, with which a server reads more than {leak_limit} "
                                       f"samples of the first batch from the update's linear layers (the isolation "
                                       f"check's count) is refused")
+        summary["leak_limit_scope"] = (
+            "with history: this update, its difference with every earlier update the client sent on the same batch, "
+            "and what those gave away, together (LeakHistory; not combinations of three or more updates)" if leak_history else
+            "per update only: the client keeps no history between rounds (client.inspect_leak_history: false), and a "
+            "server that differences two updates of one batch reads past the limit")
     else:
         not_run.append("leak_limit (an absolute limit that refuses the honest model's own leak too, opt-in: "
                        "client.inspect_leak_limit: k)")

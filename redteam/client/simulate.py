@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from guardfl.defenses import Defense, DefenseConfig, Identity, from_config, parse_config
 from guardfl.errors import ConfigError, GuardflError
 from guardfl.inspect import inspect_model
+from guardfl.inspect_history import LeakHistory
 from guardfl.integrations.round import FedAvg, FedSGD, Protocol, RoundResult, bn_layers, client_round
 from guardfl.protect import split_stages
 from guardfl.redteam import modality as modalities
@@ -271,12 +272,16 @@ class ClientQuery:
     its first batch (``(x, y)`` of its first local step); a model that is not ok raises ``ModelRefused``
     (nothing trained, nothing sent) and is counted in ``refused``. ``disaggregation=True``: the inspection
     adds SEER's D-SNR check (``inspect_model(..., disaggregation=True)``, train mode); ``leak_limit``: at
-    most that many samples of the first batch read from the update (``inspect_model(..., leak_limit=)``)."""
+    most that many samples of the first batch read from the update (``inspect_model(..., leak_limit=)``), from its
+    difference with any earlier query's update and by earlier queries, together (a ``LeakHistory`` kept across
+    queries, as ``local_update`` keeps one in its ``ClientState``; until 2026-11-28 each query was limited alone,
+    and ``threshold_bins`` read 14 faces exactly through a limit of 0); ``leak_history=False``: per update only
+    (a client built anew each round, as a Flower ``client_fn`` builds it)."""
 
     def __init__(self, inputs: Tensor, labels: Tensor, defense_config: DefenseConfig | dict | None, protocol: Protocol,
                  *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
                  inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False,
-                 leak_limit: int | None = None) -> None:
+                 leak_limit: int | None = None, leak_history: bool = True) -> None:
         if inspect and reference is None:
             raise ConfigError("client.inspect: the client needs its reference model (the honest global model) to inspect")
         if disaggregation and not inspect:
@@ -290,6 +295,9 @@ class ClientQuery:
         self.inspect, self.reference, self.disaggregation, self.leak_limit = inspect, reference, disaggregation, leak_limit
         self.num_samples = int(inputs.shape[0])
         self.input_shape = tuple(inputs.shape[1:])
+        # the client's memory of what it sent, for the leak limit across queries (a deployed client keeps it in its
+        # ``ClientState``): a server differencing two queries of the batch reads what neither update shows alone
+        self.history = LeakHistory() if leak_limit is not None and leak_history else None
         self.queries = 0
         self.refused = 0
 
@@ -297,7 +305,7 @@ class ClientQuery:
         self.queries += 1
         if self.inspect:
             inspection = inspect_model(model, self.reference, batch=first_batch(self.protocol, self._inputs, self._labels),
-                                       disaggregation=self.disaggregation, leak_limit=self.leak_limit)
+                                       disaggregation=self.disaggregation, leak_limit=self.leak_limit, history=self.history)
             if not inspection.ok:
                 self.refused += 1
                 raise ModelRefused(inspection.reasons)

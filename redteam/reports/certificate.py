@@ -36,8 +36,14 @@ def inspection_line(cert) -> str:
     if client.get("inspect_leak_limit") is not None:
         limited = [r for r in cert.results if "leak limit:" in str((r.get("info") or {}).get("refused", ""))]
         honest = {r["batch"] for r in limited if (r.get("threat") or {}).get("server") != "malicious"}
-        line += (f"; the leak limit ({client['inspect_leak_limit']} samples) was among the reasons of {len(limited)} "
+        scope = ("across the client's rounds: differences of its updates counted" if client.get("inspect_leak_history", True)
+                 else "per update: the client keeps no history, differences of its updates not counted")
+        partly = sum(int((r.get("info") or {}).get("refused_queries") or 0) for r in cert.results
+                     if "refused" not in (r.get("info") or {}))
+        line += (f"; the leak limit ({client['inspect_leak_limit']} samples, {scope}) was among the reasons of {len(limited)} "
                  f"refused run(s), and refused the honest model on {len(honest)} batch(es)")
+        if partly:
+            line += f"; {partly} model(s) refused within runs that went on with the models accepted"
     return line
 
 

@@ -36,7 +36,13 @@ batch, or an activation written as a function rather than a module, which the pr
 (the bins are differences of single gradients), no auxiliary data. Adapted to a pruning (``read_bin``: an
 entry zero in either update is no reading; GradPrune 0.9 on 32 faces: 9-11 exact, 3-6 before). Not adapted
 to noise: fresh noise in each query lands in the differences (noise repeated in every query would cancel
-there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17).
+there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17). Adapted to a client
+that limits what differences of its updates read (``inspect_model(..., history=)``): a refused threshold is
+skipped and the next one sent, so the accepted thresholds make wider bins (of two or more samples, which the
+client's count reads nothing from), each still read as one image (partial reads, measured by the
+certificate). Not built: intersecting such bins across two directions ``a`` (the lines through the images
+of two two-sample bins that share a sample meet at it), combinations of four updates the client's history
+does not examine (docs/malicious-server.md section 18).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from guardfl.redteam.attacks.malicious.fishing import classifier
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
-from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
 from guardfl.redteam.threat import ThreatModel
 
 #: the bias lift: the lowest auxiliary pre-activation of a unit is raised by this many standard deviations
@@ -225,12 +231,18 @@ class ThresholdBins(ServerAttack):
         inner = torch.quantile(points, torch.linspace(0, 1, queries, dtype=torch.float64)[1:-1])
         span = float(points.max() - points.min()) or 1.0
         thresholds = torch.cat([points.min()[None] - span, inner, points.max()[None] + span])
-        updates, sent = [], None
+        updates, sent, obs, refused = [], None, None, None
         lift = {name: bias for (name, _), bias in zip(chain[:-1], biases)}
         for t in thresholds.tolist():
             sent = binned_model(setting.model, lift, head_name, a, c, t, c_.gain, c_.slope)
-            obs = client(sent)
+            try:
+                obs = client(sent)
+            except ModelRefused as err:  # adaptive to a client that limits differences of its updates: skip the
+                refused = err            # threshold, keep the next (a wider bin between the accepted ones)
+                continue
             updates.append((obs.update[f"{first_name}.weight"].double(), obs.update[f"{first_name}.bias"].double()))
+        if obs is None:
+            raise refused
         lo, hi = setting.input_range
         images, empty = [], 0
         for (w0, b0), (w1, b1) in zip(updates[:-1], updates[1:]):
@@ -243,4 +255,4 @@ class ThresholdBins(ServerAttack):
         labels, source = server_labels(obs, setting, threat)
         return Reconstruction(fill_batch(found, setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {
             "labels": source, "bins": queries - 1, "empty_bins": empty, "candidates": len(images),
-            "layer": first_name, "lifted": len(biases), "lifted_share": c_.lifted, "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})
+            "layer": first_name, "refused_thresholds": queries - len(updates), "lifted": len(biases), "lifted_share": c_.lifted, "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})

@@ -59,13 +59,37 @@ def test_a_limit_without_inspection_or_out_of_range_is_one_line(tmp_path, capsys
         assert len(err.splitlines()) == 1 and words in err, err
 
 
-def test_the_limit_does_not_hold_against_a_server_that_lifts_every_unit_to_fire_for_every_sample():
-    """The leak limit counts the samples a unit's support isolates. ``threshold_bins`` gives no unit such a
-    support (every hidden unit fires for every sample) and bins the batch with the classifier over 65
-    queries: every model passes the limit of 0, and faces come back exactly (docs section 17)."""
-    cfg = {**FC, "attacks": [{"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}]}
+def test_a_limit_per_update_does_not_hold_against_a_server_that_lifts_every_unit_to_fire_for_every_sample():
+    """The leak limit of one update counts the samples a unit's support isolates. ``threshold_bins`` gives no
+    unit such a support (every hidden unit fires for every sample) and bins the batch with the classifier
+    over 65 queries: against a client that keeps no history (``inspect_leak_history: false``, a client built
+    anew each round) every model passes the limit of 0, and faces come back exactly (docs section 17)."""
+    cfg = {**FC, "client": {**FC["client"], "inspect_leak_history": False},
+           "attacks": [{"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}]}
     result = certify(cfg)
     assert result.status == "NOT CERTIFIED"
     (bins,) = result.results
     assert "refused" not in bins["info"] and bins["info"]["refused_queries"] == "0" and bins["info"]["queries"] == "65"
     assert bins["recovered"]["exact"] >= 5  # 14 of 64 faces exactly
+
+
+def test_a_limit_with_the_clients_history_refuses_the_differences_that_isolate_but_partial_reads_remain():
+    """The default client keeps its history (``LeakHistory``): a query whose update differenced with an
+    earlier one reads a face is refused (41 of 65), the server skips to the next threshold, and its wider
+    bins read no face exactly (best SSIM 0.87) but 32 of 64 past SSIM 0.4: still NOT CERTIFIED (docs
+    section 18: the limit counts exact reads, the certificate partial ones too)."""
+    cfg = {**FC, "attacks": [{"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}]}
+    result = certify(cfg)
+    assert result.status == "NOT CERTIFIED"
+    (bins,) = result.results
+    assert int(bins["info"]["refused_queries"]) >= 10 and bins["info"]["queries"] == "65"
+    assert bins["recovered"]["exact"] == 0 and bins["recovered"]["above_max_ssim"] >= 5
+    assert "with history" in result.client["inspection"]["leak_limit_scope"]
+
+
+def test_leak_history_false_without_a_limit_is_one_line(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**FC, "client": {**FC["client"], "inspect_leak_limit": None, "inspect_leak_history": False}}))
+    assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "inspect_leak_history" in err, err

@@ -40,12 +40,14 @@ def test_applicable_to_relu_mlps_only_with_the_reason_elsewhere(faces):
 
 def test_every_model_sent_passes_the_leak_limit_and_the_bins_read_faces_exactly(faces):
     """Against a client that inspects every model with its batch and refuses any with which a server reads
-    one sample (leak_limit=0), every one of the 33 models passes, and the bins read faces exactly."""
+    one sample from that update (leak_limit=0, no history: a client built anew each round), every one of
+    the 33 models passes, and the bins read faces exactly."""
     x, y, aux = faces
     torch.manual_seed(0)
     model = FC2(SHAPE, 10)
     assert not inspect_model(model, model, batch=(x, y), leak_limit=0).ok  # the honest model itself is refused
-    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0,
+                         leak_history=False)
     threat = ThreatModel(server="malicious", labels="known", aux=aux)
     rec = get("threshold_bins", seed=0).interrogate(client, _setting(model), threat)
     assert client.refused == 0 and rec.info["queries"] == 33 and rec.info["bins"] == 32
@@ -54,6 +56,22 @@ def test_every_model_sent_passes_the_leak_limit_and_the_bins_read_faces_exactly(
     assert checks.ok and checks.checks["leak_limit"]["read"] == 0
     exact = sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"])
     assert exact >= 5
+
+
+def test_a_client_that_remembers_its_updates_refuses_the_thresholds_that_isolate_and_no_face_comes_back_exactly(faces):
+    """The same client keeping a ``LeakHistory`` (as ``local_update`` does in its ``ClientState``): a threshold
+    whose update differenced with an earlier one reads a face is refused. The server skips it and sends the
+    next (wider bins of two or more faces): no face comes back exactly, but the bins still read faces in part
+    (the certificate's SSIM threshold counts those; docs/malicious-server.md section 18)."""
+    x, y, aux = faces
+    torch.manual_seed(0)
+    model = FC2(SHAPE, 10)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    rec = get("threshold_bins", seed=0).interrogate(client, _setting(model), ThreatModel(server="malicious", labels="known", aux=aux))
+    assert client.refused > 0 and rec.info["refused_thresholds"] == client.refused and "refused" not in rec.info
+    ssim = [r["ssim"] for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"]]
+    assert max(ssim) < 0.95 and sum(s > 0.4 for s in ssim) >= 3
+    assert client.history.rounds(x, y) == 33 - client.refused  # every accepted query remembered, no refused one
 
 
 def _mlp(*hidden: int, norm: bool = False) -> torch.nn.Module:
@@ -72,7 +90,8 @@ def test_a_deeper_mlp_is_lifted_layer_by_layer_and_passes_the_leak_limit(faces):
     x, y, aux = faces
     model = _mlp(256, 256, 256)
     threat = ThreatModel(server="malicious", labels="known", aux=aux)
-    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0,
+                         leak_history=False)
     rec = get("threshold_bins", seed=0).interrogate(client, _setting(model), threat)
     assert client.refused == 0 and rec.info["lifted"] == 3
     exact = sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"])
@@ -88,7 +107,8 @@ def test_a_partial_lift_looks_like_a_benign_layer_and_still_passes_the_limit(fac
     x, y, aux = faces
     torch.manual_seed(1)
     model = FC2(SHAPE, 10)
-    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0,
+                         leak_history=False)
     rec = get("threshold_bins", seed=1, lifted=0.3).interrogate(client, _setting(model),
                                                               ThreatModel(server="malicious", labels="known", aux=aux))
     assert client.refused == 0
@@ -128,7 +148,8 @@ def test_adapts_to_gradprune(faces):
     x, y, aux = faces
     torch.manual_seed(0)
     model = FC2(SHAPE, 10)
-    client = ClientQuery(x, y, {"kind": "gradprune", "ratio": 0.9}, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    client = ClientQuery(x, y, {"kind": "gradprune", "ratio": 0.9}, FedSGD(), inspect=True, reference=model, leak_limit=0,
+                         leak_history=False)
     rec = get("threshold_bins", seed=0).interrogate(client, _setting(model), ThreatModel(server="malicious", labels="known", aux=aux))
     assert client.refused == 0
     assert sum(r["ssim"] >= 0.95 for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"]) >= 7
