@@ -58,8 +58,10 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense
 from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError
 from guardfl.inspect import inspect_model
+from guardfl.inspect_history import LeakHistory
 from guardfl.integrations.round import check_round_counter
-from guardfl.integrations.torch import ClientState, MakeOptimizer, inspect_enabled, inspect_received, local_update
+from guardfl.integrations.torch import (ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
+                                        local_update)
 from guardfl.integrations.update import BN_BUFFERS, UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 
@@ -70,15 +72,22 @@ UPDATE_STATE_KEY = "guardfl-update"
 
 # -- client state in context.state ------------------------------------------------------------------
 def client_state(context: Context, key: str = STATE_KEY) -> ClientState:
-    """The client's guardfl state kept in ``context.state`` (a fresh one on the first round)."""
+    """The client's guardfl state kept in ``context.state`` (a fresh one on the first round), with its leak
+    history when it keeps one (``LeakHistory.to_bytes`` beside the JSON)."""
     record = context.state.config_records.get(key)
     if record is None or "json" not in record:
         return ClientState()
-    return ClientState.from_json(str(record["json"]))
+    state = ClientState.from_json(str(record["json"]))
+    if "leak-history" in record:
+        state.leak_history = LeakHistory.from_bytes(bytes(record["leak-history"]))
+    return state
 
 
 def save_client_state(context: Context, state: ClientState, key: str = STATE_KEY) -> None:
-    context.state[key] = ConfigRecord({"json": state.to_json()})
+    record = {"json": state.to_json()}
+    if state.leak_history is not None:
+        record["leak-history"] = state.leak_history.to_bytes()
+    context.state[key] = ConfigRecord(record)
 
 
 def received_arrays(msg: Message) -> tuple[str, ArrayRecord]:
@@ -135,6 +144,7 @@ def train(
     inspect: bool | str = False,
     inspect_disaggregation: bool = False,
     inspect_leak_limit: int | None = None,
+    inspect_leak_history: bool = True,
 ) -> Message:
     """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply.
 
@@ -146,21 +156,24 @@ def train(
     error while inspecting also come back as that error reply (fail closed), never as an exception.
     ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check, ``inspect_leak_limit=k``
     refuses any model (the honest one too) with which the server would read more than ``k`` samples of the
-    first batch from the update (``local_update``)."""
+    first batch from the update (``local_update``), across rounds with ``inspect_leak_history`` (the default:
+    the ``LeakHistory`` kept in ``context.state`` with the client state)."""
     key, record = received_arrays(msg)
+    state = client_state(context, state_key)
     if not inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit):
         received = record.to_torch_state_dict()
     else:
         try:
             received = record.to_torch_state_dict()
+            history = leak_history_for(state, inspect_leak_limit, inspect_leak_history)
             inspect_received(getattr(model, "_module", model), loader, received=received,
-                             disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit)
+                             disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit, history=history)
+            state.leak_history = history or state.leak_history
         except MaliciousModelError as err:
             return _error_reply(msg, f"guardfl inspect_model: {err}")
         except Exception as err:  # noqa: BLE001 - fail closed: a model that cannot be inspected is not trained
             return _error_reply(msg, InspectModelMod.failure_line("guardfl inspect_model", err))
     load_plain_state_dict(model, received)
-    state = client_state(context, state_key)
     try:
         result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
                               num_classes=num_classes, max_steps=max_steps)

@@ -91,7 +91,9 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from guardfl.defenses import Defense, from_config
 from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
-from guardfl.integrations.torch import BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, local_update
+from guardfl.inspect_history import LeakHistory
+from guardfl.integrations.torch import (BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
+                                        local_update)
 from guardfl.integrations.update import UpdateDefense, key_mismatch
 from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 
@@ -450,15 +452,17 @@ class GuardedTrainer:
     encodings; a dict, kind, YAML text, path or ``Defense``); ``epochs`` / ``loss_fn`` / ``num_classes`` /
     ``max_steps`` as in ``local_update``; ``inspect``: check the received model first
     (``inspect_disaggregation``: with SEER's D-SNR check too; ``inspect_leak_limit``: refuse any model with
-    which the server reads more than that many samples of the first batch; as in ``local_update``); ``state_path``: a
-    JSON file keeping the ``ClientState`` between rounds and launches (read when it exists).
+    which the server reads more than that many samples of the first batch; as in ``local_update``, across
+    rounds unless ``inspect_leak_history`` is False); ``state_path``: a JSON file keeping the ``ClientState``
+    between rounds and launches (read when it exists), its leak history beside it (``<state_path>.leak-history``,
+    ``LeakHistory.to_bytes``).
     """
 
     def __init__(self, model: nn.Module, make_optimizer: MakeOptimizer, defense: Defense | Mapping[str, Any] | str | None = None,
                  *, epochs: int = 1, loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
                  num_classes: int | None = None, max_steps: int | None = None, inspect: bool | str = False,
                  inspect_disaggregation: bool = False, inspect_leak_limit: int | None = None,
-                 state_path: str | Path | None = None) -> None:
+                 inspect_leak_history: bool = True, state_path: str | Path | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         self.model, self.make_optimizer = model, make_optimizer
@@ -468,10 +472,18 @@ class GuardedTrainer:
         self.epochs, self.loss_fn, self.num_classes, self.max_steps = epochs, loss_fn, num_classes, max_steps
         self.inspect = inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit)
         self.inspect_disaggregation, self.inspect_leak_limit = inspect_disaggregation, inspect_leak_limit
+        self.inspect_leak_history = inspect_leak_history
+        leak_history_for(None, inspect_leak_limit, inspect_leak_history)  # a bad flag fails here, before the first round
         self.state_path = Path(state_path) if state_path is not None else None
         self.state = ClientState()
         if self.state_path is not None and self.state_path.is_file():
             self.state = ClientState.from_json(self.state_path.read_text())
+            saved = self._history_path()
+            if saved.is_file():
+                self.state.leak_history = LeakHistory.from_bytes(saved.read_bytes())
+
+    def _history_path(self) -> Path:
+        return self.state_path.with_name(self.state_path.name + ".leak-history")
         self.last = None  # the last round's LocalUpdate
 
     def train(self, input_model: FLModel, loader: Iterable) -> FLModel:
@@ -482,8 +494,10 @@ class GuardedTrainer:
             raise ValueError(f"input_model.params_type: {input_model.params_type}; the global model must be FULL weights")
         received = params_to_state(input_model.params)
         if self.inspect:  # MaliciousModelError before anything is trained
+            history = leak_history_for(self.state, self.inspect_leak_limit, self.inspect_leak_history)
             inspect_received(getattr(self.model, "_module", self.model), loader, received=received,
-                             disaggregation=self.inspect_disaggregation, leak_limit=self.inspect_leak_limit)
+                             disaggregation=self.inspect_disaggregation, leak_limit=self.inspect_leak_limit, history=history)
+            self.state.leak_history = history or self.state.leak_history
         load_plain_state_dict(self.model, received)
         result = local_update(self.model, loader, self.make_optimizer, self.defense, self.epochs, state=self.state,
                               loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps)
@@ -496,6 +510,8 @@ class GuardedTrainer:
         if self.state_path is not None:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             self.state_path.write_text(self.state.to_json())
+            if self.state.leak_history is not None:
+                self._history_path().write_bytes(self.state.leak_history.to_bytes())
         metrics: dict[str, float] = {"train_loss": float(result.mean_loss)}
         if math.isfinite(result.epsilon):
             metrics["guardfl_epsilon"] = float(result.epsilon)

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from guardfl.defenses import Defense
 from guardfl.errors import ConfigError
 from guardfl.inspect import Inspection, check_leak_limit, inspect_model
+from guardfl.inspect_history import LeakHistory
 from guardfl.integrations.round import (BN_BUFFERS, MakeOptimizer, check_round_args, check_round_counter, client_round,
                                         round_defense)
 from guardfl.protect import soft_cross_entropy
@@ -54,6 +55,10 @@ class ClientState:
     steps: int = 0
     #: the DP accountant's state (Opacus ``accountant.state_dict()``); None without DP-SGD
     privacy: dict | None = None
+    #: what the client sent, for ``inspect_leak_limit`` across rounds (``guardfl.inspect_history``): kept in
+    #: memory, not in ``to_json`` (``LeakHistory.to_bytes`` saves it; the Flower integration keeps it in
+    #: ``context.state``, NVIDIA FLARE's beside its state file)
+    leak_history: LeakHistory | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         privacy = None
@@ -145,13 +150,34 @@ def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
     return None
 
 
+def leak_history_for(state: ClientState | None, leak_limit: int | None, keep: bool = True) -> LeakHistory | None:
+    """The ``LeakHistory`` this round's inspection adds to (None: no limit, or ``keep`` False: the limit per
+    update only). The state's own; a new one in a client's first round (``state`` None or 0 rounds done).
+    Fails closed: a later round whose state has lost its history (``ClientState.from_json`` does not carry
+    it) is a ``ConfigError``, never a limit that silently forgot what earlier rounds gave away."""
+    if not isinstance(keep, bool):
+        raise ConfigError(f"inspect_leak_history: must be true or false, got {keep!r}")
+    if leak_limit is None or not keep:
+        return None
+    if state is not None and state.leak_history is not None:
+        return state.leak_history
+    if state is None or state.rounds == 0:
+        return LeakHistory()
+    raise ConfigError(f"inspect_leak_history: this client's state has done {state.rounds} rounds but holds no leak history (ClientState "
+                      "JSON does not carry it: keep the ClientState object between rounds, or LeakHistory.to_bytes beside the JSON), "
+                      "so the limit cannot count what differences with earlier updates read: refused (inspect_leak_history=False "
+                      "limits each update alone)")
+
+
 def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, received: Any = None, *,
-                     disaggregation: bool = False, leak_limit: int | None = None) -> Inspection:
+                     disaggregation: bool = False, leak_limit: int | None = None,
+                     history: LeakHistory | None = None) -> Inspection:
     """``inspect_model`` on the model a client received (``received``: its state dict when it is not yet
     loaded into ``model``, which is then the reference architecture), with the loader's first batch;
     ``disaggregation``: SEER's D-SNR check too (``inspect_model(..., disaggregation=True)``, train mode);
     ``leak_limit``: at most that many samples of the first batch read from the update
-    (``inspect_model(..., leak_limit=)``; the honest model too); raises ``MaliciousModelError`` naming the
+    (``inspect_model(..., leak_limit=)``; the honest model too; ``history``: across rounds, see
+    ``leak_history_for``); raises ``MaliciousModelError`` naming the
     reasons when it is not ok, ``ConfigError`` (naming ``batch``) when the model cannot run on the
     loader's first batch. Without a usable first batch the weights alone are checked and
     ``checks["batch"]`` says why the batch checks were skipped; with ``leak_limit`` that is a
@@ -162,10 +188,10 @@ def inspect_received(model: nn.Module, loader: Iterable, reference: Any = None, 
                           "empty, or its first batch is not (x, y) with one class label per sample")
     if received is None:
         result = inspect_model(model, reference, batch=batch, strict=True, disaggregation=disaggregation,
-                               leak_limit=leak_limit)
+                               leak_limit=leak_limit, history=history)
     else:
         result = inspect_model(received, model if reference is None else reference, batch=batch, strict=True,
-                               disaggregation=disaggregation, leak_limit=leak_limit)
+                               disaggregation=disaggregation, leak_limit=leak_limit, history=history)
     if batch is None:
         result.checks["batch"] = {"skipped": "no usable first batch: the loader is a one-shot iterator, is empty, "
                                              "or its first batch is not (x, y) with one class label per sample"}
@@ -186,6 +212,7 @@ def local_update(
     inspect: bool | str = False,
     inspect_disaggregation: bool = False,
     inspect_leak_limit: int | None = None,
+    inspect_leak_history: bool = True,
 ) -> LocalUpdate:
     """Train ``model`` (in place, train mode) for ``epochs`` over ``loader`` with ``defense`` and return the
     defended update.
@@ -212,7 +239,11 @@ def local_update(
     server would read more than ``k`` samples of the loader's first batch from the update's linear layers
     (``inspect_model(..., leak_limit=k)``: an absolute limit; the isolation check alone passes the honest
     architecture's own leak, e.g. 8-27 of 64 LFW faces in [0, 1] from FC-2's first layer); a
-    ``ConfigError`` without ``inspect`` or without a usable first batch.
+    ``ConfigError`` without ``inspect`` or without a usable first batch. Across rounds (``inspect_leak_history``,
+    default True): the samples read from this update, from its difference with every update this client sent
+    on the same first batch, and those earlier rounds gave away count together (a ``LeakHistory`` kept in
+    ``state``; a server that queries one batch repeatedly and differences the updates reads what no single
+    update shows: ``guardfl.inspect_history``); False limits each update alone.
 
     Fail closed: when a defense acts, every state entry that training changed must be one of the
     optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer
@@ -223,17 +254,20 @@ def local_update(
     if state is None:
         check_round_counter(defense, "state", "pass ClientState() in the first round, then each result.state")
     on = inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit)
-    inspection = (inspect_received(model, loader, disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit)
-                  if on else None)
+    history = leak_history_for(state, inspect_leak_limit if on else None, inspect_leak_history)
+    inspection = (inspect_received(model, loader, disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit,
+                                   history=history) if on else None)
     state = state or ClientState()
     result = client_round(model, loader, make_optimizer, defense, epochs=epochs, round_index=state.rounds,
                           privacy_state=state.privacy, loss_fn=loss_fn, num_classes=num_classes, max_steps=max_steps)
-    new_state = ClientState(rounds=state.rounds + 1, steps=state.steps + result.steps, privacy=result.privacy)
+    new_state = ClientState(rounds=state.rounds + 1, steps=state.steps + result.steps, privacy=result.privacy,
+                            leak_history=history or state.leak_history)
     return LocalUpdate(delta=result.delta, state=new_state, num_examples=result.examples, steps=result.steps,
                        mean_loss=result.loss_sum / max(result.examples, 1), epsilon=result.epsilon,
                        dp_delta=result.dp_delta, defense_stats=result.defense_stats, inspection=inspection,
                        gradient=result.gradient)
 
 
-__all__ = ["BN_BUFFERS", "ClientState", "LocalUpdate", "MakeOptimizer", "first_batch", "inspect_received", "local_update", "round_defense"]
+__all__ = ["BN_BUFFERS", "ClientState", "LocalUpdate", "MakeOptimizer", "first_batch", "inspect_received", "leak_history_for",
+           "local_update", "round_defense"]
 

@@ -9,7 +9,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from guardfl.defenses import GradPrune
 from guardfl.errors import ConfigError, MaliciousModelError
-from guardfl.integrations.torch import local_update
+from guardfl.inspect_history import LeakHistory
+from guardfl.integrations.torch import ClientState, local_update
 from tests import malicious as M
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -133,6 +134,33 @@ def test_local_update_inspect_leak_limit_bad_input_is_one_line(inspect, limit, l
     assert len(str(info.value).splitlines()) == 1 and same(before, model.state_dict())
 
 
+def test_local_update_keeps_the_leak_limit_across_rounds_in_its_state():
+    """Round 0's honest model reads samples 1 and 5 of the first batch (limit 2: accepted); round 1's model
+    reads sample 7 alone, within the limit per update, but 3 with what round 0 gave away: refused. The
+    history lives in the ``ClientState``; a state restored from JSON has lost it and is refused in one line
+    (fail closed) unless the client limits each update alone (``inspect_leak_history=False``)."""
+    loader = DataLoader(DATA, batch_size=8)
+    first = local_update(net(0), loader, sgd, inspect=True, inspect_leak_limit=2, state=ClientState())
+    assert first.state.leak_history is not None and first.inspection.checks["leak_limit"]["samples"] == [1, 5]
+    model = net(1)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(MaliciousModelError) as info:
+        local_update(model, loader, sgd, inspect=True, inspect_leak_limit=2, state=first.state)
+    assert "reads 3 of the batch's 8 samples with this update and the 1 this client sent before" in info.value.reasons[0]
+    assert "2 given away before" in info.value.reasons[0] and same(before, model.state_dict())
+    restored = ClientState.from_json(first.state.to_json())
+    with pytest.raises(ConfigError, match=r"^inspect_leak_history: this client's state has done 1 rounds but holds no leak history"):
+        local_update(net(1), loader, sgd, inspect=True, inspect_leak_limit=2, state=restored)
+    alone = local_update(net(1), loader, sgd, inspect=True, inspect_leak_limit=2, state=restored, inspect_leak_history=False)
+    assert alone.inspection.ok and "history" not in alone.inspection.checks["leak_limit"]
+    with pytest.raises(ConfigError, match="^inspect_leak_history: must be true or false"):
+        local_update(net(1), loader, sgd, inspect=True, inspect_leak_limit=2, inspect_leak_history="yes")
+    saved = LeakHistory.from_bytes(first.state.leak_history.to_bytes())
+    assert saved.rounds(*next(iter(loader))) == 1
+    with pytest.raises(ConfigError, match="^leak history: not a saved guardfl LeakHistory"):
+        LeakHistory.from_bytes(b"not a history")
+
+
 # -- Flower ----------------------------------------------------------------------------------------------------
 flwr = pytest.importorskip("flwr")
 
@@ -198,6 +226,20 @@ def test_train_helper_inspect_leak_limit_replies_with_an_error_and_trains_nothin
     assert same(before, model.state_dict()) and gf.STATE_KEY not in ctx.state.config_records
     app, _ = inspected_app(net(), inspect_leak_limit=2)
     assert not app(gf.train_message(net().state_dict()), context()).has_error()
+
+
+def test_train_helper_keeps_the_leak_history_in_context_state_between_rounds():
+    """The Flower client is built anew every round; its leak history travels in ``context.state`` with the
+    client state (``LeakHistory.to_bytes``), so round 1's model is refused for what round 0 gave away."""
+    ctx = context()
+    app, _ = inspected_app(net(), inspect_leak_limit=2)
+    assert not app(gf.train_message(net(0).state_dict()), ctx).has_error()
+    assert "leak-history" in ctx.state.config_records[gf.STATE_KEY]
+    assert gf.client_state(ctx).leak_history.rounds(DATA.tensors[0][:8], DATA.tensors[1][:8]) == 1
+    reply = app(gf.train_message(net(1).state_dict()), ctx)
+    assert reply.has_error() and "given away before" in reply.error.reason
+    app, _ = inspected_app(net(), inspect_leak_limit=2, inspect_leak_history=False)
+    assert not app(gf.train_message(net(1).state_dict()), ctx).has_error()  # per update only: within the limit
 
 
 def test_train_helper_trains_a_benign_model_with_inspection_on():

@@ -292,6 +292,24 @@ def test_trainer_inspect_leak_limit_refuses_the_honest_models_own_leak():
         gn.GuardedTrainer(plain_net(), lambda p: torch.optim.SGD(p, lr=0.1), PRUNE, inspect_leak_limit=0)
 
 
+def test_trainer_keeps_the_leak_history_across_rounds_and_launches(tmp_path):
+    """The leak limit across rounds: round 0's honest model gives 2 samples away (limit 2: accepted), and
+    after a relaunch (the history read back from beside the state file) round 1's model, within the limit
+    alone, is refused for what round 0 gave away."""
+    path = tmp_path / "state.json"
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    trainer = gn.GuardedTrainer(plain_net(), sgd, PRUNE, inspect=True, inspect_leak_limit=2, state_path=path)
+    trainer.train(fl_model(plain_net(0)), DataLoader(DATA, batch_size=8))
+    assert (tmp_path / "state.json.leak-history").is_file()
+    relaunched = gn.GuardedTrainer(plain_net(), sgd, PRUNE, inspect=True, inspect_leak_limit=2, state_path=path)
+    assert relaunched.state.leak_history is not None
+    with pytest.raises(MaliciousModelError, match="given away before"):
+        relaunched.train(fl_model(plain_net(1)), DataLoader(DATA, batch_size=8))
+    assert relaunched.state.rounds == 1
+    with pytest.raises(ConfigError, match="^inspect_leak_history: must be true or false"):
+        gn.GuardedTrainer(plain_net(), sgd, PRUNE, inspect=True, inspect_leak_limit=2, inspect_leak_history=None)
+
+
 def test_trainer_refuses_bad_input_at_construction_and_diff_models():
     with pytest.raises(ConfigError, match="unknown kind"):
         gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), "nope")
