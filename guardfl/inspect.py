@@ -1096,7 +1096,12 @@ def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], l
     reasons = []
     if info.get("full"):
         reasons.append(f"leak limit: this batch was answered {info['rounds']} times, all its history remembers (max_rounds = "
-                       f"{history.max_rounds}): what differences with more rounds read is not vouched for, refused")
+                       f"{history.max_rounds}; a client starts with ClientState(leak_history=LeakHistory(max_rounds=...)) "
+                       f"for more): what differences with more rounds read is not vouched for, refused")
+    if info.get("dropped"):
+        reasons.append(f"leak limit: this batch was answered before, but its rounds were dropped from the history (more "
+                       f"than max_batches = {history.max_batches} batches since): what differences with them read is not "
+                       f"vouched for, refused")
     if len(total) > limit >= len(now):  # else the one-update reason says it already
         reasons.append(f"leak limit: a server reads {len(total)} of the batch's {len(x)} samples with this update and the "
                        f"{info['rounds']} this client sent before on the same batch ({info['read_by_differences']} by "

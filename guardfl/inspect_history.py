@@ -26,7 +26,9 @@ and inputs of the examined linear layers, and the samples read so far. The leak 
 union: what one update reads, what its difference with any remembered round reads, and what earlier rounds
 gave away. Every pair with the new round is compared (the server chooses which two rounds to subtract: any
 window would let it space its queries), and a batch answered ``max_rounds`` times is refused (fail closed:
-raise it to keep training on that batch).
+raise it to keep training on that batch). At most ``max_batches`` batches are kept, the least recently
+answered dropped first (a client whose loader shuffles has a new first batch every round, almost never seen
+again); a dropped batch's key is kept, and a round on it is refused, never compared with nothing.
 
 What it does not bound (said in ``checks["leak_limit"]``): combinations of three or more updates (a server
 that solves for samples across many overlapping bins; not measured), reads from a batch that changes
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +60,9 @@ from guardfl.inspect_pairs import relative_read_error
 
 #: the rounds on one batch a history remembers by default; the next round on that batch is refused
 HISTORY_MAX_ROUNDS = 256
+#: the batches a history keeps by default (the least recently answered dropped first; a round on a dropped
+#: batch is refused): FC-2 on 64 samples, 181 kB per remembered round
+HISTORY_MAX_BATCHES = 64
 
 #: a round's signals: layer name -> (coefficients ``delta``, batch x units; the layer's input ``a``, batch x features)
 Signals = dict[str, tuple[Tensor, Tensor]]
@@ -122,11 +128,13 @@ class LeakHistory:
     what earlier rounds gave away. Picklable. Only ``inspect_model`` adds to it, and only rounds it accepted
     (a refused model's update is never sent)."""
 
-    def __init__(self, max_rounds: int = HISTORY_MAX_ROUNDS) -> None:
-        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or not 1 <= max_rounds <= 100_000:
-            raise ConfigError(f"max_rounds: must be an integer in [1, 100000], got {max_rounds!r}")
-        self.max_rounds = max_rounds
-        self._batches: dict[str, _Batch] = {}
+    def __init__(self, max_rounds: int = HISTORY_MAX_ROUNDS, max_batches: int = HISTORY_MAX_BATCHES) -> None:
+        for field_name, value in (("max_rounds", max_rounds), ("max_batches", max_batches)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+                raise ConfigError(f"{field_name}: must be an integer in [1, 100000], got {value!r}")
+        self.max_rounds, self.max_batches = max_rounds, max_batches
+        self._batches: OrderedDict[str, _Batch] = OrderedDict()  # least recently answered first
+        self._dropped: set[str] = set()  # keys of batches dropped past max_batches
 
     def rounds(self, x: Tensor, y: Tensor) -> int:
         """The accepted rounds remembered on this batch."""
@@ -136,10 +144,12 @@ class LeakHistory:
     def reads(self, x: Tensor, y: Tensor, signals: Signals) -> tuple[set[int], dict[str, Any]]:
         """The samples of this batch a server has read (earlier rounds) or would read by differencing this
         round's update with a remembered one, and a report (``full`` when the batch was answered
-        ``max_rounds`` times already: the caller refuses)."""
-        entry = self._batches.get(fingerprint(x, y))
+        ``max_rounds`` times already, ``dropped`` when its rounds were dropped past ``max_batches``: the caller
+        refuses either)."""
+        key = fingerprint(x, y)
+        entry = self._batches.get(key)
         if entry is None:
-            return set(), {"rounds": 0, "read_before": 0, "read_by_differences": 0}
+            return set(), {"rounds": 0, "read_before": 0, "read_by_differences": 0, "dropped": key in self._dropped}
         by_diff: set[int] = set()
         layers: dict[str, int] = {}
         for old in entry.rounds:
@@ -153,7 +163,7 @@ class LeakHistory:
     def to_bytes(self) -> bytes:
         """The history as bytes (``torch.save`` of plain tensors, lists and dicts), for a client that keeps it
         outside the process between rounds (Flower's ``context.state``, a file); ``from_bytes`` reads it back."""
-        plain = {"max_rounds": self.max_rounds, "batches": {
+        plain = {"max_rounds": self.max_rounds, "max_batches": self.max_batches, "dropped": sorted(self._dropped), "batches": {
             key: {"read": sorted(entry.read), "rounds": [{name: [d, a] for name, (d, a) in r.items()} for r in entry.rounds]}
             for key, entry in self._batches.items()}}
         buffer = io.BytesIO()
@@ -166,7 +176,8 @@ class LeakHistory:
         only); ``ConfigError`` when the bytes are not one."""
         try:
             plain = torch.load(io.BytesIO(data), weights_only=True)
-            history = cls(int(plain["max_rounds"]))
+            history = cls(int(plain["max_rounds"]), int(plain["max_batches"]))
+            history._dropped = {str(k) for k in plain["dropped"]}
             for key, entry in plain["batches"].items():
                 rounds = [{name: (d, a) for name, (d, a) in r.items()} for r in entry["rounds"]]
                 history._batches[str(key)] = _Batch(rounds, {int(i) for i in entry["read"]})
@@ -178,7 +189,11 @@ class LeakHistory:
 
     def record(self, x: Tensor, y: Tensor, signals: Signals, read: set[int]) -> None:
         """Remember an accepted round's signals and the samples read so far (its own and its differences')."""
-        entry = self._batches.setdefault(fingerprint(x, y), _Batch())
+        key = fingerprint(x, y)
+        entry = self._batches.setdefault(key, _Batch())
+        self._batches.move_to_end(key)
+        while len(self._batches) > self.max_batches:
+            self._dropped.add(self._batches.popitem(last=False)[0])
         kept: Signals = {}
         for name, (d, a) in signals.items():
             same = next((old[name][1] for old in entry.rounds[-1:] if name in old and torch.equal(old[name][1], a)), None)
@@ -187,4 +202,4 @@ class LeakHistory:
         entry.read |= set(read)
 
 
-__all__ = ["HISTORY_MAX_ROUNDS", "LeakHistory", "Signals", "difference_reads", "dominated_reads", "fingerprint"]
+__all__ = ["HISTORY_MAX_BATCHES", "HISTORY_MAX_ROUNDS", "LeakHistory", "Signals", "difference_reads", "dominated_reads", "fingerprint"]

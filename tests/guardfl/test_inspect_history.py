@@ -114,6 +114,23 @@ def test_a_batch_answered_as_often_as_the_history_remembers_is_refused():
     assert restored.rounds(x, y) == 2
 
 
+def test_past_max_batches_the_least_recently_answered_batch_is_dropped_and_a_round_on_it_refused():
+    """A shuffling loader's first batch is new every round: the history keeps ``max_batches`` of them, drops
+    the least recently answered, and refuses a round on a dropped one (never compared with nothing)."""
+    torch.manual_seed(0)
+    model = FC2()
+    history = LeakHistory(max_batches=2)
+    a, b, c = centred(seed=0), centred(seed=1), centred(seed=2)
+    for batch in (a, b, a, c):  # a answered again, so b is the least recent when c comes
+        assert inspect_model(model, model, batch=batch, leak_limit=0, history=history).ok
+    assert history.rounds(*a) == 2 and history.rounds(*b) == 0 and history.rounds(*c) == 1
+    result = inspect_model(model, model, batch=b, leak_limit=0, history=history)
+    assert not result.ok and "dropped from the history (more than max_batches = 2" in result.reasons[0]
+    restored = LeakHistory.from_bytes(history.to_bytes())
+    assert not inspect_model(model, model, batch=b, leak_limit=0, history=restored).ok
+    assert restored.rounds(*a) == 2 and restored.max_batches == 2
+
+
 def test_bad_history_arguments_are_one_line_naming_them():
     torch.manual_seed(0)
     model = FC2()
@@ -125,5 +142,7 @@ def test_bad_history_arguments_are_one_line_naming_them():
     for bad in (0, -1, 1.5, True, 100_001):
         with pytest.raises(ConfigError, match=r"^max_rounds: must be an integer in \[1, 100000\]"):
             LeakHistory(max_rounds=bad)
+        with pytest.raises(ConfigError, match=r"^max_batches: must be an integer in \[1, 100000\]"):
+            LeakHistory(max_batches=bad)
     x, y = batch
     assert fingerprint(x, y) == fingerprint(x.clone(), y.clone()) != fingerprint(x, (y + 1) % 10)
