@@ -481,10 +481,11 @@ class GuardedTrainer:
             saved = self._history_path()
             if saved.is_file():
                 self.state.leak_history = LeakHistory.from_bytes(saved.read_bytes())
+        self.last = None  # the last round's LocalUpdate
 
     def _history_path(self) -> Path:
+        """``<state_path>.leak-history``: the leak history beside the state's JSON."""
         return self.state_path.with_name(self.state_path.name + ".leak-history")
-        self.last = None  # the last round's LocalUpdate
 
     def train(self, input_model: FLModel, loader: Iterable) -> FLModel:
         """Load ``input_model``, train one guarded round over ``loader`` and return the ``FLModel`` to send."""
