@@ -7,7 +7,9 @@ what it changes for honest FedSGD on one batch, and what it does to the red team
 2. Honest FedSGD on one batch (the same setting, 3 seeds, 10 rounds): the samples read per update and with
    the history, and the first round a limit of 0 refuses, each way.
 3. ``threshold_bins`` (FC-2, 64 LFW faces in [0, 1], limit 0): a client that limits each update alone
-   against one that keeps its history: models refused, faces read exactly (SSIM >= 0.95) and past SSIM 0.4.
+   against one that keeps its history, and against that history the four-direction crossings
+   (``directions: 4, spread: 3, slope: 20000``): models refused, faces read exactly (SSIM >= 0.95) and past
+   SSIM 0.4.
 
     .venv/bin/python bench/bench_leak_history.py [--rounds 32] [--no-bins]
 """
@@ -93,17 +95,18 @@ def bins() -> None:
     faces, labels = lfw_faces(10)
     x, y, aux = faces[:64], labels[:64], AuxData(faces[64:], labels[64:])
     shape = tuple(x.shape[1:])
-    print("3. threshold_bins (FC-2, 64 LFW faces in [0, 1], leak_limit 0, 65 thresholds)\n"
-          "   client | models refused | exact (SSIM >= 0.95) | past SSIM 0.4 | best SSIM | s")
-    for keep in (False, True):
+    print("3. threshold_bins (FC-2, 64 LFW faces in [0, 1], leak_limit 0, 65 thresholds a direction)\n"
+          "   client                 | models refused | exact (SSIM >= 0.95) | past SSIM 0.4 | best SSIM | s")
+    crossing = {"directions": 4, "spread": 3.0, "slope": 20000.0}
+    for name, keep, kw in (("per update", False, {}), ("history", True, {}), ("history, 4 directions", True, crossing)):
         torch.manual_seed(0)
         model = FC2(shape, 10)
         client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0, leak_history=keep)
         t0 = time.perf_counter()
-        rec = get("threshold_bins", seed=0).interrogate(client, Setting(model, FedSGD(), 64, shape, 10, (0.0, 1.0), None),
-                                                        ThreatModel(server="malicious", labels="known", aux=aux))
+        rec = get("threshold_bins", seed=0, **kw).interrogate(client, Setting(model, FedSGD(), 64, shape, 10, (0.0, 1.0), None),
+                                                              ThreatModel(server="malicious", labels="known", aux=aux))
         ssim = [r["ssim"] for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"]]
-        print(f"   {'history' if keep else 'per update':10s} | {client.refused:14d} | {sum(s >= 0.95 for s in ssim):20d} | "
+        print(f"   {name:22s} | {client.refused:14d} | {sum(s >= 0.95 for s in ssim):20d} | "
               f"{sum(s > 0.4 for s in ssim):13d} | {max(ssim):9.3f} | {time.perf_counter() - t0:.0f}")
 
 

@@ -31,8 +31,9 @@ raise it to keep training on that batch). At most ``max_batches`` batches are ke
 answered dropped first (a client whose loader shuffles has a new first batch every round, almost never seen
 again); a dropped batch's key is kept, and a round on it is refused, never compared with nothing.
 
-What it does not bound (said in ``checks["leak_limit"]``): combinations of three or more updates (a server
-that solves for samples across many overlapping bins; not measured), reads from a batch that changes
+What it does not bound (said in ``checks["leak_limit"]``): combinations of three or more updates (the red
+team's ``threshold_bins directions: 4`` meets bins of different directions in the face they share, four
+updates combined: 25 of 64 LFW faces exactly through a limit of 0 with the history), reads from a batch that changes
 between rounds (FedAvg over a shuffled loader: nothing to difference exactly, and nothing is compared),
 the classification layer and convolutions (as the one-update count), and a client that drops its history
 (``inspect_leak_history=False`` in the integrations; a state restored without it is refused there).

@@ -40,9 +40,12 @@ there: a client must not reuse a seed across rounds; docs/malicious-server.md se
 that limits what differences of its updates read (``inspect_model(..., history=)``): a refused threshold is
 skipped and the next one sent, so the accepted thresholds make wider bins (of two or more samples, which the
 client's count reads nothing from), each still read as one image (partial reads, measured by the
-certificate). Not built: intersecting such bins across two directions ``a`` (the lines through the images
-of two two-sample bins that share a sample meet at it), combinations of four updates the client's history
-does not examine (docs/malicious-server.md section 18).
+certificate). And read exactly past that history (``directions: 4, spread: 3, slope: 20000``): the other
+classes' rows spread (``runner_up_rows``: the class a sample leaves varies, so a bin's samples have
+coefficients of their own on every unit, within the row test's factor of 4 at the steep slope), bins along
+several directions, and two bins of different directions that share one sample meet in it
+(``bin_lines``): four updates combined, where the client compares pairs (25 of 64 LFW faces exactly through
+a limit of 0 with the history; docs/malicious-server.md section 18).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.dense import run_order, trap_layers
+from guardfl.redteam.attacks.malicious.bin_lines import bin_hull, crossings
 from guardfl.redteam.attacks.malicious.fishing import classifier
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
 from guardfl.redteam.attacks.registry import register
@@ -83,6 +87,14 @@ class ThresholdBinsConfig(AttackConfig):
     #: layer's units do). 1: every unit fires for every sample (an affine layer); 0.3: as many always-on
     #: units as a benign layer on inputs in [0, 1] has (up to 32% measured), so no count of them tells
     lifted: float = Field(default=1.0, ge=0.0, le=1.0, json_schema_extra={"allowed": "a number in [0, 1]"})
+    #: independent projections the batch is binned along, one sweep of ``queries`` thresholds each; with 2 or
+    #: more, every bin of one direction is met with every bin of another (``bin_lines``: two bins sharing one
+    #: sample meet in it exactly), the answer to a client that limits each difference of its updates
+    directions: int = Field(default=1, ge=1, le=4, json_schema_extra={"allowed": "an integer in [1, 4]"})
+    #: the other classes' rows each get a projection of the hidden units, ``spread`` times the honest logits'
+    #: spread: the class a sample leaves when it switches varies over the batch, so a bin's samples have
+    #: coefficients of their own on every unit and its rows span their hull (0: the honest rows times gain)
+    spread: float = Field(default=0.0, ge=0.0, le=1000.0, json_schema_extra={"allowed": "a number in [0, 1000]"})
 
 
 def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:
@@ -135,16 +147,34 @@ def relu_chain(model: nn.Module, input_shape: tuple[int, ...], num_classes: int)
     return [(names[id(m)], m) for m in linears]
 
 
-def switch_points(hidden: Tensor, second: nn.Linear, a: Tensor, c: Tensor, gain: float, slope: float) -> Tensor:
-    """Each hidden vector's threshold at which the target logit (class 0) overtakes the others' log-sum-exp."""
+def switch_points(hidden: Tensor, second: nn.Linear, a: Tensor, c: Tensor, gain: float, slope: float,
+                  spread_rows: Tensor | None = None) -> Tensor:
+    """Each hidden vector's threshold at which the target logit (class 0) overtakes the others' log-sum-exp
+    (``spread_rows``: added to the other classes' scaled rows, ``runner_up_rows``)."""
     w, b = second.weight.detach().double(), second.bias.detach().double()
-    others = (gain * hidden @ w[1:].T + b[1:]).logsumexp(1)
+    rest = gain * w[1:] + (0 if spread_rows is None else spread_rows)
+    others = (hidden @ rest.T + b[1:]).logsumexp(1)
     base = gain * hidden @ w[0] + b[0] + slope * (hidden @ a)
     return (base - others) / (slope * (hidden @ c))
 
 
+def runner_up_rows(hidden: Tensor, second: nn.Linear, c: Tensor, gain: float, spread: float,
+                   gen: torch.Generator) -> Tensor | None:
+    """The projections added to the other classes' rows (``ThresholdBinsConfig.spread``): random unit
+    directions of the hidden units, orthogonal to ``c`` (the lifted bias: no constant logit), scaled to
+    ``spread`` times the spread of the honest scaled logits on the auxiliary images; None at 0."""
+    if spread == 0:
+        return None
+    e = torch.randn(second.out_features - 1, second.in_features, generator=gen, dtype=torch.float64)
+    unit = c / c.norm()
+    e -= (e @ unit)[:, None] * unit
+    e /= e.norm(dim=1, keepdim=True)
+    honest = gain * hidden @ second.weight.detach().double()[1:].T
+    return e * (spread * float(honest.std()) / float((hidden @ e.T).std().clamp_min(1e-12)))
+
+
 def binned_model(model: nn.Module, biases: dict[str, Tensor], head_name: str, a: Tensor, c: Tensor,
-                 t: float, gain: float, slope: float) -> nn.Module:
+                 t: float, gain: float, slope: float, spread_rows: Tensor | None = None) -> nn.Module:
     """The model sent for threshold ``t``: the honest weights, the hidden layers' lifted biases (layer name
     -> bias), the scaled classifier with the target row's threshold in its weights."""
     sent = copy.deepcopy(model)
@@ -155,6 +185,8 @@ def binned_model(model: nn.Module, biases: dict[str, Tensor], head_name: str, a:
             layer.bias.copy_(bias.to(layer.bias.dtype))
         w = gain * head.weight.double()
         w[0] += slope * (a - t * c)
+        if spread_rows is not None:
+            w[1:] += spread_rows
         head.weight.copy_(w.to(head.weight.dtype))
     return sent
 
@@ -183,6 +215,32 @@ def read_bin(w0: Tensor, b0: Tensor, w1: Tensor, b1: Tensor, fill: Tensor | None
         if bool(have.all()):
             break
     return image if bool(have.any()) else None
+
+
+def thresholds_of(points: Tensor, queries: int) -> Tensor:
+    """``queries`` thresholds: the switch points' inner quantiles (``queries - 1`` bins of equal auxiliary
+    mass) between one below every point and one above."""
+    inner = torch.quantile(points, torch.linspace(0, 1, queries, dtype=torch.float64)[1:-1])
+    span = float(points.max() - points.min()) or 1.0
+    return torch.cat([points.min()[None] - span, inner, points.max()[None] + span])
+
+
+def read_sweeps(sweeps: list[list[tuple[Tensor, Tensor]]], fill: Tensor, setting: Setting) -> tuple[list[Tensor], int, int]:
+    """The images read from the accepted updates of every direction's sweep: first the points where bins of
+    two directions meet (``bin_lines.crossings``: exact, one shared sample), then each bin read alone
+    (``read_bin``), the attacker's own order (the certificate keeps the first ``num_samples``); the empty
+    bins; the crossings."""
+    lo, hi = setting.input_range
+    pairs = [list(zip(updates[:-1], updates[1:])) for updates in sweeps]
+    crossed = crossings([[bin_hull(w0, b0, w1, b1) for (w0, b0), (w1, b1) in bins] for bins in pairs]) if len(sweeps) > 1 else []
+    images, empty = [p.float().clamp(lo, hi).reshape(setting.input_shape) for p in crossed], 0
+    for (w0, b0), (w1, b1) in (pair for bins in pairs for pair in bins):
+        image = read_bin(w0, b0, w1, b1, fill)
+        if image is None:
+            empty += 1
+            continue
+        images.append(image.float().clamp(lo, hi).reshape(setting.input_shape))
+    return images, empty, len(crossed)
 
 
 def _aux_images(threat: ThreatModel) -> Tensor:
@@ -224,35 +282,33 @@ class ThresholdBins(ServerAttack):
         mean_image = aux.flatten(1).double().mean(0)
         biases, hidden = lifted_chain([m for _, m in chain[:-1]], aux, c_.lifted, gen)
         c = biases[-1] / biases[-1].pow(2).sum()
-        a = torch.randn(head.in_features, generator=gen, dtype=torch.float64)
-        a /= a.norm()
-        points = switch_points(hidden, head, a, c, c_.gain, c_.slope)
+        spread_rows = runner_up_rows(hidden, head, c, c_.gain, c_.spread, gen)
         queries = c_.queries or setting.num_samples + 1
-        inner = torch.quantile(points, torch.linspace(0, 1, queries, dtype=torch.float64)[1:-1])
-        span = float(points.max() - points.min()) or 1.0
-        thresholds = torch.cat([points.min()[None] - span, inner, points.max()[None] + span])
-        updates, sent, obs, refused = [], None, None, None
         lift = {name: bias for (name, _), bias in zip(chain[:-1], biases)}
-        for t in thresholds.tolist():
-            sent = binned_model(setting.model, lift, head_name, a, c, t, c_.gain, c_.slope)
-            try:
-                obs = client(sent)
-            except ModelRefused as err:  # adaptive to a client that limits differences of its updates: skip the
-                refused = err            # threshold, keep the next (a wider bin between the accepted ones)
-                continue
-            updates.append((obs.update[f"{first_name}.weight"].double(), obs.update[f"{first_name}.bias"].double()))
+        sweeps, sent, obs, refused = [], None, None, None
+        for _ in range(c_.directions):
+            a = torch.randn(head.in_features, generator=gen, dtype=torch.float64)
+            if c_.directions > 1:  # every unit's coefficient of one size: no unit where another term dominates
+                a = a.sign()
+            a /= a.norm()
+            points = switch_points(hidden, head, a, c, c_.gain, c_.slope, spread_rows)
+            updates = []
+            for t in thresholds_of(points, queries).tolist():
+                sent = binned_model(setting.model, lift, head_name, a, c, t, c_.gain, c_.slope, spread_rows)
+                try:
+                    obs = client(sent)
+                except ModelRefused as err:  # adaptive to a client that limits differences of its updates: skip
+                    refused = err            # the threshold, keep the next (a wider bin between the accepted ones)
+                    continue
+                updates.append((obs.update[f"{first_name}.weight"].double(), obs.update[f"{first_name}.bias"].double()))
+            sweeps.append(updates)
         if obs is None:
             raise refused
-        lo, hi = setting.input_range
-        images, empty = [], 0
-        for (w0, b0), (w1, b1) in zip(updates[:-1], updates[1:]):
-            image = read_bin(w0, b0, w1, b1, mean_image)
-            if image is None:
-                empty += 1
-                continue
-            images.append(image.float().clamp(lo, hi).reshape(setting.input_shape))
+        images, empty, crossed = read_sweeps(sweeps, mean_image, setting)
         found = torch.stack(images) if images else torch.empty(0, *setting.input_shape)
         labels, source = server_labels(obs, setting, threat)
         return Reconstruction(fill_batch(found, setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {
-            "labels": source, "bins": queries - 1, "empty_bins": empty, "candidates": len(images),
-            "layer": first_name, "refused_thresholds": queries - len(updates), "lifted": len(biases), "lifted_share": c_.lifted, "gain": c_.gain, "slope": c_.slope, "malicious_model": sent})
+            "labels": source, "bins": c_.directions * (queries - 1), "empty_bins": empty, "candidates": len(images),
+            "crossings": crossed, "layer": first_name, "refused_thresholds": c_.directions * queries - sum(map(len, sweeps)),
+            "lifted": len(biases), "lifted_share": c_.lifted, "gain": c_.gain, "slope": c_.slope, "directions": c_.directions,
+            "spread": c_.spread, "malicious_model": sent})

@@ -74,6 +74,22 @@ def test_a_client_that_remembers_its_updates_refuses_the_thresholds_that_isolate
     assert client.history.rounds(x, y) == 33 - client.refused  # every accepted query remembered, no refused one
 
 
+def test_bins_of_four_directions_meet_in_faces_past_the_clients_history(faces):
+    """The answer to that history: four directions, the other classes' rows spread so that a face's
+    coefficients differ from unit to unit (a bin of two is a line through them), a steeper step. Each pair of
+    updates the client compares reads nothing; two bins of different directions that share a face meet in it,
+    four updates combined: faces exactly (9 of 32, seeds 0 and 1; docs/malicious-server.md section 18)."""
+    x, y, aux = faces
+    torch.manual_seed(0)
+    model = FC2(SHAPE, 10)
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=0)
+    attack = get("threshold_bins", seed=0, directions=4, spread=3.0, slope=20000.0)
+    rec = attack.interrogate(client, _setting(model), ThreatModel(server="malicious", labels="known", aux=aux))
+    assert client.refused > 0 and rec.info["queries"] == 4 * 33 and rec.info["crossings"] >= 5
+    ssim = [r["ssim"] for r in metrics.evaluate(rec.inputs, x, exact_ssim=0.95)["per_image"]]
+    assert sum(s >= 0.95 for s in ssim) >= 5
+
+
 def _mlp(*hidden: int, norm: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     layers, d = [torch.nn.Flatten()], SHAPE[1] * SHAPE[2]

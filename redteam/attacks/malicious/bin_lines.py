@@ -1,0 +1,82 @@
+"""Bins read as lines, and lines met across directions: ``threshold_bins``' exact reads past a client that
+limits what each difference of two of its updates reads (``guardfl.inspect_history``; issue 34).
+
+A bin between two accepted thresholds holds a few samples (the client refuses the thresholds that would
+leave one alone). Unit ``u`` of the difference of the two first-layer updates is ``sum_n c_nu [x_n; 1]``,
+so its weight difference over its bias difference is a point of the affine hull of the bin's samples. When
+the samples' coefficients differ from unit to unit (each leaves a different class when it switches: the
+classifier's other rows spread, ``threshold_bins spread``), the points span that hull: a line through two
+samples, a plane through three. Two bins of different directions that share exactly one sample have hulls
+that meet in that sample, exactly (four updates combined, past the pairs the client's history examines).
+
+Pure functions over the attacker's own view (the updates it received), no ground truth.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: a unit's bias difference below this share of the bin's largest is no point (its ratio is noise)
+BIAS_SHARE = 1e-3
+#: a direction of the hull is kept above this share of the points' largest norm (float32 updates' noise)
+RANK_TOLERANCE = 1e-4
+#: a bin's hull has at most this many dimensions (bins of up to this many + 1 samples)
+MAX_RANK = 8
+#: two hulls meet in one point when the smallest singular value of their joint basis is above this share
+#: of the largest (else they are near parallel: a line, not a point) ...
+CONDITION = 1e-2
+#: ... and the gap between them there is below this share of the point's norm
+RESIDUAL = 1e-3
+
+
+def bin_hull(w0: Tensor, b0: Tensor, w1: Tensor, b1: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The affine hull of a bin's samples from two consecutive updates of the first layer: a point on it
+    and an orthonormal basis of its directions (features x rank, rank 0 for a bin whose samples share one
+    coefficient profile: their weighted mean only); None for an empty bin."""
+    dw, db = (w1 - w0).double(), (b1 - b0).double()
+    if not bool(torch.isfinite(dw).all() and torch.isfinite(db).all()) or float(db.abs().max()) == 0.0:
+        return None
+    keep = db.abs() > BIAS_SHARE * db.abs().max()
+    points = dw[keep] / db[keep, None]
+    centre = points.mean(0)
+    if points.shape[0] < 2:
+        return centre, points.new_zeros(points.shape[1], 0)
+    _, s, vh = torch.linalg.svd(points - centre, full_matrices=False)
+    rank = min(int((s > RANK_TOLERANCE * points.norm(dim=1).max()).sum()), MAX_RANK)
+    return centre, vh[:rank].T
+
+
+def meet(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> Tensor | None:
+    """The one point where two hulls meet (least squares over both bases), or None: no basis on either side,
+    near-parallel bases (they share more than a point), or a gap between them above ``RESIDUAL``."""
+    (pa, ua), (pb, ub) = a, b
+    if ua.shape[1] == 0 or ub.shape[1] == 0:
+        return None
+    joint = torch.cat([ua, -ub], 1)
+    s = torch.linalg.svdvals(joint)
+    if float(s[-1]) < CONDITION * float(s[0]):
+        return None
+    gap = (pb - pa)[:, None]
+    sol = torch.linalg.lstsq(joint, gap).solution
+    point = pa + ua @ sol[: ua.shape[1], 0]
+    if float((joint @ sol - gap).norm()) > RESIDUAL * float(point.norm()):
+        return None
+    return point
+
+
+def crossings(hulls: list[list[tuple[Tensor, Tensor] | None]]) -> list[Tensor]:
+    """Every point where a bin of one direction meets a bin of another (``hulls``: per direction, its bins'
+    hulls), each once (points within ``RESIDUAL`` of one found before are the same sample)."""
+    found: list[Tensor] = []
+    for i, first in enumerate(hulls):
+        for second in hulls[i + 1:]:
+            for a in first:
+                for b in second:
+                    point = None if a is None or b is None else meet(a, b)
+                    if point is not None and all(float((point - p).norm()) > RESIDUAL * float(p.norm()) for p in found):
+                        found.append(point)
+    return found
+
+
+__all__ = ["BIAS_SHARE", "CONDITION", "MAX_RANK", "RANK_TOLERANCE", "RESIDUAL", "bin_hull", "crossings", "meet"]
