@@ -59,8 +59,7 @@ import torch
 from torch import Tensor
 
 from guardfl.errors import ConfigError
-from guardfl.inspect_isolation import ISOLATION_READ_ERROR, isolated_samples
-from guardfl.inspect_pairs import relative_read_error
+from guardfl.inspect_isolation import ISOLATION_READ_ERROR, isolated_samples, row_reads
 
 #: the rounds on one batch a history remembers by default; the next round on that batch is refused
 HISTORY_MAX_ROUNDS = 256
@@ -81,12 +80,9 @@ def dominated_reads(delta: Tensor, inputs: Tensor, read_error: float = ISOLATION
     if d.numel() == 0 or not bool(d.abs().max() > 0):
         return []
     gram = a @ a.T
-    weight = d.abs() * gram.diagonal().clamp_min(0.0).sqrt()[:, None]
-    top = weight.argmax(0)
-    rest = d.clone()
-    rest[top, torch.arange(d.shape[1])] = 0.0
-    ok = (relative_read_error(rest, weight.amax(0), gram) <= read_error) & (weight.amax(0) > 0)
-    return sorted(set(top[ok].tolist()))
+    norms = gram.diagonal().clamp_min(0.0).sqrt()[:, None]
+    top, ok = row_reads(d, gram, norms, read_error)  # a single update's rows are tested so up to 1 + ISOLATION_PEEL samples
+    return sorted(set(top[ok & ((d.abs() * norms).amax(0) > 0)].tolist()))
 
 
 def difference_reads(new: Signals, old: Signals) -> dict[str, list[int]]:

@@ -109,18 +109,24 @@ def _gram(inputs: Tensor | None, n: int) -> Tensor | None:
     return a @ a.T
 
 
+def row_reads(coefficients: Tensor, gram: Tensor, norms: Tensor, read_error: float) -> tuple[Tensor, Tensor]:
+    """Per row (a column of ``coefficients``, batch x rows): the sample with the largest term
+    ``|delta_n| |a_n|`` (``norms``: ``|a_n|``, batch x 1), and whether the row read alone gives it within
+    ``read_error``, every other term its contamination (``relative_read_error``)."""
+    weight = coefficients.abs() * norms
+    top = weight.argmax(0)
+    rest = coefficients.clone()
+    rest[top, torch.arange(coefficients.shape[1])] = 0.0
+    return top, relative_read_error(rest, weight.amax(0), gram) <= read_error
+
+
 def _dominated_rows(d: Tensor, support: Tensor, size: Tensor, gram: Tensor, norms: Tensor, read_error: float) -> Tensor:
     """Rows of 2 to ``1 + ISOLATION_PEEL`` samples from which one sample reads within ``read_error``
     alone: (sets, batch), one sample each."""
     rows = ((size >= 2) & (size <= 1 + ISOLATION_PEEL)).nonzero().flatten()
     if rows.numel() == 0:
         return torch.zeros(0, d.shape[0], dtype=torch.bool)
-    sub = d[:, rows] * support[:, rows]
-    weight = sub.abs() * norms  # |delta_n| |a_n|
-    top = weight.argmax(0)
-    e = sub.clone()
-    e[top, torch.arange(rows.numel())] = 0.0
-    ok = relative_read_error(e, weight.amax(0), gram) <= read_error
+    top, ok = row_reads(d[:, rows] * support[:, rows], gram, norms, read_error)
     sets = torch.zeros(int(ok.sum()), d.shape[0], dtype=torch.bool)
     sets[torch.arange(sets.shape[0]), top[ok]] = True
     return sets
@@ -195,5 +201,5 @@ def _peel(sets: Tensor, rows: Tensor | None = None) -> Tensor:
 
 
 __all__ = ["ISOLATION_INIT_SEED", "ISOLATION_MIN_SAMPLES", "ISOLATION_PEEL", "ISOLATION_READ_ERROR",
-           "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit",
+           "ISOLATION_SHARE", "ISOLATION_SPREAD", "ISOLATION_TOLERANCE", "isolated_samples", "isolation_limit", "row_reads",
            "isolation_spread", "isolation_threshold"]
