@@ -459,11 +459,13 @@ def test_against_a_known_outpost_the_layernorm_trap_puts_its_constants_in_the_we
     """Outpost's noise on a layer is lambda times the variance of its current values: constants of 1e4 in the
     first layer's biases make the noise on the bias update ~1e8 and drown the bins (a client behind
     LayerNorm and Outpost was CERTIFIED by that). Knowing the defense, the trap writes them into the weights
-    (``c <carrier, x>``), where they add little variance, and reads through Outpost."""
+    (``c <carrier, x>``), where they add little variance, and reads through Outpost. Outpost's noise comes
+    from OS entropy: 4 chains of 2 rows read 1 face in 288 of 300 runs and none in 12 (a CI run failed on
+    it); 4 chains of 4 rows read 2 faces in 300 of 300 (blind: 0 in 60)."""
     from guardfl.redteam.modality.image.models import FC2LN
 
     x, y, _, setting, threat, query = lfw_client(FC2LN, FedSGD(), {"kind": "outpost"})
-    budget = {"chains": 4, "rows": 2, "boost": 1000}
+    budget = {"chains": 4, "rows": 4, "boost": 1000}
     adapted = get("trap_weights", seed=0, **budget).interrogate(query, setting, threat)
     blind = get("trap_weights", seed=0, **budget).interrogate(query, setting, threat.model_copy(update={"defense": "unknown"}))
     assert adapted.info["constants"].startswith("in the weights") and "constants" not in blind.info
