@@ -62,7 +62,9 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   anyone, and the classifier bins the batch across queries (the red team's ``threshold_bins`` reads faces
   exactly through a limit of 0; section 17). With ``history`` (a ``LeakHistory``, ``guardfl.inspect_history``)
   the limit counts across rounds: this update's reads, its difference's with every earlier update of the
-  same batch, and what those gave away (no face exactly then, but partial reads remain; section 18).
+  same batch, where two views of those updates (an update, a difference of two) meet in one sample
+  (``guardfl.inspect_meets``: bins of different directions that share a face), and what those gave away
+  (no face exactly then, but partial reads remain; sections 18-19).
   Against that, defend the update (fresh noise per round).
 
 Each check is a small pure function over tensors with its threshold as a module constant; the
@@ -1091,13 +1093,17 @@ def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], l
     total = now | earlier
     check.update(history=info, read_with_history=len(total), all_samples=sorted(total),
                  scope="nn.Linear layers but the classification layer (convolutions not examined): this update, its difference "
-                       "with every update this client sent on the same batch, and what those gave away; not combinations of "
-                       "three or more updates, nor batches that change between rounds")
+                       "with every update this client sent on the same batch, where two of those views meet in one sample "
+                       "(layers whose input is the batch every round), and what those gave away; not meets of three or more "
+                       "views, nor batches that change between rounds")
     reasons = []
     if info.get("full"):
         reasons.append(f"leak limit: this batch was answered {info['rounds']} times, all its history remembers (max_rounds = "
                        f"{history.max_rounds}; a client starts with ClientState(leak_history=LeakHistory(max_rounds=...)) "
                        f"for more): what differences with more rounds read is not vouched for, refused")
+    if info.get("views_full"):
+        reasons.append(f"leak limit: the views of this batch's {info['rounds']} rounds fill what the history keeps "
+                       f"(guardfl.inspect_meets.MEET_MAX_FLOATS): where they meet is not vouched for, refused")
     if info.get("dropped"):
         reasons.append(f"leak limit: this batch was answered before, but its rounds were dropped from the history (more "
                        f"than max_batches = {history.max_batches} batches since): what differences with them read is not "
@@ -1105,7 +1111,8 @@ def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], l
     if len(total) > limit >= len(now):  # else the one-update reason says it already
         reasons.append(f"leak limit: a server reads {len(total)} of the batch's {len(x)} samples with this update and the "
                        f"{info['rounds']} this client sent before on the same batch ({info['read_by_differences']} by "
-                       f"differencing this update with one of them, {info['read_before']} given away before), more than "
+                       f"differencing this update with one of them, {info['read_by_meets']} where two views of them meet, "
+                       f"{info['read_before']} given away before), more than "
                        f"leak_limit = {limit}")
     return reasons
 

@@ -31,9 +31,11 @@ raise it to keep training on that batch). At most ``max_batches`` batches are ke
 answered dropped first (a client whose loader shuffles has a new first batch every round, almost never seen
 again); a dropped batch's key is kept, and a round on it is refused, never compared with nothing.
 
-What it does not bound (said in ``checks["leak_limit"]``): combinations of three or more updates (the red
-team's ``threshold_bins directions: 4`` meets bins of different directions in the face they share, four
-updates combined: 25 of 64 LFW faces exactly through a limit of 0 with the history), reads from a batch that changes
+Where the layer's input is the batch itself every round, the views of the updates (each update, each
+difference of two) are also met with each other (``guardfl.inspect_meets``): two bins of different
+directions that share one sample meet in it, four updates combined (the red team's ``threshold_bins
+directions: 4`` read 25 of 64 LFW faces exactly through a history of pairs, none since); the views are kept
+with the history. What it does not bound (said in ``checks["leak_limit"]``): reads from a batch that changes
 between rounds (FedAvg over a shuffled loader: nothing to difference exactly, and nothing is compared),
 the classification layer and convolutions (as the one-update count), and a client that drops its history
 (``inspect_leak_history=False`` in the integrations; a state restored without it is refused there).
@@ -60,6 +62,7 @@ from torch import Tensor
 
 from guardfl.errors import ConfigError
 from guardfl.inspect_isolation import ISOLATION_READ_ERROR, isolated_samples, row_reads
+from guardfl.inspect_meets import MEET_MAX_FLOATS, Views, frame, meet_reads, views_of
 
 #: the rounds on one batch a history remembers by default; the next round on that batch is refused
 HISTORY_MAX_ROUNDS = 256
@@ -120,6 +123,22 @@ def fingerprint(x: Tensor, y: Tensor) -> str:
 class _Batch:
     rounds: list[Signals] = field(default_factory=list)
     read: set[int] = field(default_factory=set)
+    views: dict[str, Views] = field(default_factory=dict)  # per layer whose input is the same every round
+
+
+def _new_views(entry: _Batch, signals: Signals) -> dict[str, tuple[Views, Tensor, Tensor]]:
+    """Per layer whose input is the one its first remembered round had: this round's views (its update and
+    its difference with every remembered round, ``guardfl.inspect_meets``), with the samples' norms and Gram."""
+    out: dict[str, tuple[Views, Tensor, Tensor]] = {}
+    for name, (d1, a1) in signals.items():
+        old = [r[name][0] for r in entry.rounds if name in r and r[name][0].shape == d1.shape]
+        first = next((r[name][1] for r in entry.rounds if name in r), None)
+        if first is not None and not (first.shape == a1.shape and torch.equal(first, a1.detach().double().cpu())):
+            continue
+        norms, gram = frame(a1)
+        d = d1.detach().double().cpu()
+        out[name] = (views_of([d] + [d - d0 for d0 in old], norms), norms, gram)
+    return out
 
 
 class LeakHistory:
@@ -135,6 +154,7 @@ class LeakHistory:
         self.max_rounds, self.max_batches = max_rounds, max_batches
         self._batches: OrderedDict[str, _Batch] = OrderedDict()  # least recently answered first
         self._dropped: set[str] = set()  # keys of batches dropped past max_batches
+        self._pending: tuple[str, int, dict[str, Views]] | None = None  # the views reads() computed, for record()
 
     def rounds(self, x: Tensor, y: Tensor) -> int:
         """The accepted rounds remembered on this batch."""
@@ -143,28 +163,39 @@ class LeakHistory:
 
     def reads(self, x: Tensor, y: Tensor, signals: Signals) -> tuple[set[int], dict[str, Any]]:
         """The samples of this batch a server has read (earlier rounds) or would read by differencing this
-        round's update with a remembered one, and a report (``full`` when the batch was answered
-        ``max_rounds`` times already, ``dropped`` when its rounds were dropped past ``max_batches``: the caller
-        refuses either)."""
+        round's update with a remembered one, or where two views of the updates meet (``inspect_meets``), and a
+        report (``full`` when the batch was answered ``max_rounds`` times already or its views fill
+        ``MEET_MAX_FLOATS``, ``dropped`` when its rounds were dropped past ``max_batches``: the caller refuses
+        either)."""
         key = fingerprint(x, y)
         entry = self._batches.get(key)
+        views = _new_views(entry or _Batch(), signals)
+        self._pending = (key, id(signals), {name: v for name, (v, _, _) in views.items()})
         if entry is None:
-            return set(), {"rounds": 0, "read_before": 0, "read_by_differences": 0, "dropped": key in self._dropped}
+            return set(), {"rounds": 0, "read_before": 0, "read_by_differences": 0, "read_by_meets": 0,
+                           "dropped": key in self._dropped}
         by_diff: set[int] = set()
         layers: dict[str, int] = {}
         for old in entry.rounds:
             for name, read in difference_reads(signals, old).items():
                 by_diff.update(read)
                 layers[name] = max(layers.get(name, 0), len(read))
+        by_meets: set[int] = set()
+        for name, (new, norms, gram) in views.items():
+            by_meets |= meet_reads(new, entry.views.get(name, Views()), norms, gram, max_floats=MEET_MAX_FLOATS)
+        floats = sum(v.floats() for v in entry.views.values()) + sum(v.floats() for v, _, _ in views.values())
         info = {"rounds": len(entry.rounds), "read_before": len(entry.read), "read_by_differences": len(by_diff),
-                "worst_pair_by_layer": layers, "full": len(entry.rounds) >= self.max_rounds}
-        return entry.read | by_diff, info
+                "read_by_meets": len(by_meets), "worst_pair_by_layer": layers,
+                "full": len(entry.rounds) >= self.max_rounds,
+                "views_full": floats > MEET_MAX_FLOATS or any(v.overflow for v, _, _ in views.values())}
+        return entry.read | by_diff | by_meets, info
 
     def to_bytes(self) -> bytes:
         """The history as bytes (``torch.save`` of plain tensors, lists and dicts), for a client that keeps it
         outside the process between rounds (Flower's ``context.state``, a file); ``from_bytes`` reads it back."""
         plain = {"max_rounds": self.max_rounds, "max_batches": self.max_batches, "dropped": sorted(self._dropped), "batches": {
-            key: {"read": sorted(entry.read), "rounds": [{name: [d, a] for name, (d, a) in r.items()} for r in entry.rounds]}
+            key: {"read": sorted(entry.read), "rounds": [{name: [d, a] for name, (d, a) in r.items()} for r in entry.rounds],
+                  "views": {name: [v.bases, v.members] for name, v in entry.views.items()}}
             for key, entry in self._batches.items()}}
         buffer = io.BytesIO()
         torch.save(plain, buffer)
@@ -180,7 +211,8 @@ class LeakHistory:
             history._dropped = {str(k) for k in plain["dropped"]}
             for key, entry in plain["batches"].items():
                 rounds = [{name: (d, a) for name, (d, a) in r.items()} for r in entry["rounds"]]
-                history._batches[str(key)] = _Batch(rounds, {int(i) for i in entry["read"]})
+                views = {str(name): Views(list(b), list(m)) for name, (b, m) in entry["views"].items()}
+                history._batches[str(key)] = _Batch(rounds, {int(i) for i in entry["read"]}, views)
         except ConfigError:
             raise
         except Exception as err:  # noqa: BLE001 - a damaged or foreign file: one line, never a traceback
@@ -194,6 +226,12 @@ class LeakHistory:
         self._batches.move_to_end(key)
         while len(self._batches) > self.max_batches:
             self._dropped.add(self._batches.popitem(last=False)[0])
+        pending = self._pending
+        views = pending[2] if pending is not None and pending[:2] == (key, id(signals)) else \
+            {name: v for name, (v, _, _) in _new_views(entry, signals).items()}
+        self._pending = None
+        for name, v in views.items():
+            entry.views.setdefault(name, Views()).extend(v)
         kept: Signals = {}
         for name, (d, a) in signals.items():
             same = next((old[name][1] for old in entry.rounds[-1:] if name in old and torch.equal(old[name][1], a)), None)

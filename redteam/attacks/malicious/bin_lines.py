@@ -65,18 +65,53 @@ def meet(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> Tensor | None:
     return point
 
 
-def crossings(hulls: list[list[tuple[Tensor, Tensor] | None]]) -> list[Tensor]:
+def shared(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor] | None:
+    """The flat two hulls share when it is more than a point (a line, a plane: a point on it and a basis), or
+    None: they meet in one point or not at all, or either has no basis."""
+    (pa, ua), (pb, ub) = a, b
+    if ua.shape[1] == 0 or ub.shape[1] == 0:
+        return None
+    joint = torch.cat([ua, -ub], 1)
+    _, s, vh = torch.linalg.svd(joint, full_matrices=True)
+    free = vh[int((s >= CONDITION * s[0]).sum()):]  # combinations the joint basis sends (near) nowhere
+    if free.shape[0] == 0:
+        return None
+    gap = (pb - pa)[:, None]
+    sol = torch.linalg.lstsq(joint, gap).solution
+    point = pa + ua @ sol[: ua.shape[1], 0]
+    if float((joint @ sol - gap).norm()) > RESIDUAL * float(point.norm()):
+        return None
+    directions = ua @ free[:, : ua.shape[1]].T
+    q, _ = torch.linalg.qr(directions)
+    return point, q
+
+
+def crossings(hulls: list[list[tuple[Tensor, Tensor] | None]], depth: int = 2) -> list[Tensor]:
     """Every point where a bin of one direction meets a bin of another (``hulls``: per direction, its bins'
-    hulls), each once (points within ``RESIDUAL`` of one found before are the same sample)."""
+    hulls), each once (points within ``RESIDUAL`` of one found before are the same sample); with ``depth`` 2,
+    also where the line or plane two such bins share meets a third bin (six updates combined: the answer to a
+    client that refuses a round whose bin meets an earlier one in a point, ``guardfl.inspect_meets``)."""
     found: list[Tensor] = []
+    flats: list[tuple[Tensor, Tensor]] = []
+
+    def add(point: Tensor | None) -> None:
+        if point is not None and all(float((point - p).norm()) > RESIDUAL * float(p.norm()) for p in found):
+            found.append(point)
+
     for i, first in enumerate(hulls):
         for second in hulls[i + 1:]:
             for a in first:
                 for b in second:
-                    point = None if a is None or b is None else meet(a, b)
-                    if point is not None and all(float((point - p).norm()) > RESIDUAL * float(p.norm()) for p in found):
-                        found.append(point)
+                    if a is None or b is None:
+                        continue
+                    add(meet(a, b))
+                    if depth > 1 and (common := shared(a, b)) is not None:
+                        flats.append(common)
+    everything = [h for bins in hulls for h in bins if h is not None]
+    for flat in flats:
+        for h in everything:
+            add(meet(flat, h))
     return found
 
 
-__all__ = ["BIAS_SHARE", "CONDITION", "MAX_RANK", "RANK_TOLERANCE", "RESIDUAL", "bin_hull", "crossings", "meet"]
+__all__ = ["BIAS_SHARE", "CONDITION", "MAX_RANK", "RANK_TOLERANCE", "RESIDUAL", "bin_hull", "crossings", "meet", "shared"]

@@ -44,8 +44,10 @@ certificate). And read exactly past that history (``directions: 4, spread: 3, sl
 classes' rows spread (``runner_up_rows``: the class a sample leaves varies, so a bin's samples have
 coefficients of their own on every unit, within the row test's factor of 4 at the steep slope), bins along
 several directions, and two bins of different directions that share one sample meet in it
-(``bin_lines``): four updates combined, where the client compares pairs (25 of 64 LFW faces exactly through
-a limit of 0 with the history; docs/malicious-server.md section 18).
+(``bin_lines``): four updates combined (25 of 64 LFW faces exactly through a limit of 0 with a history of
+pairs; docs/malicious-server.md section 18), and a line two bins share meets a third bin (six updates), the
+answer to a history that meets its views (``guardfl.inspect_meets``), which refuses every round whose bin
+would meet another in a face: none exactly since (section 19).
 """
 
 from __future__ import annotations
@@ -227,8 +229,8 @@ def thresholds_of(points: Tensor, queries: int) -> Tensor:
 
 def read_sweeps(sweeps: list[list[tuple[Tensor, Tensor]]], fill: Tensor, setting: Setting) -> tuple[list[Tensor], int, int]:
     """The images read from the accepted updates of every direction's sweep: first the points where bins of
-    two directions meet (``bin_lines.crossings``: exact, one shared sample), then each bin read alone
-    (``read_bin``), the attacker's own order (the certificate keeps the first ``num_samples``); the empty
+    two directions meet (``bin_lines.crossings``: exact, one shared sample, or a line two share cut by a
+    third), then each bin read alone (``read_bin``), the attacker's own order (the certificate keeps the first ``num_samples``); the empty
     bins; the crossings."""
     lo, hi = setting.input_range
     pairs = [list(zip(updates[:-1], updates[1:])) for updates in sweeps]

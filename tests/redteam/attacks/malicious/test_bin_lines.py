@@ -40,3 +40,22 @@ def test_a_bin_whose_samples_share_one_coefficient_profile_gives_its_mean_only()
     line = bin_hull(*_bin(x, [1, 2], 1 + 0.3 * torch.rand(8, 2, generator=g, dtype=torch.float64), base))
     assert meet(hull, line) is None
     assert bin_hull(base, torch.zeros(8, dtype=torch.float64), base, torch.zeros(8, dtype=torch.float64)) is None  # empty bin
+
+
+def test_two_bins_that_share_a_line_meet_a_third_bin_in_one_sample_at_depth_two():
+    """Bins {0, 1, 2}, {0, 1, 3} and {0, 2, 3, 4}: every two share a line (no point: a client that refuses
+    point meets accepts all three), and the line the first two share cuts the third in sample 0: six updates
+    combined."""
+    from guardfl.redteam.attacks.malicious.bin_lines import shared
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(5, 40, generator=g, dtype=torch.float64)
+    base = torch.randn(16, 40, generator=g, dtype=torch.float64)
+    a, b, c = (bin_hull(*_bin(x, s, 1 + 0.3 * torch.rand(16, len(s), generator=g, dtype=torch.float64), base))
+               for s in ([0, 1, 2], [0, 1, 3], [0, 2, 3, 4]))
+    assert meet(a, b) is None and meet(a, c) is None and meet(b, c) is None
+    line = shared(a, b)
+    assert line[1].shape[1] == 1 and torch.allclose(meet(line, c), x[0], atol=1e-8)
+    assert crossings([[a], [b], [c]], depth=1) == []
+    found = crossings([[a], [b], [c]])
+    assert len(found) == 1 and torch.allclose(found[0], x[0], atol=1e-8)
