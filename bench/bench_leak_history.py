@@ -8,8 +8,9 @@ what it changes for honest FedSGD on one batch, and what it does to the red team
    the history, and the first round a limit of 0 refuses, each way.
 3. ``threshold_bins`` (FC-2, 64 LFW faces in [0, 1], limit 0): a client that limits each update alone
    against one that keeps its history, and against that history the four-direction crossings
-   (``directions: 4, spread: 3, slope: 20000``): models refused, faces read exactly (SSIM >= 0.95) and past
-   SSIM 0.4.
+   (``directions: 4, spread: 3, slope: 20000``; the history meets its views, ``guardfl.inspect_meets``,
+   since 2026-11-28: 25 faces exactly before, 0 after): models refused, faces read exactly (SSIM >= 0.95)
+   and past SSIM 0.4.
 
     .venv/bin/python bench/bench_leak_history.py [--rounds 32] [--no-bins]
 """
