@@ -65,6 +65,26 @@ def meet(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> Tensor | None:
     return point
 
 
+def box_ends(hull: tuple[Tensor, Tensor], lo: float, hi: float) -> list[Tensor]:
+    """The two ends of a line hull inside the box of valid inputs ``[lo, hi]`` (the attacker knows the input
+    range): the line through a bin's two samples leaves the box where the first pixel of one of them reaches
+    ``lo`` or ``hi``, so a sample with a pixel at (or near) the range's edge, facing the other sample's
+    value, is an end (the faces' darkest pixels are ~0). Empty for a hull that is no line, or whose line
+    misses the box."""
+    point, basis = hull
+    if basis.shape[1] != 1:
+        return []
+    u = basis[:, 0]
+    moving = u.abs() > 1e-12 * float(u.abs().max())
+    if not bool(moving.any()):
+        return []
+    a, b = (lo - point[moving]) / u[moving], (hi - point[moving]) / u[moving]
+    low, high = float(torch.minimum(a, b).max()), float(torch.maximum(a, b).min())
+    if low > high:
+        return []
+    return [point + low * u, point + high * u]
+
+
 def shared(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor] | None:
     """The flat two hulls share when it is more than a point (a line, a plane: a point on it and a basis), or
     None: they meet in one point or not at all, or either has no basis."""
@@ -114,4 +134,4 @@ def crossings(hulls: list[list[tuple[Tensor, Tensor] | None]], depth: int = 2) -
     return found
 
 
-__all__ = ["BIAS_SHARE", "CONDITION", "MAX_RANK", "RANK_TOLERANCE", "RESIDUAL", "bin_hull", "crossings", "meet", "shared"]
+__all__ = ["BIAS_SHARE", "CONDITION", "MAX_RANK", "RANK_TOLERANCE", "RESIDUAL", "bin_hull", "box_ends", "crossings", "meet", "shared"]

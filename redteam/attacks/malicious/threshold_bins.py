@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.dense import run_order, trap_layers
-from guardfl.redteam.attacks.malicious.bin_lines import bin_hull, crossings
+from guardfl.redteam.attacks.malicious.bin_lines import bin_hull, box_ends, crossings
 from guardfl.redteam.attacks.malicious.fishing import classifier
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
 from guardfl.redteam.attacks.registry import register
@@ -97,6 +97,12 @@ class ThresholdBinsConfig(AttackConfig):
     #: spread: the class a sample leaves when it switches varies over the batch, so a bin's samples have
     #: coefficients of their own on every unit and its rows span their hull (0: the honest rows times gain)
     spread: float = Field(default=0.0, ge=0.0, le=1000.0, json_schema_extra={"allowed": "a number in [0, 1000]"})
+    #: a bin whose hull is a line (two samples) is read at the line's two ends inside the input range too
+    #: (``bin_lines.box_ends``: a sample with a pixel at the range's edge is an end), ahead of the bins' own
+    #: reads: a prior, past a client that counts exact reads of its updates only (64 LFW faces, four
+    #: directions, against the history's meets: 1 face exactly, none without; the ends take slots the
+    #: bins' partial reads had: 49 past SSIM 0.4 against 55)
+    box_ends: bool = False
 
 
 def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:
@@ -227,15 +233,19 @@ def thresholds_of(points: Tensor, queries: int) -> Tensor:
     return torch.cat([points.min()[None] - span, inner, points.max()[None] + span])
 
 
-def read_sweeps(sweeps: list[list[tuple[Tensor, Tensor]]], fill: Tensor, setting: Setting) -> tuple[list[Tensor], int, int]:
+def read_sweeps(sweeps: list[list[tuple[Tensor, Tensor]]], fill: Tensor, setting: Setting,
+                ends: bool = False) -> tuple[list[Tensor], int, int]:
     """The images read from the accepted updates of every direction's sweep: first the points where bins of
     two directions meet (``bin_lines.crossings``: exact, one shared sample, or a line two share cut by a
-    third), then each bin read alone (``read_bin``), the attacker's own order (the certificate keeps the first ``num_samples``); the empty
-    bins; the crossings."""
+    third), with ``ends`` the two ends of every line bin inside the input range (``bin_lines.box_ends``),
+    then each bin read alone (``read_bin``), the attacker's own order (the certificate keeps the first
+    ``num_samples``); the empty bins; the crossings."""
     lo, hi = setting.input_range
     pairs = [list(zip(updates[:-1], updates[1:])) for updates in sweeps]
-    crossed = crossings([[bin_hull(w0, b0, w1, b1) for (w0, b0), (w1, b1) in bins] for bins in pairs]) if len(sweeps) > 1 else []
-    images, empty = [p.float().clamp(lo, hi).reshape(setting.input_shape) for p in crossed], 0
+    hulls = [[bin_hull(w0, b0, w1, b1) for (w0, b0), (w1, b1) in bins] for bins in pairs]
+    crossed = crossings(hulls) if len(sweeps) > 1 else []
+    cut = [e for bins in hulls for h in bins if h is not None for e in box_ends(h, lo, hi)] if ends else []
+    images, empty = [p.float().clamp(lo, hi).reshape(setting.input_shape) for p in crossed + cut], 0
     for (w0, b0), (w1, b1) in (pair for bins in pairs for pair in bins):
         image = read_bin(w0, b0, w1, b1, fill)
         if image is None:
@@ -306,7 +316,7 @@ class ThresholdBins(ServerAttack):
             sweeps.append(updates)
         if obs is None:
             raise refused
-        images, empty, crossed = read_sweeps(sweeps, mean_image, setting)
+        images, empty, crossed = read_sweeps(sweeps, mean_image, setting, c_.box_ends)
         found = torch.stack(images) if images else torch.empty(0, *setting.input_shape)
         labels, source = server_labels(obs, setting, threat)
         return Reconstruction(fill_batch(found, setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {

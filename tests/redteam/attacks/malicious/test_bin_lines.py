@@ -59,3 +59,19 @@ def test_two_bins_that_share_a_line_meet_a_third_bin_in_one_sample_at_depth_two(
     assert crossings([[a], [b], [c]], depth=1) == []
     found = crossings([[a], [b], [c]])
     assert len(found) == 1 and torch.allclose(found[0], x[0], atol=1e-8)
+
+
+def test_a_line_through_two_samples_ends_in_the_box_at_a_sample_with_a_pixel_on_its_edge():
+    """Sample 0 has a pixel at 0 where sample 1's is 0.5: the line through them leaves [0, 1] at sample 0;
+    sample 1 has none, so the other end lies past it."""
+    from guardfl.redteam.attacks.malicious.bin_lines import box_ends
+
+    g = torch.Generator().manual_seed(3)
+    x = 0.2 + 0.6 * torch.rand(2, 30, generator=g, dtype=torch.float64)
+    x[0, 4], x[1, 4] = 0.0, 0.5
+    base = torch.randn(8, 30, generator=g, dtype=torch.float64)
+    line = bin_hull(*_bin(x, [0, 1], 1 + 0.3 * torch.rand(8, 2, generator=g, dtype=torch.float64), base))
+    ends = box_ends(line, 0.0, 1.0)
+    assert len(ends) == 2 and min(float((e - x[0]).norm()) for e in ends) < 1e-8
+    assert min(float((e - x[1]).norm()) for e in ends) > 0.1
+    assert box_ends((line[0], line[1][:, :0]), 0.0, 1.0) == []  # no line: no ends
