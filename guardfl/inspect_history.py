@@ -141,6 +141,18 @@ def _new_views(entry: _Batch, signals: Signals) -> dict[str, tuple[Views, Tensor
     return out
 
 
+def _replay_views(rounds: list[Signals]) -> dict[str, Views]:
+    """The views (and the flats where they meet) a history keeps, built again from its rounds in order."""
+    replay = _Batch()
+    for signals in rounds:
+        for name, (new, norms, gram) in _new_views(replay, signals).items():
+            kept = replay.views.setdefault(name, Views())
+            meet_reads(new, kept, norms, gram, max_floats=MEET_MAX_FLOATS)
+            kept.extend(new)
+        replay.rounds.append(signals)
+    return replay.views
+
+
 class LeakHistory:
     """What a client remembers of the updates it sent, per batch, for ``inspect_model(..., leak_limit=k,
     history=...)`` (see the module docstring). Keep one per client for its whole life: a new one forgets
@@ -211,7 +223,10 @@ class LeakHistory:
             history._dropped = {str(k) for k in plain["dropped"]}
             for key, entry in plain["batches"].items():
                 rounds = [{name: (d, a) for name, (d, a) in r.items()} for r in entry["rounds"]]
-                views = {str(name): Views(list(b), list(m)) for name, (b, m) in entry["views"].items()}
+                if "views" in entry:
+                    views = {str(name): Views(list(b), list(m)) for name, (b, m) in entry["views"].items()}
+                else:  # saved before the history kept its views (2026-11-28): met again from its rounds
+                    views = _replay_views(rounds)
                 history._batches[str(key)] = _Batch(rounds, {int(i) for i in entry["read"]}, views)
         except ConfigError:
             raise

@@ -111,3 +111,20 @@ def test_where_two_views_share_a_line_and_a_third_cuts_it_the_history_reads_the_
         seen.append((sorted(read), info.get("read_by_meets", 0)))
         history.record(x, y, {"fc": (d, x)}, read)
     assert seen[:3] == [([], 0)] * 3 and seen[3] == ([0], 1)
+
+
+def test_a_history_saved_before_it_kept_views_meets_them_again_from_its_rounds():
+    import io
+
+    g, x, y = setup()
+    d0, d1, d2 = rounds(g)
+    history = LeakHistory()
+    for d in (d0, d1):
+        history.record(x, y, {"fc": (d, x)}, history.reads(x, y, {"fc": (d, x)})[0])
+    plain = torch.load(io.BytesIO(history.to_bytes()), weights_only=True)
+    for entry in plain["batches"].values():
+        del entry["views"]
+    buffer = io.BytesIO()
+    torch.save(plain, buffer)
+    restored = LeakHistory.from_bytes(buffer.getvalue())
+    assert restored.reads(x, y, {"fc": (d2, x)})[1]["read_by_meets"] == 1
