@@ -162,8 +162,9 @@ def views_of(coefficients: list[Tensor], norms: Tensor, read_error: float = ISOL
 
 
 def frame(inputs: Tensor) -> tuple[Tensor, Tensor]:
-    """The samples' norms and Gram matrix (float64) of a layer's input, one row per sample."""
-    a = inputs.detach().reshape(inputs.shape[0], -1).double()
+    """The samples' norms and Gram matrix (float64, on the CPU, where the history keeps its coefficients) of a
+    layer's input, one row per sample."""
+    a = inputs.detach().reshape(inputs.shape[0], -1).double().cpu()
     gram = a @ a.T
     return gram.diagonal().clamp_min(0.0).sqrt(), gram
 
