@@ -47,22 +47,30 @@ def bin_hull(w0: Tensor, b0: Tensor, w1: Tensor, b1: Tensor) -> tuple[Tensor, Te
     return centre, vh[:rank].T
 
 
-def meet(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> Tensor | None:
-    """The one point where two hulls meet (least squares over both bases), or None: no basis on either side,
-    near-parallel bases (they share more than a point), or a gap between them above ``RESIDUAL``."""
+def _common(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Two hulls' joint basis (both bases side by side): its singular values and right singular vectors, and
+    the least-squares point of the first closest to the second; None when either has no basis or the gap
+    between them there is above ``RESIDUAL``."""
     (pa, ua), (pb, ub) = a, b
     if ua.shape[1] == 0 or ub.shape[1] == 0:
         return None
     joint = torch.cat([ua, -ub], 1)
-    s = torch.linalg.svdvals(joint)
-    if float(s[-1]) < CONDITION * float(s[0]):
-        return None
+    _, s, vh = torch.linalg.svd(joint, full_matrices=False)  # vh: (both ranks) square, the joint basis being tall
     gap = (pb - pa)[:, None]
     sol = torch.linalg.lstsq(joint, gap).solution
     point = pa + ua @ sol[: ua.shape[1], 0]
     if float((joint @ sol - gap).norm()) > RESIDUAL * float(point.norm()):
         return None
-    return point
+    return s, vh, point
+
+
+def meet(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> Tensor | None:
+    """The one point where two hulls meet (least squares over both bases), or None: no basis on either side,
+    near-parallel bases (they share more than a point), or a gap between them above ``RESIDUAL``."""
+    common = _common(a, b)
+    if common is None or float(common[0][-1]) < CONDITION * float(common[0][0]):
+        return None
+    return common[2]
 
 
 def box_ends(hull: tuple[Tensor, Tensor], lo: float, hi: float) -> list[Tensor]:
@@ -88,21 +96,14 @@ def box_ends(hull: tuple[Tensor, Tensor], lo: float, hi: float) -> list[Tensor]:
 def shared(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor] | None:
     """The flat two hulls share when it is more than a point (a line, a plane: a point on it and a basis), or
     None: they meet in one point or not at all, or either has no basis."""
-    (pa, ua), (pb, ub) = a, b
-    if ua.shape[1] == 0 or ub.shape[1] == 0:
+    common = _common(a, b)
+    if common is None:
         return None
-    joint = torch.cat([ua, -ub], 1)
-    _, s, vh = torch.linalg.svd(joint, full_matrices=True)
+    s, vh, point = common
     free = vh[int((s >= CONDITION * s[0]).sum()):]  # combinations the joint basis sends (near) nowhere
     if free.shape[0] == 0:
         return None
-    gap = (pb - pa)[:, None]
-    sol = torch.linalg.lstsq(joint, gap).solution
-    point = pa + ua @ sol[: ua.shape[1], 0]
-    if float((joint @ sol - gap).norm()) > RESIDUAL * float(point.norm()):
-        return None
-    directions = ua @ free[:, : ua.shape[1]].T
-    q, _ = torch.linalg.qr(directions)
+    q, _ = torch.linalg.qr(a[1] @ free[:, : a[1].shape[1]].T)
     return point, q
 
 
