@@ -1099,8 +1099,8 @@ def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], l
     reasons = []
     if info.get("full"):
         reasons.append(f"leak limit: this batch was answered {info['rounds']} times, all its history remembers (max_rounds = "
-                       f"{history.max_rounds}; a client starts with ClientState(leak_history=LeakHistory(max_rounds=...)) "
-                       f"for more): what differences with more rounds read is not vouched for, refused")
+                       f"{history.max_rounds}; inspect_leak_history={{'max_rounds': n}} in the integrations, or "
+                       f"LeakHistory(max_rounds=n), for more): what differences with more rounds read is not vouched for, refused")
     if info.get("views_full"):
         reasons.append(f"leak limit: the views of this batch's {info['rounds']} rounds fill what the history keeps "
                        f"(guardfl.inspect_meets.MEET_MAX_FLOATS): where they meet is not vouched for, refused")

@@ -144,7 +144,7 @@ def train(
     inspect: bool | str = False,
     inspect_disaggregation: bool = False,
     inspect_leak_limit: int | None = None,
-    inspect_leak_history: bool = True,
+    inspect_leak_history: bool | Mapping[str, int] = True,
 ) -> Message:
     """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply.
 
@@ -157,7 +157,8 @@ def train(
     ``inspect_disaggregation=True`` (with ``inspect``) adds SEER's D-SNR check, ``inspect_leak_limit=k``
     refuses any model (the honest one too) with which the server would read more than ``k`` samples of the
     first batch from the update (``local_update``), across rounds with ``inspect_leak_history`` (the default:
-    the ``LeakHistory`` kept in ``context.state`` with the client state)."""
+    the ``LeakHistory`` kept in ``context.state`` with the client state; a mapping ``{"max_rounds": n,
+    "max_batches": m}`` sets its limits, also on the history kept from earlier rounds)."""
     key, record = received_arrays(msg)
     state = client_state(context, state_key)
     if not inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit):

@@ -453,7 +453,8 @@ class GuardedTrainer:
     ``max_steps`` as in ``local_update``; ``inspect``: check the received model first
     (``inspect_disaggregation``: with SEER's D-SNR check too; ``inspect_leak_limit``: refuse any model with
     which the server reads more than that many samples of the first batch; as in ``local_update``, across
-    rounds unless ``inspect_leak_history`` is False); ``state_path``: a JSON file keeping the ``ClientState``
+    rounds unless ``inspect_leak_history`` is False, with its limits when it is a mapping of ``max_rounds`` /
+    ``max_batches``); ``state_path``: a JSON file keeping the ``ClientState``
     between rounds and launches (read when it exists), its leak history beside it (``<state_path>.leak-history``,
     ``LeakHistory.to_bytes``).
     """
@@ -462,7 +463,7 @@ class GuardedTrainer:
                  *, epochs: int = 1, loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
                  num_classes: int | None = None, max_steps: int | None = None, inspect: bool | str = False,
                  inspect_disaggregation: bool = False, inspect_leak_limit: int | None = None,
-                 inspect_leak_history: bool = True, state_path: str | Path | None = None) -> None:
+                 inspect_leak_history: bool | Mapping[str, int] = True, state_path: str | Path | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         self.model, self.make_optimizer = model, make_optimizer

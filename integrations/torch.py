@@ -150,19 +150,41 @@ def first_batch(loader: Iterable) -> tuple[Tensor, Tensor] | None:
     return None
 
 
-def leak_history_for(state: ClientState | None, leak_limit: int | None, keep: bool = True) -> LeakHistory | None:
+def _history_limits(keep: Any) -> dict[str, int] | None:
+    """``inspect_leak_history`` parsed: None (limit each update alone), or the ``LeakHistory`` limits to keep
+    (``{}``: its defaults); one ``ConfigError`` line naming the field otherwise."""
+    if isinstance(keep, bool):
+        return {} if keep else None
+    if isinstance(keep, Mapping):
+        unknown = sorted(set(map(str, keep)) - {"max_rounds", "max_batches"})
+        if unknown:
+            raise ConfigError(f"inspect_leak_history: unknown key(s) {unknown}; allowed: max_rounds, max_batches "
+                              f"(integers in [1, 100000])")
+        try:
+            LeakHistory(**keep)
+        except ConfigError as err:
+            raise ConfigError(f"inspect_leak_history.{err}") from None
+        return dict(keep)
+    raise ConfigError(f"inspect_leak_history: must be true or false, or a mapping of max_rounds / max_batches (integers in "
+                      f"[1, 100000]), got {keep!r}")
+
+
+def leak_history_for(state: ClientState | None, leak_limit: int | None, keep: bool | Mapping[str, int] = True) -> LeakHistory | None:
     """The ``LeakHistory`` this round's inspection adds to (None: no limit, or ``keep`` False: the limit per
-    update only). The state's own; a new one in a client's first round (``state`` None or 0 rounds done).
-    Fails closed: a later round whose state has lost its history (``ClientState.from_json`` does not carry
-    it) is a ``ConfigError``, never a limit that silently forgot what earlier rounds gave away."""
-    if not isinstance(keep, bool):
-        raise ConfigError(f"inspect_leak_history: must be true or false, got {keep!r}")
-    if leak_limit is None or not keep:
+    update only; a mapping ``{"max_rounds": n, "max_batches": m}``: kept, with those limits, also on a history
+    restored from an earlier round, so that a client may raise them mid-training). The state's own; a new one
+    in a client's first round (``state`` None or 0 rounds done). Fails closed: a later round whose state has
+    lost its history (``ClientState.from_json`` does not carry it) is a ``ConfigError``, never a limit that
+    silently forgot what earlier rounds gave away."""
+    limits = _history_limits(keep)
+    if leak_limit is None or limits is None:
         return None
     if state is not None and state.leak_history is not None:
+        for name, value in limits.items():
+            setattr(state.leak_history, name, value)
         return state.leak_history
     if state is None or state.rounds == 0:
-        return LeakHistory()
+        return LeakHistory(**limits)
     raise ConfigError(f"inspect_leak_history: this client's state has done {state.rounds} rounds but holds no leak history (ClientState "
                       "JSON does not carry it: keep the ClientState object between rounds, or LeakHistory.to_bytes beside the JSON), "
                       "so the limit cannot count what differences with earlier updates read: refused (inspect_leak_history=False "
@@ -212,7 +234,7 @@ def local_update(
     inspect: bool | str = False,
     inspect_disaggregation: bool = False,
     inspect_leak_limit: int | None = None,
-    inspect_leak_history: bool = True,
+    inspect_leak_history: bool | Mapping[str, int] = True,
 ) -> LocalUpdate:
     """Train ``model`` (in place, train mode) for ``epochs`` over ``loader`` with ``defense`` and return the
     defended update.
@@ -243,7 +265,9 @@ def local_update(
     default True): the samples read from this update, from its difference with every update this client sent
     on the same first batch, and those earlier rounds gave away count together (a ``LeakHistory`` kept in
     ``state``; a server that queries one batch repeatedly and differences the updates reads what no single
-    update shows: ``guardfl.inspect_history``); False limits each update alone.
+    update shows: ``guardfl.inspect_history``); False limits each update alone; ``{"max_rounds": n,
+    "max_batches": m}`` keeps the history with those limits (a batch answered ``max_rounds`` times is refused;
+    defaults 256 and 64), also on a history restored from earlier rounds.
 
     Fail closed: when a defense acts, every state entry that training changed must be one of the
     optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer

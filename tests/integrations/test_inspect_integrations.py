@@ -134,6 +134,28 @@ def test_local_update_inspect_leak_limit_bad_input_is_one_line(inspect, limit, l
     assert len(str(info.value).splitlines()) == 1 and same(before, model.state_dict())
 
 
+def test_the_leak_history_limits_are_set_in_the_integrations_and_raised_mid_training():
+    """``inspect_leak_history={"max_rounds": n, "max_batches": m}``: the history with those limits; a batch
+    answered ``max_rounds`` times is refused (fail closed), and the same mapping with a higher value on the
+    next round raises it on the history kept so far. Bad keys and values: one line naming the field."""
+    loader = DataLoader(DATA, batch_size=8)
+    first = local_update(net(0), loader, sgd, inspect=True, inspect_leak_limit=8, state=ClientState(),
+                         inspect_leak_history={"max_rounds": 1, "max_batches": 4})
+    history = first.state.leak_history
+    assert (history.max_rounds, history.max_batches) == (1, 4)
+    with pytest.raises(MaliciousModelError, match="answered 1 times, all its history remembers"):
+        local_update(net(0), loader, sgd, inspect=True, inspect_leak_limit=8, state=first.state,
+                     inspect_leak_history={"max_rounds": 1})
+    again = local_update(net(0), loader, sgd, inspect=True, inspect_leak_limit=8, state=first.state,
+                         inspect_leak_history={"max_rounds": 5})
+    assert again.inspection.ok and again.state.leak_history is history and history.max_rounds == 5
+    for bad, line in (({"rounds": 3}, r"^inspect_leak_history: unknown key\(s\) \['rounds'\]"),
+                      ({"max_rounds": 0}, r"^inspect_leak_history.max_rounds: must be an integer in \[1, 100000\], got 0$"),
+                      ({"max_batches": True}, r"^inspect_leak_history.max_batches: must be an integer")):
+        with pytest.raises(ConfigError, match=line):
+            local_update(net(0), loader, sgd, inspect=True, inspect_leak_limit=8, inspect_leak_history=bad)
+
+
 def test_local_update_keeps_the_leak_limit_across_rounds_in_its_state():
     """Round 0's honest model reads samples 1 and 5 of the first batch (limit 2: accepted); round 1's model
     reads sample 7 alone, within the limit per update, but 3 with what round 0 gave away: refused. The
