@@ -102,6 +102,13 @@ class AuxSection(_Source):
         return self
 
 
+class LeakHistoryLimits(StrictModel):
+    """``client.inspect_leak_history`` as a mapping: the deployed client's ``LeakHistory`` limits."""
+
+    max_rounds: int = Field(default=256, ge=1, le=100_000, json_schema_extra={"allowed": "an integer in [1, 100000]"})
+    max_batches: int = Field(default=64, ge=1, le=100_000, json_schema_extra={"allowed": "an integer in [1, 100000]"})
+
+
 class ClientSection(StrictModel):
     protocol: Literal["fedsgd", "fedavg"] = Field(default="fedsgd", json_schema_extra={"allowed": "'fedsgd' or 'fedavg'"})
     batch_size: int = Field(default=1, ge=1, le=4096, json_schema_extra={"allowed": "an integer in [1, 4096]"})
@@ -132,10 +139,34 @@ class ClientSection(StrictModel):
     #: ``ClientState``: a ``LeakHistory``), and the limit is on what one update, its difference with any
     #: earlier update of the same batch, and earlier rounds read together (a malicious server's queries are
     #: the client's rounds). false: a client built anew each round (a Flower ``client_fn``, NVIDIA FLARE),
-    #: whose limit holds per update only (``threshold_bins`` reads faces exactly through it by differencing)
-    inspect_leak_history: bool = True
+    #: whose limit holds per update only (``threshold_bins`` reads faces exactly through it by differencing).
+    #: ``{max_rounds: n, max_batches: m}``: kept, with the deployed client's limits (``inspect_leak_history``
+    #: of the integrations; a batch answered ``max_rounds`` times is refused; defaults 256 and 64)
+    inspect_leak_history: bool | LeakHistoryLimits = True
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
+
+    @field_validator("inspect_leak_history", mode="before")
+    @classmethod
+    def _leak_history_spec(cls, value: Any) -> Any:
+        """One error for the field, not one per branch of ``bool | LeakHistoryLimits``."""
+        if isinstance(value, (bool, LeakHistoryLimits)):
+            return value
+        if isinstance(value, dict):
+            try:
+                return LeakHistoryLimits.model_validate(value)
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(map(str, first["loc"]))
+                raise PydanticCustomError("leak_history_limits", "{where}: {msg}; allowed: max_rounds and max_batches, integers "
+                                          "in [1, 100000]", {"where": where, "msg": first["msg"]}) from None
+        raise PydanticCustomError("leak_history_spec", "must be true, false or a mapping of max_rounds and max_batches "
+                                  "(integers in [1, 100000])")
+
+    def leak_history_spec(self) -> bool | dict[str, int]:
+        """``inspect_leak_history`` as the simulated client takes it: a flag, or the limits as a dict."""
+        h = self.inspect_leak_history
+        return h if isinstance(h, bool) else h.model_dump()
 
     @model_validator(mode="after")
     def _disaggregation_inspects(self) -> "ClientSection":

@@ -219,11 +219,11 @@ class BatchSource:
                "batches": {str(b): r for b, r in sorted(self._runs.items())}}
         if self.target is None and self.cfg.client.inspect:
             out["inspection"] = inspection_summary(self.cfg.client.inspect_disaggregation, self.cfg.client.inspect_leak_limit,
-                                                     self.cfg.client.inspect_leak_history)
+                                                     self.cfg.client.leak_history_spec())
         return out
 
 
-def inspection_summary(disaggregation: bool, leak_limit: int | None = None, leak_history: bool = True) -> dict[str, Any]:
+def inspection_summary(disaggregation: bool, leak_limit: int | None = None, leak_history: bool | dict = True) -> dict[str, Any]:
     """What an inspecting simulated client runs on every model a malicious server sends, and with
     ``leak_limit`` on the honest one too (the certificate's ``client.inspection``): ``inspect_model``,
     strict, with the honest global model as the reference and its own first batch; the checks, and the
@@ -246,7 +246,9 @@ def inspection_summary(disaggregation: bool, leak_limit: int | None = None, leak
                                       f"check's count) is refused")
         summary["leak_limit_scope"] = (
             "with history: this update, its difference with every earlier update the client sent on the same batch, "
-            "and what those gave away, together (LeakHistory; not combinations of three or more updates)" if leak_history else
+            "where two views of those updates meet in one sample (and a line two share meets a third), and what those "
+            "gave away, together (LeakHistory; not views of rank above half the batch, nor reads by image priors)"
+            + (f"; limits {dict(leak_history)}" if isinstance(leak_history, dict) else "") if leak_history else
             "per update only: the client keeps no history between rounds (client.inspect_leak_history: false), and a "
             "server that differences two updates of one batch reads past the limit")
     else:

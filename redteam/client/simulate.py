@@ -276,12 +276,13 @@ class ClientQuery:
     difference with any earlier query's update and by earlier queries, together (a ``LeakHistory`` kept across
     queries, as ``local_update`` keeps one in its ``ClientState``; until 2026-11-28 each query was limited alone,
     and ``threshold_bins`` read 14 faces exactly through a limit of 0); ``leak_history=False``: per update only
-    (a client built anew each round, as a Flower ``client_fn`` builds it)."""
+    (a client built anew each round, as a Flower ``client_fn`` builds it); a mapping: kept, with those
+    ``LeakHistory`` limits (``max_rounds``, ``max_batches``)."""
 
     def __init__(self, inputs: Tensor, labels: Tensor, defense_config: DefenseConfig | dict | None, protocol: Protocol,
                  *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
                  inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False,
-                 leak_limit: int | None = None, leak_history: bool = True) -> None:
+                 leak_limit: int | None = None, leak_history: bool | Mapping[str, int] = True) -> None:
         if inspect and reference is None:
             raise ConfigError("client.inspect: the client needs its reference model (the honest global model) to inspect")
         if disaggregation and not inspect:
@@ -297,7 +298,8 @@ class ClientQuery:
         self.input_shape = tuple(inputs.shape[1:])
         # the client's memory of what it sent, for the leak limit across queries (a deployed client keeps it in its
         # ``ClientState``): a server differencing two queries of the batch reads what neither update shows alone
-        self.history = LeakHistory() if leak_limit is not None and leak_history else None
+        limits = dict(leak_history) if isinstance(leak_history, Mapping) else {}
+        self.history = LeakHistory(**limits) if leak_limit is not None and leak_history else None
         self.queries = 0
         self.refused = 0
 

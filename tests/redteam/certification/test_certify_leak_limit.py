@@ -93,3 +93,33 @@ def test_leak_history_false_without_a_limit_is_one_line(tmp_path, capsys):
     assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "inspect_leak_history" in err, err
+
+
+def test_leak_history_limits_as_deployed_are_one_line_when_bad_and_bound_the_simulated_client(tmp_path, capsys):
+    """``client.inspect_leak_history: {max_rounds: n, max_batches: m}``: the deployed client's LeakHistory limits
+    (the integrations' ``inspect_leak_history`` mapping); a batch answered ``max_rounds`` times is refused."""
+    import torch
+
+    from guardfl.redteam.client.simulate import ClientQuery, FedSGD, ModelRefused
+    from guardfl.redteam.config import RedTeamConfig
+    from guardfl.redteam.modality.image.models import FC2
+
+    for bad in ({"max_rounds": 0}, {"rounds": 3}, "some"):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({**FC, "client": {**FC["client"], "inspect_leak_history": bad}}))
+        assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "inspect_leak_history" in err, err
+    cfg = RedTeamConfig.model_validate({**FC, "client": {**FC["client"], "inspect_leak_history": {"max_rounds": 1}}})
+    assert cfg.client.leak_history_spec() == {"max_rounds": 1, "max_batches": 64}
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(8, 3, 32, 32, generator=g), torch.arange(8)
+    torch.manual_seed(0)
+    model = FC2()
+    client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, leak_limit=8, leak_history=cfg.client.leak_history_spec())
+    client(model)
+    try:
+        client(model)
+        raise AssertionError("the second round on the batch was accepted")
+    except ModelRefused as refused:
+        assert any("answered 1 times" in r for r in refused.reasons), refused.reasons
