@@ -264,6 +264,19 @@ def test_train_helper_keeps_the_leak_history_in_context_state_between_rounds():
     assert not app(gf.train_message(net(1).state_dict()), ctx).has_error()  # per update only: within the limit
 
 
+def test_train_helper_takes_the_leak_history_limits_and_raises_them_on_the_saved_history():
+    """A Flower client refused at ``max_rounds`` on one batch raises the limit in its app's call: the history
+    restored from ``context.state`` takes it (and keeps it in the bytes it saves)."""
+    ctx = context()
+    app, _ = inspected_app(net(), inspect_leak_limit=8, inspect_leak_history={"max_rounds": 1})
+    assert not app(gf.train_message(net(0).state_dict()), ctx).has_error()
+    reply = app(gf.train_message(net(0).state_dict()), ctx)
+    assert reply.has_error() and "answered 1 times" in reply.error.reason and "max_rounds = 1" in reply.error.reason
+    app, _ = inspected_app(net(), inspect_leak_limit=8, inspect_leak_history={"max_rounds": 3})
+    assert not app(gf.train_message(net(0).state_dict()), ctx).has_error()
+    assert gf.client_state(ctx).leak_history.max_rounds == 3
+
+
 def test_train_helper_trains_a_benign_model_with_inspection_on():
     g = net(3).state_dict()
     app, _ = inspected_app(net())
