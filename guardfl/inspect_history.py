@@ -131,10 +131,12 @@ def _new_views(entry: _Batch, signals: Signals) -> dict[str, tuple[Views, Tensor
     its difference with every remembered round, ``guardfl.inspect_meets``), with the samples' norms and Gram."""
     out: dict[str, tuple[Views, Tensor, Tensor]] = {}
     for name, (d1, a1) in signals.items():
-        old = [r[name][0] for r in entry.rounds if name in r and r[name][0].shape == d1.shape]
+        a = a1.detach().double().cpu()
         first = next((r[name][1] for r in entry.rounds if name in r), None)
-        if first is not None and not (first.shape == a1.shape and torch.equal(first, a1.detach().double().cpu())):
+        if first is not None and not (first.shape == a.shape and torch.equal(first, a)):
             continue
+        old = [r[name][0] for r in entry.rounds if name in r and r[name][0].shape == d1.shape
+               and (r[name][1] is first or torch.equal(r[name][1], a))]  # only rounds over this very input
         norms, gram = frame(a1)
         d = d1.detach().double().cpu()
         out[name] = (views_of([d] + [d - d0 for d0 in old], norms), norms, gram)
