@@ -128,3 +128,25 @@ def test_a_history_saved_before_it_kept_views_meets_them_again_from_its_rounds()
     torch.save(plain, buffer)
     restored = LeakHistory.from_bytes(buffer.getvalue())
     assert restored.reads(x, y, {"fc": (d2, x)})[1]["read_by_meets"] == 1
+
+
+def test_honest_fedsgd_rounds_keep_no_view_and_meet_nothing():
+    """Every honest update and every difference of honest rounds is full rank on the batch (the units' masks and
+    the model's steps differ from sample to sample): nothing kept, nothing met, for free."""
+    import torch.nn.functional as F
+
+    from guardfl.inspect import inspect_model
+    from guardfl.redteam.modality.image.models import FC2
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.arange(32) % 10
+    torch.manual_seed(0)
+    model, history = FC2(), LeakHistory()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(4):
+        check = inspect_model(model, model, batch=(x, y), leak_limit=32, history=history).checks["leak_limit"]
+        assert check["history"]["read_by_meets"] == 0
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert all(not v.bases for e in history._batches.values() for v in e.views.values())
