@@ -1094,8 +1094,9 @@ def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], l
     check.update(history=info, read_with_history=len(total), all_samples=sorted(total),
                  scope="nn.Linear layers but the classification layer (convolutions not examined): this update, its difference "
                        "with every update this client sent on the same batch, where two of those views meet in one sample "
-                       "(layers whose input is the batch every round), and what those gave away; not meets of three or more "
-                       "views, nor batches that change between rounds")
+                       "(layers whose input is the batch every round; a line two views share, cut by a third, too), and what "
+                       "those gave away; not views of rank above half the batch, reads by image priors, nor batches that "
+                       "change between rounds")
     reasons = []
     if info.get("full"):
         reasons.append(f"leak limit: this batch was answered {info['rounds']} times, all its history remembers (max_rounds = "

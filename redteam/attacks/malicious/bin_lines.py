@@ -7,7 +7,8 @@ so its weight difference over its bias difference is a point of the affine hull 
 the samples' coefficients differ from unit to unit (each leaves a different class when it switches: the
 classifier's other rows spread, ``threshold_bins spread``), the points span that hull: a line through two
 samples, a plane through three. Two bins of different directions that share exactly one sample have hulls
-that meet in that sample, exactly (four updates combined, past the pairs the client's history examines).
+that meet in that sample, exactly (four updates combined, past the pairs the client's history examined until it
+met its views too: ``guardfl.inspect_meets``; a line two bins share, cut by a third, is ``crossings``' depth 2).
 
 Pure functions over the attacker's own view (the updates it received), no ground truth.
 """
