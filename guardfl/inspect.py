@@ -1104,7 +1104,8 @@ def _leak_history(history: LeakHistory, batch, signals, check: dict[str, Any], l
                        f"LeakHistory(max_rounds=n), for more): what differences with more rounds read is not vouched for, refused")
     if info.get("views_full"):
         reasons.append(f"leak limit: the views of this batch's {info['rounds']} rounds fill what the history keeps "
-                       f"(guardfl.inspect_meets.MEET_MAX_FLOATS): where they meet is not vouched for, refused")
+                       f"(guardfl.inspect_meets.MEET_MAX_FLOATS), or one holds non-finite coefficients: where they meet is not "
+                       f"vouched for, refused")
     if info.get("dropped"):
         reasons.append(f"leak limit: this batch was answered before, but its rounds were dropped from the history (more "
                        f"than max_batches = {history.max_batches} batches since): what differences with them read is not "

@@ -62,7 +62,7 @@ class Views:
 
     bases: list[Tensor] = field(default_factory=list)
     members: list[Tensor] = field(default_factory=list)
-    overflow: bool = False  # a flat met was not kept: past ``MEET_MAX_FLOATS`` (the caller refuses)
+    overflow: bool = False  # a view not examined (non-finite) or a flat not kept (past ``MEET_MAX_FLOATS``): the caller refuses
 
     def floats(self) -> int:
         return sum(b.numel() for b in self.bases)
@@ -159,10 +159,11 @@ def meet_reads(new: Views, old: Views, norms: Tensor, gram: Tensor, read_error: 
 
 def views_of(coefficients: list[Tensor], norms: Tensor, read_error: float = ISOLATION_READ_ERROR) -> Views:
     """The kept views (``view``) of coefficient matrices over the same samples (``norms``: their inputs'):
-    those that are finite and not all zero, of rank at most ``MEET_MAX_RANK_SHARE`` of the batch, holding a
-    member."""
+    those that are not all zero, of rank at most ``MEET_MAX_RANK_SHARE`` of the batch, holding a member. A
+    non-finite one is not examined and sets ``overflow`` (fail closed: the caller refuses)."""
     out = Views()
     z = [c.double() * norms[:, None] for c in coefficients]
+    out.overflow = not all(bool(torch.isfinite(m).all()) for m in z) or not bool(torch.isfinite(norms).all())
     z = [m for m in z if m.numel() and bool(torch.isfinite(m).all()) and bool(m.abs().max() > 0)]
     for shape in dict.fromkeys(m.shape for m in z):
         for u, rank in _spans(torch.stack([m for m in z if m.shape == shape])):

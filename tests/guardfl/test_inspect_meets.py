@@ -69,12 +69,18 @@ def test_the_history_reads_where_the_differences_of_four_updates_meet_and_the_pa
     assert seen == [([], 0, 0), ([], 0, 0), ([1], 0, 1)]
 
 
+def answered(x, y, *coefficients):
+    """A history that accepted one round of each of ``coefficients`` on the batch."""
+    history = LeakHistory()
+    for d in coefficients:
+        history.record(x, y, {"fc": (d, x)}, history.reads(x, y, {"fc": (d, x)})[0])
+    return history
+
+
 def test_the_views_travel_with_a_saved_history():
     g, x, y = setup()
     d0, d1, d2 = rounds(g)
-    history = LeakHistory()
-    for d in (d0, d1):
-        history.record(x, y, {"fc": (d, x)}, history.reads(x, y, {"fc": (d, x)})[0])
+    history = answered(x, y, d0, d1)
     restored = LeakHistory.from_bytes(history.to_bytes())
     assert restored.reads(x, y, {"fc": (d2, x)})[1]["read_by_meets"] == 1
 
@@ -92,9 +98,8 @@ def test_a_layer_whose_input_changes_between_rounds_is_not_met():
 def test_views_past_what_a_batch_keeps_refuse_the_round(monkeypatch):
     g, x, y = setup()
     monkeypatch.setattr(inspect_history, "MEET_MAX_FLOATS", 70)
-    history, (d0, d1, d2) = LeakHistory(), rounds(g)
-    for d in (d0, d1):
-        history.record(x, y, {"fc": (d, x)}, history.reads(x, y, {"fc": (d, x)})[0])
+    d0, d1, d2 = rounds(g)
+    history = answered(x, y, d0, d1)
     assert not history.reads(x, y, {"fc": (d0, x)})[1]["views_full"]  # the line kept and met again: 64 numbers
     assert history.reads(x, y, {"fc": (d2, x)})[1]["views_full"]
 
@@ -118,9 +123,7 @@ def test_a_history_saved_before_it_kept_views_meets_them_again_from_its_rounds()
 
     g, x, y = setup()
     d0, d1, d2 = rounds(g)
-    history = LeakHistory()
-    for d in (d0, d1):
-        history.record(x, y, {"fc": (d, x)}, history.reads(x, y, {"fc": (d, x)})[0])
+    history = answered(x, y, d0, d1)
     plain = torch.load(io.BytesIO(history.to_bytes()), weights_only=True)
     for entry in plain["batches"].values():
         del entry["views"]
@@ -150,3 +153,11 @@ def test_honest_fedsgd_rounds_keep_no_view_and_meet_nothing():
         F.cross_entropy(model(x), y).backward()
         opt.step()
     assert all(not v.bases for e in history._batches.values() for v in e.views.values())
+
+
+def test_a_non_finite_view_is_not_examined_and_refuses_the_round():
+    g, x, y = setup()
+    d0, d1, _ = rounds(g)
+    bad = d1.clone()
+    bad[0, 0] = float("nan")
+    assert answered(x, y, d0).reads(x, y, {"fc": (bad, x)})[1]["views_full"]
