@@ -18,6 +18,7 @@ from guardfl.redteam.attacks.optimisation.inverting_gradients import InvertingGr
 from guardfl.redteam.attacks.learned.learned_inversion import LearnedInversion
 from guardfl.redteam.attacks.registry import ATTACKS, available, get
 from guardfl.redteam.attacks.malicious.robbing_the_fed import RobbingTheFed
+from guardfl.redteam.attacks.malicious.seer import Seer
 from guardfl.redteam.attacks.malicious.server import ServerAttack
 from guardfl.redteam.attacks.text.tag import TAG
 from guardfl.redteam.attacks.malicious.threshold_bins import ThresholdBins
@@ -43,6 +44,7 @@ __all__ = [
     "InvertingGradients",
     "Reconstruction",
     "RobbingTheFed",
+    "Seer",
     "ServerAttack",
     "TAG",
     "ThresholdBins",

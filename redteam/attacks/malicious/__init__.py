@@ -1,1 +1,1 @@
-"""Malicious-server attacks: Robbing the Fed, Fishing, trap weights."""
+"""Malicious-server attacks: Robbing the Fed, Fishing, trap weights, threshold bins, SEER."""

@@ -1,0 +1,157 @@
+"""SEER (Garov, Dimitrov, Jovanović, Vechev, "Hiding in Plain Sight: Disguising Data Stealing Attacks in
+Federated Learning", ICLR 2024): a malicious server that trains the weights of the client's own
+architecture, jointly with a secret decoder, so that the client's aggregate gradient decodes to the one
+image of the batch with the most of a secret property (``max`` mode: the brightest, ...). Nothing in the
+model is a construction: its weights are trained dense weights, and the gradient is an ordinary sum over
+the batch that only the server's decoder separates. It is the literature's answer to client-side checks
+(the paper's D-SNR, guardfl's ``inspect_model``), and the red team's learned adaptive server.
+
+Preparation (once per setting, cached): a copy of the honest global model and the decoder are trained on
+the attacker's auxiliary images, in batches of the client's size, the model in train mode
+(``seer_training.seer_loss``: the chosen sample's gradient decodes to its image, so does the batch's sum,
+and two combinations of the others decode to nothing). A held-out fifth of the auxiliary images measures
+what was learned: the decoded image's SSIM against the batch's mean image as the guess. **A SEER that does
+not beat that guess by ``min_gain`` fails the run** (``AttackFailed``, exit 2): it would bound nothing,
+and a certificate resting on it would be the false green this red team exists to prevent.
+
+Interrogation: one query, the trained model; the decoder reads the first dense layer's update; the image
+stands for the batch (``fill_batch``).
+
+Deviations, stated (docs/malicious-server.md section 3 and 20):
+- The decoder reads the first dense layer (``seer_training``'s docstring): SEER's reads random coordinates of
+  every layer. So this SEER hosts on ``nn.Linear`` on the flattened input, ``nn.BatchNorm1d``, ``nn.ReLU``,
+  ``nn.Linear`` (``fc2bn``); convolutional models (SEER's ResNet-18) are not applicable, with the reason.
+- ``max`` mode only (the brightest, ... of the batch), which needs BatchNorm on batch statistics: a model
+  without it cannot tell one sample of the batch from the others (refused), and so does a client in eval
+  mode. SEER's ``thresh`` mode (secure aggregation) is not built.
+- Quick budget: 1,500 steps of Adam at 1e-3 on augmented auxiliary images; the paper's: 1000 epochs of 1000
+  batches at 1e-4, gradients accumulated over 10 (100,000 steps), on a GPU.
+- Trained on clean gradients: against a client defense the decoder reads the defended update as it is
+  (the defense is not simulated in training, as ``learned_inversion`` does; not built).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from guardfl.redteam.attacks.base import AttackConfig, AttackFailed, Capabilities, Reconstruction
+from guardfl.redteam.attacks.compute import progress_bar
+from guardfl.redteam.attacks.dense import trap_layers
+from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
+from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.registry import register
+from guardfl.redteam.attacks.setting import Setting
+from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.threat import ThreatModel
+
+#: held-out batches the preparation is measured on
+HELD_OUT_DRAWS = 30
+
+
+class SeerConfig(AttackConfig):
+    prop: Literal["bright", "dark", "red", "green", "blue"] = Field(
+        default="bright", json_schema_extra={"allowed": "'bright', 'dark', 'red', 'green' or 'blue'"})
+    steps: int = Field(default=1500, ge=1, le=1_000_000, json_schema_extra={"allowed": "an integer in [1, 1000000]"})
+    lr: float = Field(default=1e-3, gt=0, le=1, json_schema_extra={"allowed": "in (0, 1]"})
+    #: the disaggregator's maps (combinations of the first layer's gradient rows)
+    width: int = Field(default=8, ge=1, le=256, json_schema_extra={"allowed": "an integer in [1, 256]"})
+    #: the share of the auxiliary images held out to measure the training
+    holdout: float = Field(default=0.2, gt=0, lt=1, json_schema_extra={"allowed": "in (0, 1)"})
+    #: the held-out SSIM the decoded image must beat the batch's mean image by, or the run fails
+    min_gain: float = Field(default=0.1, ge=0, le=1, json_schema_extra={"allowed": "in [0, 1]"})
+
+
+@register
+class Seer(ServerAttack):
+    """Garov et al. 2024: the client's architecture trained with a secret decoder (see the module docstring)."""
+
+    name = "seer"
+    Config = SeerConfig
+    capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious", needs_aux=True, prepares=True,
+                                threat=frozenset({"labels"}))  # labels: restored or granted with the image
+    budgets = {"quick": {"steps": 1500, "lr": 1e-3}, "paper": {"steps": 100_000, "lr": 1e-4}}
+    paper_budget = "Garov et al. 2024 (SEER train_rel.sh): 1000 epochs x 1000 batches, Adam 1e-4, gradients accumulated over 10"
+
+    @classmethod
+    def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
+        layers = trap_layers(setting.model, tuple(setting.input_shape))
+        if isinstance(layers, str):
+            return f"this SEER decodes the first dense layer's gradient: {layers} (SEER's own decoder of a ResNet is a GPU's work: docs/malicious-server.md section 3)"
+        if not isinstance(layers.norm, nn.modules.batchnorm._BatchNorm):
+            return ("SEER's max property (the brightest, ... sample of the batch) is relative to the batch: it needs "
+                    "BatchNorm after the first layer, which this model does not have")
+        if not setting.train_mode:
+            return "SEER's max property needs BatchNorm on the batch's statistics: the client trains in eval mode"
+        if f"{layers.first_name}.weight" not in setting.param_names:
+            return f"the decoder reads {layers.first_name}.weight, which the client does not send"
+        if setting.num_samples < 2:
+            return "a batch of one sample needs no disaggregation (the honest-server attacks read it)"
+        aux = threat.aux
+        if aux is None or not aux.images.is_floating_point() or tuple(aux.images.shape[1:]) != tuple(setting.input_shape):
+            return "needs auxiliary images of the client's input shape to train on"
+        if len(aux.images) < 5 * setting.num_samples:
+            return (f"needs at least {5 * setting.num_samples} auxiliary images (5 batches of the client's "
+                    f"{setting.num_samples}: to train on, and to measure the training on held-out images), has {len(aux.images)}")
+        return None
+
+    def refuses(self, setting: Setting) -> str | None:
+        if self.config.prop in ("red", "green", "blue") and setting.input_shape[0] != 3:
+            return f"seer.prop: {self.config.prop!r} needs 3-channel images (these have {setting.input_shape[0]}); use 'bright' or 'dark'"
+        return None
+
+    def _prepare(self, setting: Setting, threat: ThreatModel, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+        c, n = self.config, setting.num_samples
+        layers = trap_layers(setting.model, tuple(setting.input_shape))
+        model = copy.deepcopy(setting.model).to(device).train()
+        layer = dict(model.named_modules())[layers.first_name].weight
+        images, labels = threat.aux.images, threat.aux.labels
+        perm = torch.randperm(len(images), generator=gen)
+        held = min(max(n, int(round(c.holdout * len(images)))), len(images) - n)
+        test, train = perm[:held], perm[held:]
+        decoder = Decoder.init(layer.shape[0], c.width, images[train].mean(0).to(device), gen)
+        opt = torch.optim.Adam([*model.parameters(), *decoder.parameters()], lr=c.lr)
+        bar = progress_bar(c.progress, c.steps, f"{self.name}: training")
+        for _ in range(c.steps):
+            idx = train[torch.randint(len(train), (n,), generator=gen)]
+            x = augment(images[idx].to(device), setting.input_range, gen)
+            loss = seer_loss(model, layer, decoder, x, labels[idx].to(device), c.prop, gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if bar:
+                bar.update(1)
+        if bar:
+            bar.close()
+        report = held_out(model, layer, decoder, images[test], labels[test], n, c.prop, setting.input_range,
+                          HELD_OUT_DRAWS, gen)
+        if not report["ssim"] >= report["ssim_batch_mean"] + c.min_gain:
+            raise AttackFailed(
+                f"seer: after {c.steps} steps the decoded image's held-out SSIM is {report['ssim']:.3f}, not "
+                f"{c.min_gain} past the batch's mean image ({report['ssim_batch_mean']:.3f}): this SEER bounds nothing "
+                f"for a batch of {n}, and no certificate may rest on it; raise seer's budget.steps (a GPU: strength paper) "
+                "or remove seer from the attacks and say so")
+        return {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "decoder": {
+            k: v.cpu() for k, v in decoder.state().items()}, "layer": layers.first_name, "held_out": report}
+
+    def preparation_info(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"layer": state["layer"], "held_out": state["held_out"]}
+
+    def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
+                     gen: torch.Generator) -> Reconstruction:
+        state = self.prepare(setting, threat)
+        sent = copy.deepcopy(setting.model)
+        sent.load_state_dict(state["model"])
+        observation = client(sent)
+        gradient = observation.update[f"{state['layer']}.weight"].detach().float().cpu()
+        lo, hi = setting.input_range
+        with torch.no_grad():
+            image = Decoder.from_state(state["decoder"])(gradient).view(*setting.input_shape).clamp(lo, hi)
+        labels, source = server_labels(observation, setting, threat)
+        return Reconstruction(fill_batch(image[None], setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {
+            "labels": source, "property": self.config.prop, "layer": state["layer"], "held_out": state["held_out"],
+            "malicious_model": sent})

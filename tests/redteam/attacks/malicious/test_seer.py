@@ -1,0 +1,94 @@
+"""SEER (Garov et al. 2024) at the scale of a dense first layer: where it applies, the gate that fails a
+SEER that learned nothing, and the trained model passing the client's inspection while its update decodes to
+the batch's brightest image."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from guardfl.redteam.attacks import AttackFailed, NotApplicable, Setting, get
+from guardfl.redteam.attacks.malicious.seer_training import Decoder, property_scores
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.client.simulate import ClientQuery, FedAvg, FedSGD
+from guardfl.redteam.modality.image import metrics
+from guardfl.redteam.modality.image.models import FC2, FC2BN, FC2LN, ConvNetSmall
+from guardfl.redteam.threat import ThreatModel
+
+CIFAR = Path(__file__).resolve().parents[4].parent / "shared/data/cifar10-train-5k.npz"
+
+
+def threat(n=200, shape=(3, 32, 32)):
+    g = torch.Generator().manual_seed(0)
+    return ThreatModel(server="malicious", labels="known", aux=AuxData(torch.rand(n, *shape, generator=g), torch.arange(n) % 10))
+
+
+def setting(model, n=8, shape=(3, 32, 32), protocol=FedSGD(), train_mode=True):
+    return Setting(model, protocol, n, shape, 10, (0.0, 1.0), None, train_mode=train_mode)
+
+
+@pytest.mark.parametrize("model, protocol, train_mode, why", [
+    (FC2(), FedSGD(), True, "needs BatchNorm"),
+    (FC2LN(), FedSGD(), True, "needs BatchNorm"),
+    (ConvNetSmall(), FedSGD(), True, "first dense layer"),
+    (FC2BN(), FedSGD(), False, "eval mode"),
+    (FC2BN(), FedAvg(), True, "fedsgd clients only"),
+])
+def test_it_says_where_it_does_not_apply(model, protocol, train_mode, why):
+    reason = get("seer").applicable(setting(model, protocol=protocol, train_mode=train_mode), threat())
+    assert reason is not None and why in reason, reason
+
+
+def test_it_needs_the_malicious_threat_enough_aux_data_and_colour_for_a_colour_property():
+    assert "malicious" in get("seer").applicable(setting(FC2BN()), ThreatModel(aux=threat().aux))
+    assert "at least 40 auxiliary images" in get("seer").applicable(setting(FC2BN()), threat(n=20))
+    assert get("seer").applicable(setting(FC2BN()), threat()) is None
+    grey = setting(FC2BN((1, 25, 25)), shape=(1, 25, 25))
+    assert "3-channel" in get("seer", prop="red").refuses(grey)
+    assert get("seer", prop="dark").refuses(grey) is None
+
+
+def test_a_seer_that_learned_nothing_fails_the_run_instead_of_certifying():
+    torch.manual_seed(0)
+    with pytest.raises(AttackFailed, match="bounds nothing for a batch of 8"):
+        get("seer", seed=0, steps=2).prepare(setting(FC2BN()), threat())
+
+
+def test_the_property_and_the_decoders_scale_and_sign():
+    x = torch.zeros(3, 3, 2, 2)
+    x[1] += 0.9
+    x[2, 0] += 1.0
+    assert int(property_scores(x, "bright").argmax()) == 1 and int(property_scores(x, "dark").argmin()) == 1
+    assert int(property_scores(x, "red").argmax()) == 2
+    g = torch.Generator().manual_seed(0)
+    decoder = Decoder.init(5, 2, torch.zeros(3, 2, 2), g)
+    decoder.weight.data.normal_(generator=g)
+    gradient = torch.randn(5, 12, generator=g)
+    # the reconstruction reads the gradient up to its scale and sign (a sample's coefficient, set by its label)
+    assert torch.allclose(decoder(gradient), decoder(-3.0 * gradient), atol=1e-5)
+
+
+@pytest.mark.skipif(not CIFAR.is_file(), reason="the CIFAR-10 sample of ../shared/data is not beside this clone")
+def test_the_trained_model_passes_the_inspection_and_its_update_decodes_to_the_brightest_image():
+    d = np.load(CIFAR)
+    x_all = torch.tensor(d["x"]).permute(0, 3, 1, 2).float() / 255
+    y_all = torch.tensor(d["y"]).long()
+    aux = ThreatModel(server="malicious", labels="known", aux=AuxData(x_all[:4000], y_all[:4000]))
+    torch.manual_seed(0)
+    model = FC2BN()
+    attack = get("seer", seed=0, steps=600)
+    state = attack.prepare(setting(model), aux)
+    assert state["held_out"]["ssim"] > state["held_out"]["ssim_batch_mean"] + 0.1  # the gate, on held-out aux
+    got, guess = [], []
+    for s in range(4):
+        pick = 4000 + torch.randperm(1000, generator=torch.Generator().manual_seed(s))[:8]
+        x, y = x_all[pick], y_all[pick]
+        client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, disaggregation=True)
+        rec = attack.interrogate(client, setting(model), aux)
+        assert client.refused == 0 and "refused" not in rec.info  # every check guardfl ships passes it
+        brightest = int(x.mean((1, 2, 3)).argmax())
+        got.append(metrics.ssim(rec.inputs[0], x[brightest], 1.0))
+        guess.append(metrics.ssim(x.mean(0), x[brightest], 1.0))
+    assert sum(got) / 4 > sum(guess) / 4 + 0.1, (got, guess)
+    assert type(rec.info["malicious_model"]) is FC2BN
