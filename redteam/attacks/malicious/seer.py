@@ -14,8 +14,13 @@ what was learned: the decoded image's SSIM against the batch's mean image as the
 not beat that guess by ``min_gain`` fails the run** (``AttackFailed``, exit 2): it would bound nothing,
 and a certificate resting on it would be the false green this red team exists to prevent.
 
-Interrogation: one query, the trained model; the decoder reads the first dense layer's update; the image
-stands for the batch (``fill_batch``).
+Interrogation: one query. The model sent is one of ``checkpoints`` kept along the training: against a client
+that inspects (its configuration is the server's knowledge), the one that decodes best on the held-out
+images among those the client's inspection passes on the server's shadow batches of its own images
+(``evade``, ``trap_fit.passes``: with the server's margin); the final one otherwise. The server is adaptive
+this way because the learned model is caught: at a batch of 64 it learns to single out samples at
+BatchNorm's output, and the isolation check there refuses it. The decoder reads the first dense layer's
+update; the image stands for the batch (``fill_batch``).
 
 Deviations, stated (docs/malicious-server.md section 3 and 20):
 - The decoder reads the first dense layer (``seer_training``'s docstring): SEER's reads random coordinates of
@@ -44,9 +49,10 @@ from guardfl.redteam.attacks.compute import progress_bar
 from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
-from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
 from guardfl.redteam.threat import ThreatModel
 
 #: held-out batches the preparation is measured on
@@ -64,6 +70,10 @@ class SeerConfig(AttackConfig):
     holdout: float = Field(default=0.2, gt=0, lt=1, json_schema_extra={"allowed": "in (0, 1)"})
     #: the held-out SSIM the decoded image must beat the batch's mean image by, or the run fails
     min_gain: float = Field(default=0.1, ge=0, le=1, json_schema_extra={"allowed": "in [0, 1]"})
+    #: models kept along the training (evenly spaced, the last the final one): against an inspecting client
+    #: the server sends the one that decodes best on its held-out images among those the client's inspection
+    #: passes on the server's shadow batches (``evade``)
+    checkpoints: int = Field(default=8, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
 
 
 @register
@@ -77,6 +87,7 @@ class Seer(ServerAttack):
     budgets = {"quick": {"steps": 1500, "lr": 1e-3}, "paper": {"steps": 100_000, "lr": 1e-4}}
     paper_budget = "Garov et al. 2024 (SEER train_rel.sh): 1000 epochs x 1000 batches, Adam 1e-4, gradients accumulated over 10"
 
+    @classmethod
     @classmethod
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         layers = trap_layers(setting.model, tuple(setting.input_shape))
@@ -116,42 +127,82 @@ class Seer(ServerAttack):
         decoder = Decoder.init(layer.shape[0], c.width, images[train].mean(0).to(device), gen)
         opt = torch.optim.Adam([*model.parameters(), *decoder.parameters()], lr=c.lr)
         bar = progress_bar(c.progress, c.steps, f"{self.name}: training")
-        for _ in range(c.steps):
+        keep = {round(c.steps * (k + 1) / c.checkpoints) for k in range(c.checkpoints)}
+        kept = []
+        for step in range(1, c.steps + 1):
             idx = train[torch.randint(len(train), (n,), generator=gen)]
             x = augment(images[idx].to(device), setting.input_range, gen)
             loss = seer_loss(model, layer, decoder, x, labels[idx].to(device), c.prop, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if step in keep:
+                report = held_out(model, layer, decoder, images[test], labels[test], n, c.prop, setting.input_range,
+                                  HELD_OUT_DRAWS, gen)
+                kept.append({"step": step, "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                             "decoder": {k: v.cpu() for k, v in decoder.state().items()}, "held_out": report})
             if bar:
                 bar.update(1)
         if bar:
             bar.close()
-        report = held_out(model, layer, decoder, images[test], labels[test], n, c.prop, setting.input_range,
-                          HELD_OUT_DRAWS, gen)
         if not report["ssim"] >= report["ssim_batch_mean"] + c.min_gain:
             raise AttackFailed(
                 f"seer: after {c.steps} steps the decoded image's held-out SSIM is {report['ssim']:.3f}, not "
                 f"{c.min_gain} past the batch's mean image ({report['ssim_batch_mean']:.3f}): this SEER bounds nothing "
                 f"for a batch of {n}, and no certificate may rest on it; raise seer's budget.steps (a GPU: strength paper) "
                 "or remove seer from the attacks and say so")
-        return {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "decoder": {
-            k: v.cpu() for k, v in decoder.state().items()}, "layer": layers.first_name, "held_out": report}
+        return {"checkpoints": kept, "layer": layers.first_name, "held_out": report}
 
     def preparation_info(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"layer": state["layer"], "held_out": state["held_out"]}
+        return {"layer": state["layer"], "held_out": state["held_out"],
+                "checkpoints": [(k["step"], round(k["held_out"]["ssim"], 3)) for k in state["checkpoints"]]}
 
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
                      gen: torch.Generator) -> Reconstruction:
         state = self.prepare(setting, threat)
+        key = (self._prepared[0], bool(getattr(client, "inspect", False)), bool(getattr(client, "disaggregation", False)),
+               getattr(client, "leak_limit", None))
+        evasions = self.__dict__.setdefault("_evasions", {})  # the choice reads the client's configuration and the server's data only
+        if key not in evasions:
+            evasions[key] = evade(state["checkpoints"], client, setting, threat)
+        chosen, how = evasions[key]
         sent = copy.deepcopy(setting.model)
-        sent.load_state_dict(state["model"])
-        observation = client(sent)
+        sent.load_state_dict(chosen["model"])
+        lines = {"property": self.config.prop, "layer": state["layer"], "held_out": chosen["held_out"],
+                 "checkpoint": chosen["step"], "evasion": how, "malicious_model": sent}
+        try:
+            observation = client(sent)
+        except ModelRefused as refused:
+            refused.info.update(lines)  # the certificate's lines on the model the inspection refused
+            raise
         gradient = observation.update[f"{state['layer']}.weight"].detach().float().cpu()
         lo, hi = setting.input_range
         with torch.no_grad():
-            image = Decoder.from_state(state["decoder"])(gradient).view(*setting.input_shape).clamp(lo, hi)
+            image = Decoder.from_state(chosen["decoder"])(gradient).view(*setting.input_shape).clamp(lo, hi)
         labels, source = server_labels(observation, setting, threat)
-        return Reconstruction(fill_batch(image[None], setting.num_samples, setting.input_range), labels.cpu(), 0.0, [], {
-            "labels": source, "property": self.config.prop, "layer": state["layer"], "held_out": state["held_out"],
-            "malicious_model": sent})
+        return Reconstruction(fill_batch(image[None], setting.num_samples, setting.input_range), labels.cpu(), 0.0, [],
+                              {"labels": source, **lines})
+
+
+def evade(checkpoints: list[dict[str, Any]], client: ClientQuery, setting: Setting,
+          threat: ThreatModel) -> tuple[dict[str, Any], str]:
+    """The checkpoint to send and why: against a client that inspects, the one that decodes best on the
+    held-out auxiliary images among those its inspection (the client's configuration, which the server
+    knows: ``trap_fit.passes``, with the server's margin) passes on every shadow batch of the server's own
+    images; the final one when none passes (the client refuses it: nothing sent) or the client does not
+    inspect. Nothing of the client's batch is used."""
+    final = checkpoints[-1]
+    if not getattr(client, "inspect", False):
+        return final, "the client does not inspect: the final model"
+    copies, what = shadows(client, setting, threat.aux, known=False)
+    passing = []
+    for k in checkpoints:
+        sent = copy.deepcopy(setting.model)
+        sent.load_state_dict(k["model"])
+        if all(passes(sent, client, setting, x, y) is None for _, x, y in copies):
+            passing.append(k)
+    if not passing:
+        return final, f"no checkpoint passed the inspection on {what}: the final model (step {final['step']})"
+    best = max(passing, key=lambda k: k["held_out"]["ssim"])
+    return best, (f"{len(passing)} of {len(checkpoints)} checkpoints passed the inspection on {what}; sent step "
+                  f"{best['step']} (held-out SSIM {best['held_out']['ssim']:.3f})")
