@@ -19,7 +19,8 @@ that inspects (its configuration is the server's knowledge), the one that decode
 images among those the client's inspection passes on the server's shadow batches of its own images
 (``evade``, ``trap_fit.passes``: with the server's margin); the final one otherwise. The server is adaptive
 this way because the learned model is caught: at a batch of 64 it learns to single out samples at
-BatchNorm's output, and the isolation check there refuses it. The decoder reads the first dense layer's
+BatchNorm's output, and the isolation check there refuses it. So it also trains against that check
+(``spread``: ``seer_training.singling_out`` in the loss), and then every check passes it (docs section 20). The decoder reads the first dense layer's
 update; the image stands for the batch (``fill_batch``).
 
 Deviations, stated (docs/malicious-server.md section 3 and 20):
@@ -74,6 +75,9 @@ class SeerConfig(AttackConfig):
     #: the server sends the one that decodes best on its held-out images among those the client's inspection
     #: passes on the server's shadow batches (``evade``)
     checkpoints: int = Field(default=8, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
+    #: the weight of ``seer_training.singling_out`` in the loss: the model trained not to single samples out
+    #: at BatchNorm's output, where guardfl's isolation check looks (0: SEER's loss alone)
+    spread: float = Field(default=10.0, ge=0, le=1000, json_schema_extra={"allowed": "in [0, 1000]"})
 
 
 @register
@@ -119,7 +123,8 @@ class Seer(ServerAttack):
         c, n = self.config, setting.num_samples
         layers = trap_layers(setting.model, tuple(setting.input_shape))
         model = copy.deepcopy(setting.model).to(device).train()
-        layer = dict(model.named_modules())[layers.first_name].weight
+        modules = dict(model.named_modules())
+        layer, norm = modules[layers.first_name].weight, modules[layers.norm_name]
         images, labels = threat.aux.images, threat.aux.labels
         perm = torch.randperm(len(images), generator=gen)
         held = min(max(n, int(round(c.holdout * len(images)))), len(images) - n)
@@ -132,7 +137,7 @@ class Seer(ServerAttack):
         for step in range(1, c.steps + 1):
             idx = train[torch.randint(len(train), (n,), generator=gen)]
             x = augment(images[idx].to(device), setting.input_range, gen)
-            loss = seer_loss(model, layer, decoder, x, labels[idx].to(device), c.prop, gen)
+            loss = seer_loss(model, layer, decoder, x, labels[idx].to(device), c.prop, gen, norm, c.spread)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

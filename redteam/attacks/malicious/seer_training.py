@@ -94,15 +94,36 @@ def weighted_gradient(losses: Tensor, weights: Tensor, layer: Tensor, create_gra
     return torch.autograd.grad((losses * weights).sum(), layer, create_graph=create_graph, retain_graph=True)[0]
 
 
+def singling_out(preactivations: Tensor, temperature: float = 0.1, width: float = 1.0) -> Tensor:
+    """A differentiable stand-in for guardfl's isolation check at a normalisation's output
+    (``inspect_isolation``: a unit, or the difference of two units, whose gradient holds one sample): with
+    ``f`` each sample's soft firing of each unit (a sigmoid of the pre-activation at ``temperature``), the
+    mean over units of a bump at 1 of the samples a unit fires for, plus the mean over pairs of units of a
+    bump at 1 of the samples one fires for and the other not (``width`` wide). Zero when no unit and no
+    pair separates about one sample; what a SEER adaptive to that check adds to its loss (``spread``)."""
+    f = torch.sigmoid(preactivations / temperature)
+    differences = torch.cdist(f.t(), f.t(), p=1)
+    pairs = torch.exp(-(differences - 1).pow(2) / (2 * width ** 2))
+    alone = torch.exp(-(f.sum(0) - 1).pow(2) / (2 * width ** 2))
+    return pairs.mean() + alone.mean()
+
+
 def seer_loss(model: nn.Module, layer: Tensor, decoder: Decoder, images: Tensor, labels: Tensor, prop: str,
-              gen: torch.Generator) -> Tensor:
+              gen: torch.Generator, norm: nn.Module | None = None, spread: float = 0.0) -> Tensor:
     """SEER's objective on one auxiliary batch, the model in train mode: the chosen sample (the most of
     ``prop``) alone decodes to its image, so does the whole batch's sum; a random and the uniform
-    combination of the others decode to nothing (the disaggregator's output at zero)."""
+    combination of the others decode to nothing (the disaggregator's output at zero). ``spread`` > 0 adds
+    ``spread`` times ``singling_out`` of ``norm``'s output (the units' pre-activations)."""
     n = len(images)
     chosen = int(property_scores(images, prop).argmax())
     one = F.one_hot(torch.tensor(chosen), n).to(images)
-    losses = F.cross_entropy(model(images), labels, reduction="none")
+    seen: dict[str, Tensor] = {}
+    hook = norm.register_forward_hook(lambda _m, _i, out: seen.setdefault("out", out)) if norm is not None and spread else None
+    try:
+        losses = F.cross_entropy(model(images), labels, reduction="none")
+    finally:
+        if hook is not None:
+            hook.remove()
     alone = decoder.maps(weighted_gradient(losses, one, layer, True))
     others = decoder.maps(weighted_gradient(losses, 1 - one, layer, True))
     rand = torch.randn(n, generator=gen).to(images) * (1 - one)
@@ -110,7 +131,8 @@ def seer_loss(model: nn.Module, layer: Tensor, decoder: Decoder, images: Tensor,
     target = images[chosen].flatten()
     positive = F.mse_loss(decoder.reconstruct(alone), target) + F.mse_loss(decoder.reconstruct(alone + others), target)
     negative = others.pow(2).mean() + random_mix.pow(2).mean()
-    return positive + negative
+    evasion = spread * singling_out(seen["out"]) if "out" in seen else 0.0
+    return positive + negative + evasion
 
 
 def augment(images: Tensor, input_range: tuple[float, float], gen: torch.Generator) -> Tensor:
