@@ -4,8 +4,8 @@ client defense, and what guardfl's inspection says of its model (issue 34).
     python bench/bench_seer.py [--batch 8] [--steps 1500] [--clients 10] [--defenses none sign ...]
 
 FC-2 with BatchNorm (``fc2bn``, 3072-256-10) at PyTorch's default initialisation (seed 0); the attacker's
-auxiliary images are the first 4,000 of the CIFAR-10 sample in ``../shared/data`` (benchmarks only), the
-clients' batches are drawn from the other 1,000. One preparation (the joint training of the model and
+auxiliary images are 4,000 of the CIFAR-10 sample in ``../shared/data`` (benchmarks only; a seeded
+permutation, since the sample is ordered by class), the clients' batches are drawn from the other 1,000. One preparation (the joint training of the model and
 the secret decoder, ``--steps`` of Adam), then per defense ``--clients`` client batches, each client
 inspecting the model it receives with every check guardfl ships (``inspect=True``, D-SNR on), the defense
 on its update, FedSGD, train mode. Prints the preparation's held-out measure (the gate), then per defense:
@@ -51,11 +51,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--defenses", nargs="*", default=list(DEFENSES), choices=list(DEFENSES))
+    ap.add_argument("--disjoint", action="store_true", help="aux: the first 4,000 (classes 0-7), clients: the last 1,000 (8-9)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     d = np.load(ROOT.parent / "shared/data/cifar10-train-5k.npz")
     x_all = torch.tensor(d["x"]).permute(0, 3, 1, 2).float() / 255
     y_all = torch.tensor(d["y"]).long()
+    # the sample is ordered by class (its last 1,000 images are ships and trucks): the split is a seeded
+    # permutation, so that the attacker's images and the clients' hold the same classes (before 2026-11-28
+    # 19:50 the first 4,000 were the aux: no ship or truck; ``--disjoint`` keeps that split)
+    order = torch.arange(5000) if args.disjoint else torch.randperm(5000, generator=torch.Generator().manual_seed(0))
+    x_all, y_all = x_all[order], y_all[order]
     threat = ThreatModel(server="malicious", labels="known", aux=AuxData(x_all[:4000], y_all[:4000]))
     torch.manual_seed(0)
     model = FC2BN()
