@@ -58,6 +58,11 @@ class _Source(StrictModel):
     download: bool = False
     image_size: int | None = Field(default=None, ge=4, le=1024, json_schema_extra={"allowed": "null or an integer in [4, 1024]"})
     offset: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
+    #: null: the source in its stored order; a seed: the whole source in that seeded random order before
+    #: ``offset`` and ``limit`` apply. A file stored by class (the CIFAR-10 sample in ../shared/data) split
+    #: by offsets gives the attacker and the client different classes; the same ``shuffle`` on both sections
+    #: splits it into disjoint parts of the same classes
+    shuffle: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (stored order) or an integer >= 0 (a seed)"})
 
 
 class DataSection(_Source):

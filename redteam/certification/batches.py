@@ -28,6 +28,21 @@ from guardfl.redteam.modality.image.models import build_model, set_model_state
 from guardfl.redteam.runtime.files import StateFolder
 
 
+def read_section(m: modality.Modality, section: Any, limit: int | None, **options: Any) -> tuple[Any, Any, list[int]]:
+    """A source section's samples from its ``offset``, at most ``limit`` (None: all), and their indices in
+    the source: in the source's stored order, or with ``shuffle`` (a seed) in that seeded random order of
+    the whole source (which is then read whole)."""
+    stop = section.offset + limit if limit else None
+    if section.shuffle is None:
+        x, y = m.load(section, limit=stop, **options)
+        index = torch.arange(len(x))
+    else:
+        x, y = m.load(section, limit=None, **options)
+        index = torch.randperm(len(x), generator=torch.Generator().manual_seed(section.shuffle))
+    index = index[section.offset : stop]
+    return x[index], y[index], index.tolist()
+
+
 def load_aux(cfg: RedTeamConfig) -> AuxData | None:
     """The attacker's auxiliary data from the config's ``aux`` section (None without one): text is read with
     the client's tokenizer and sequence length, for the task the source's samples feed."""
@@ -37,10 +52,8 @@ def load_aux(cfg: RedTeamConfig) -> AuxData | None:
     k, d, m = cfg.model.num_classes, cfg.data, modality.of(cfg)
 
     def take(section, limit):
-        need = section.offset + limit if limit else None
-        x, y = m.load(section, num_classes=k, limit=need, field="aux", image_size=d.image_size, seq_len=d.seq_len,
-                      tokenizer=d.tokenizer)
-        x, y = x[section.offset : need], y[section.offset : need]
+        x, y, _ = read_section(m, section, limit, num_classes=k, field="aux", image_size=d.image_size,
+                               seq_len=d.seq_len, tokenizer=d.tokenizer)
         if not len(x):
             raise ConfigError(f"aux: {section.source} has no {m.units} from offset {section.offset}")
         return x, y
@@ -121,10 +134,9 @@ class BatchSource:
         d = cfg.data
         n = cfg.client.n
         need = cfg.certify.batches * n
-        limit = d.offset + d.limit if d.limit else None
-        x, y = m.load(d, num_classes=cfg.model.num_classes, limit=limit, task=task, seq_len=d.seq_len, tokenizer=d.tokenizer)
-        self.x_all, self.y_all = x[d.offset :], y[d.offset :]
-        population = Population(d.source, d.offset, len(self.x_all), d.path)
+        self.x_all, self.y_all, index = read_section(m, d, d.limit, num_classes=cfg.model.num_classes, task=task,
+                                                     seq_len=d.seq_len, tokenizer=d.tokenizer)
+        population = Population(d.source, d.offset, len(self.x_all), d.path, d.shuffle, tuple(index))
         if population.size < need:
             raise ConfigError(f"data: {d.source} has {population.size} images from offset {d.offset}"
                               f"{f' (limit {d.limit})' if d.limit else ''}; certify.batches={cfg.certify.batches} x "

@@ -113,7 +113,8 @@ def _print_summary(cert) -> None:
                   f"limit there {where['threshold_here']:.3f}{', past it' if w['exceeds'] else ''})")
     population = cert.population
     if population:
-        print(f"  [info] population: {population['source']} from offset {population['offset']}, {population['size']} "
+        order = f" of its order shuffled by seed {population['shuffle']}" if population.get("shuffle") is not None else ""
+        print(f"  [info] population: {population['source']} from offset {population['offset']}{order}, {population['size']} "
               f"samples; {population['drawn']} drawn at random (seed {population['seed']})")
     if cert.privacy and cert.privacy.get("epsilon") is not None:
         pv = cert.privacy

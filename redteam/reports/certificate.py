@@ -72,7 +72,8 @@ def _evidence_html(cert: Certificate) -> str:
         source = f"{html.escape(str(pop['source']))}{' (' + html.escape(str(pop['path'])) + ')' if pop.get('path') else ''}"
         unit = modality.of(cert.config).units
         population = (f"{rate['samples']} private samples drawn uniformly at random (seed {pop['seed']}) from a population "
-                      f"of {pop['size']} {unit}: {source} from index {pop['offset']}.")
+                      f"of {pop['size']} {unit}: {source} from index {pop['offset']}"
+                      f"{' of its order shuffled by seed ' + str(pop['shuffle']) if pop.get('shuffle') is not None else ''}.")
     else:
         population = f"{rate['samples']} private samples: the data of the user's client (the red team did not draw them)."
     claim = (f"<b>{rate['leaked']} of {rate['samples']}</b> samples leaked (some attack reconstructed them past a threshold). "
