@@ -32,28 +32,37 @@ Deviations, stated (docs/malicious-server.md section 3 and 20):
   mode. SEER's ``thresh`` mode (secure aggregation) is not built.
 - Quick budget: 1,500 steps of Adam at 1e-3 on augmented auxiliary images; the paper's: 1000 epochs of 1000
   batches at 1e-4, gradients accumulated over 10 (100,000 steps), on a GPU.
-- Trained on clean gradients: against a client defense the decoder reads the defended update as it is
-  (the defense is not simulated in training, as ``learned_inversion`` does; not built).
+- The model is trained on clean gradients (SEER's paper evaluates no defense). Against a client defense the
+  server knows (``threat.defense: known``), the decoder of the model sent is then fitted to that defense
+  (``adapt_steps``, ``seer_adapt``: the client's defense simulated on the server's own batches, as
+  ``learned_inversion`` trains through it); against noise whose scale does not follow the gradient's
+  (Gaussian, Laplace, Outpost) the model sent is rescaled (``boost``: the first layer divided by 10 to 1000,
+  its gradient as many times larger, the forward pass the same through BatchNorm while its eps stays small
+  beside the rescaled variance; chosen on the server's held-out images; as ``robbing_the_fed``'s boost).
+  The model itself is not trained through the defense.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import nn
 
 from guardfl.redteam.attacks.base import AttackConfig, AttackFailed, Capabilities, Reconstruction
 from guardfl.redteam.attacks.compute import progress_bar
 from guardfl.redteam.attacks.dense import trap_layers
+from guardfl.redteam.attacks.malicious.seer_adapt import BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
-from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, server_labels
 from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
+from guardfl.redteam.client.transmit import TransmitSimulator
 from guardfl.redteam.threat import ThreatModel
 
 #: held-out batches the preparation is measured on
@@ -78,6 +87,21 @@ class SeerConfig(AttackConfig):
     #: the weight of ``seer_training.singling_out`` in the loss: the model trained not to single samples out
     #: at BatchNorm's output, where guardfl's isolation check looks (0: SEER's loss alone)
     spread: float = Field(default=10.0, ge=0, le=1000, json_schema_extra={"allowed": "in [0, 1000]"})
+    #: against a known client defense: steps of Adam fitting the decoder of the model sent to the updates the
+    #: defense transmits for the server's own batches (``seer_adapt``; 0: the clean decoder reads them)
+    adapt_steps: int = Field(default=400, ge=0, le=1_000_000, json_schema_extra={"allowed": "an integer in [0, 1000000]"})
+    #: the model sent rescaled so that the first layer's gradient is this many times larger and the forward
+    #: pass the same (``seer_adapt.rescale``); "auto": against a known defense whose noise does not follow the
+    #: gradient's scale (Gaussian, Laplace, Outpost), the one of ``BOOSTS`` that the client's inspection passes
+    #: on the server's shadows and decodes best on its held-out images through the defense, else 1
+    boost: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [1, 10000]"})
+
+    @field_validator("boost")
+    @classmethod
+    def _boost(cls, value):
+        if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value <= 1e4):
+            raise ValueError("expected 'auto' or a number in [1, 10000]")
+        return value
 
 
 @register
@@ -87,11 +111,16 @@ class Seer(ServerAttack):
     name = "seer"
     Config = SeerConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious", needs_aux=True, prepares=True,
-                                threat=frozenset({"labels"}))  # labels: restored or granted with the image
-    budgets = {"quick": {"steps": 1500, "lr": 1e-3}, "paper": {"steps": 100_000, "lr": 1e-4}}
+                                threat=frozenset({"labels", "defense"}))  # labels: restored or granted with the image
+    budgets = {"quick": {"steps": 1500, "lr": 1e-3, "adapt_steps": 400},
+               "paper": {"steps": 100_000, "lr": 1e-4, "adapt_steps": 10_000}}
     paper_budget = "Garov et al. 2024 (SEER train_rel.sh): 1000 epochs x 1000 batches, Adam 1e-4, gradients accumulated over 10"
 
-    @classmethod
+    def preparation_key(self, setting: Setting, threat: ThreatModel) -> str:
+        """The joint training reads no defense (the decoder is fitted to it at interrogation): one
+        preparation serves every defense of the same setting."""
+        return super().preparation_key(dataclasses.replace(setting, defense_config=None), threat)
+
     @classmethod
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         layers = trap_layers(setting.model, tuple(setting.input_shape))
@@ -156,7 +185,7 @@ class Seer(ServerAttack):
                 f"{c.min_gain} past the batch's mean image ({report['ssim_batch_mean']:.3f}): this SEER bounds nothing "
                 f"for a batch of {n}, and no certificate may rest on it; raise seer's budget.steps (a GPU: strength paper) "
                 "or remove seer from the attacks and say so")
-        return {"checkpoints": kept, "layer": layers.first_name, "held_out": report}
+        return {"checkpoints": kept, "layer": layers.first_name, "held_out": report, "train": train, "test": test}
 
     def preparation_info(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"layer": state["layer"], "held_out": state["held_out"],
@@ -171,10 +200,14 @@ class Seer(ServerAttack):
         if key not in evasions:
             evasions[key] = evade(state["checkpoints"], client, setting, threat)
         chosen, how = evasions[key]
-        sent = copy.deepcopy(setting.model)
-        sent.load_state_dict(chosen["model"])
+        known = setting.defense_config.model_dump_json() if setting.defense_config is not None and threat.defense == "known" else None
+        if (key, known) not in evasions:  # the boost reads the defense the server knows
+            evasions[key, known] = self._boosted(chosen, client, state, setting, threat, device, gen)
+        sent, k, boosted = evasions[key, known]
+        decoder, adapted = self._decoder(chosen, sent, k, state, setting, threat, device, gen)
         lines = {"property": self.config.prop, "layer": state["layer"], "held_out": chosen["held_out"],
-                 "checkpoint": chosen["step"], "evasion": how, "malicious_model": sent}
+                 "checkpoint": chosen["step"], "evasion": how, "boost": boosted, "defense_adapted": adapted,
+                 "malicious_model": sent}
         try:
             observation = client(sent)
         except ModelRefused as refused:
@@ -183,10 +216,84 @@ class Seer(ServerAttack):
         gradient = observation.update[f"{state['layer']}.weight"].detach().float().cpu()
         lo, hi = setting.input_range
         with torch.no_grad():
-            image = Decoder.from_state(chosen["decoder"])(gradient).view(*setting.input_shape).clamp(lo, hi)
+            image = decoder(gradient.to(decoder.A.device)).view(*setting.input_shape).clamp(lo, hi).cpu()
         labels, source = server_labels(observation, setting, threat)
         return Reconstruction(fill_batch(image[None], setting.num_samples, setting.input_range), labels.cpu(), 0.0, [],
                               {"labels": source, **lines})
+
+    def _boosted(self, chosen: dict[str, Any], client: ClientQuery, state: dict[str, Any], setting: Setting,
+                 threat: ThreatModel, device: torch.device, gen: torch.Generator) -> tuple[nn.Module, float, str]:
+        """The model to send (the checkpoint, rescaled by a boost), the boost, and why. Against a known defense
+        whose noise does not follow the gradient's scale, each boost (``BOOSTS``, or the configured one)
+        whose model the client's inspection passes on the server's shadows is measured on the server's
+        held-out images through the simulated defense (the jointly trained decoder), and the best is sent."""
+        sent = copy.deepcopy(setting.model)
+        sent.load_state_dict(chosen["model"])
+        defense = setting.defense_config if threat.defense == "known" else None
+        noisy = sorted({leaf.kind for leaf in defense_leaves(defense)} & NOISE_KINDS)
+        c = self.config
+        if c.boost == 1 or (c.boost == "auto" and not noisy) or defense is None:
+            return sent, 1.0, "none (1)"
+        layers = trap_layers(setting.model, tuple(setting.input_shape))
+        copies, what = shadows(client, setting, threat.aux, known=False) if getattr(client, "inspect", False) else ([], "")
+        clean, test = Decoder.from_state(chosen["decoder"]).to(device), state["test"]
+        tried, best = [], (-2.0, 1.0, sent)
+        for k in (BOOSTS if c.boost == "auto" else (1.0, float(c.boost))):
+            model = sent if k == 1 else rescale(sent, layers.first_name, layers.norm_name, k)
+            if k > 1 and any(passes(model, client, setting, x, y) is not None for _, x, y in copies):
+                tried.append(f"{k:g}: refused on {what}")
+                continue
+            sim = TransmitSimulator(model, defense, setting.protocol, train_mode=setting.train_mode, device=device,
+                                    seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
+            got = defended_held_out(clean, sim, f"{layers.first_name}.weight", threat.aux.images[test],
+                                    threat.aux.labels[test], setting.num_samples, c.prop, setting.input_range,
+                                    HELD_OUT_DRAWS, gen)["ssim"]
+            tried.append(f"{k:g}: held-out SSIM {got:.3f}")
+            if got > best[0]:
+                best = (got, k, model)
+        _, k, model = best
+        return model, k, (f"{k:g} against {', '.join(noisy) or 'the configured boost'} (the first layer divided by it, its "
+                          f"gradient {k:g} times larger; tried {'; '.join(tried)})")
+
+    def _decoder(self, chosen: dict[str, Any], sent: nn.Module, k: float, state: dict[str, Any], setting: Setting,
+                 threat: ThreatModel, device: torch.device, gen: torch.Generator) -> tuple[Decoder, dict[str, Any] | str]:
+        """The decoder that reads the update of the checkpoint sent: against a known client defense, fitted
+        to it (``seer_adapt``, memoised per checkpoint, boost and defense) and kept where it reads the
+        server's held-out images through the simulated defense better than the jointly trained one (both
+        measures in the answer); otherwise the jointly trained one, and why."""
+        clean = Decoder.from_state(chosen["decoder"])
+        defense = setting.defense_config if threat.defense == "known" else None
+        c = self.config
+        if defense is None or not c.adapt_steps:
+            why = ("no client defense" if setting.defense_config is None else "the defense is unknown to the server"
+                   if defense is None else "adapt_steps is 0")
+            return clean, f"not adapted: {why} (the jointly trained decoder reads the update)"
+        memo = self.__dict__.setdefault("_adapted", {})
+        key = (self._prepared[0], chosen["step"], k, defense.model_dump_json())
+        if key not in memo:
+            sim = TransmitSimulator(sent, defense, setting.protocol, train_mode=setting.train_mode, device=device,
+                                    seed=int(torch.randint(0, 2**62, (1,), generator=gen)))
+            weight, aux, n = f"{state['layer']}.weight", threat.aux, setting.num_samples
+            train, test = state["train"], state["test"]
+            probe = int(torch.randint(0, 2**62, (1,), generator=gen))  # the same held-out batches before and after
+
+            def measure(decoder: Decoder) -> dict[str, float]:
+                return defended_held_out(decoder, sim, weight, aux.images[test], aux.labels[test], n, c.prop,
+                                         setting.input_range, HELD_OUT_DRAWS, torch.Generator().manual_seed(probe))
+
+            before = measure(clean.to(device))
+            bar = progress_bar(c.progress, c.adapt_steps, f"{self.name}: fitting the decoder to the defense")
+            fitted, losses = adapt(clean.to(device), sim, weight, aux.images[train], aux.labels[train], n, c.prop,
+                                   setting.input_range, c.adapt_steps, c.lr, gen, bar=bar)
+            if bar:
+                bar.close()
+            after = measure(fitted)
+            # the server keeps the decoder that reads its own held-out images better (never the client's)
+            kept = "fitted" if after["ssim"] >= before["ssim"] else "jointly trained (the fitted one read its held-out images worse)"
+            memo[key] = (fitted if kept == "fitted" else clean.to(device),
+                         {"steps": c.adapt_steps, "held_out_before": before, "held_out_after": after, "kept": kept,
+                          "final_loss": losses[-1]})
+        return memo[key]
 
 
 def evade(checkpoints: list[dict[str, Any]], client: ClientQuery, setting: Setting,

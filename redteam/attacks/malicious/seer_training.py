@@ -87,6 +87,9 @@ class Decoder:
     def from_state(cls, state: dict[str, Tensor]) -> "Decoder":
         return cls(state["A"].float(), state["weight"].float(), state["bias"].float())
 
+    def to(self, device: torch.device | str) -> "Decoder":
+        return Decoder(self.A.to(device), self.weight.to(device), self.bias.to(device))
+
 
 def weighted_gradient(losses: Tensor, weights: Tensor, layer: Tensor, create_graph: bool) -> Tensor:
     """The gradient of ``sum_i weights_i loss_i`` in ``layer`` (the batch's forward pass kept: BatchNorm's

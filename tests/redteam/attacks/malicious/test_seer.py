@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from guardfl.redteam.attacks import AttackFailed, NotApplicable, Setting, get
+from guardfl.redteam.attacks.malicious.seer_adapt import rescale
 from guardfl.redteam.attacks.malicious.seer_training import Decoder, property_scores
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import ClientQuery, FedAvg, FedSGD
@@ -24,8 +26,8 @@ def threat(n=200, shape=(3, 32, 32)):
     return ThreatModel(server="malicious", labels="known", aux=AuxData(torch.rand(n, *shape, generator=g), torch.arange(n) % 10))
 
 
-def setting(model, n=8, shape=(3, 32, 32), protocol=FedSGD(), train_mode=True):
-    return Setting(model, protocol, n, shape, 10, (0.0, 1.0), None, train_mode=train_mode)
+def setting(model, n=8, shape=(3, 32, 32), protocol=FedSGD(), train_mode=True, defense=None):
+    return Setting(model, protocol, n, shape, 10, (0.0, 1.0), defense, train_mode=train_mode)
 
 
 @pytest.mark.parametrize("model, protocol, train_mode, why", [
@@ -70,21 +72,36 @@ def test_the_property_and_the_decoders_scale_and_sign():
     assert torch.allclose(decoder(gradient), decoder(-3.0 * gradient), atol=1e-5)
 
 
-@pytest.mark.skipif(not CIFAR.is_file(), reason="the CIFAR-10 sample of ../shared/data is not beside this clone")
-def test_the_trained_model_passes_the_inspection_and_its_update_decodes_to_the_brightest_image():
+@pytest.fixture(scope="module")
+def trained():
+    """SEER prepared on 4,000 CIFAR-10 images of the shared sample (a seeded permutation: the sample is
+    ordered by class, and the attacker's images and the clients' must hold the same classes); the clients'
+    batches come from the other 1,000."""
+    if not CIFAR.is_file():
+        pytest.skip("the CIFAR-10 sample of ../shared/data is not beside this clone")
     d = np.load(CIFAR)
-    x_all = torch.tensor(d["x"]).permute(0, 3, 1, 2).float() / 255
-    y_all = torch.tensor(d["y"]).long()
+    order = torch.randperm(5000, generator=torch.Generator().manual_seed(0))
+    x_all = (torch.tensor(d["x"]).permute(0, 3, 1, 2).float() / 255)[order]
+    y_all = torch.tensor(d["y"]).long()[order]
     aux = ThreatModel(server="malicious", labels="known", aux=AuxData(x_all[:4000], y_all[:4000]))
     torch.manual_seed(0)
     model = FC2BN()
-    attack = get("seer", seed=0, steps=600, checkpoints=2)
+    attack = get("seer", seed=0, steps=600, checkpoints=2, adapt_steps=150)
     state = attack.prepare(setting(model), aux)
+
+    def batch(s):
+        pick = 4000 + torch.randperm(1000, generator=torch.Generator().manual_seed(s))[:8]
+        return x_all[pick], y_all[pick]
+
+    return attack, state, model, aux, batch
+
+
+def test_the_trained_model_passes_the_inspection_and_its_update_decodes_to_the_brightest_image(trained):
+    attack, state, model, aux, batch = trained
     assert state["held_out"]["ssim"] > state["held_out"]["ssim_batch_mean"] + 0.1  # the gate, on held-out aux
     got, guess = [], []
     for s in range(4):
-        pick = 4000 + torch.randperm(1000, generator=torch.Generator().manual_seed(s))[:8]
-        x, y = x_all[pick], y_all[pick]
+        x, y = batch(s)
         client = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, disaggregation=True)
         rec = attack.interrogate(client, setting(model), aux)
         assert client.refused == 0 and "refused" not in rec.info  # every check guardfl ships passes it
@@ -95,3 +112,39 @@ def test_the_trained_model_passes_the_inspection_and_its_update_decodes_to_the_b
     assert type(rec.info["malicious_model"]) is FC2BN
     # against an inspecting client the server sends the checkpoint its shadows of the client pass (both do here)
     assert rec.info["evasion"].startswith("2 of 2 checkpoints passed") and rec.info["checkpoint"] in (300, 600)
+    assert rec.info["boost"] == "none (1)" and rec.info["defense_adapted"].startswith("not adapted: no client defense")
+
+
+def test_the_rescaled_model_computes_the_same_and_its_first_layer_gradient_is_k_times_larger():
+    torch.manual_seed(1)
+    model, x, y = FC2BN(), torch.rand(64, 3, 32, 32), torch.arange(64) % 10
+    boosted = rescale(model, "net.1", "net.2", 3.0)  # BatchNorm's eps (1e-5) stays small beside a unit's variance / 9
+    for train in (True, False):
+        model.train(train), boosted.train(train)
+        assert torch.allclose(model(x), boosted(x), rtol=1e-2, atol=1e-2)
+    model.train(), boosted.train()
+    grads = [torch.autograd.grad(F.cross_entropy(m(x), y), m.net[1].weight)[0] for m in (model, boosted)]
+    assert float((grads[1] - 3.0 * grads[0]).norm() / (3.0 * grads[0]).norm()) < 0.02
+    assert torch.allclose(boosted.net[1].weight.detach() * 3.0, model.net[1].weight.detach())
+
+
+@pytest.mark.parametrize("defense, known, boost", [
+    ({"kind": "gaussian", "sigma": 0.01}, "known", "against gaussian"),
+    ({"kind": "sign"}, "known", "none (1)"),
+    ({"kind": "gaussian", "sigma": 0.01}, "unknown", "none (1)"),
+])
+def test_against_a_known_defense_the_decoder_is_fitted_to_it_and_fixed_noise_is_boosted_away(trained, defense, known, boost):
+    attack, state, model, aux, batch = trained
+    threat = ThreatModel(server="malicious", labels="known", defense=known, aux=aux.aux)
+    x, y = batch(0)
+    client = ClientQuery(x, y, defense, FedSGD(), inspect=True, reference=model, disaggregation=True)
+    rec = attack.interrogate(client, setting(model, defense=defense), threat)
+    assert client.refused == 0 and boost in rec.info["boost"]
+    adapted = rec.info["defense_adapted"]
+    if known == "unknown":
+        assert adapted.startswith("not adapted: the defense is unknown")
+        return
+    # measured on the server's own held-out images through the simulated defense, never the client's batch
+    before, after = adapted["held_out_before"]["ssim"], adapted["held_out_after"]["ssim"]
+    assert max(before, after) > adapted["held_out_after"]["ssim_batch_mean"], adapted
+    assert adapted["kept"] == "fitted" if after >= before else adapted["kept"].startswith("jointly trained")
