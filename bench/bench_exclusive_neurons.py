@@ -31,18 +31,9 @@ from guardfl.redteam.client.simulate import FedAvg, FedSGD, simulate_client
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
+from malicious_defenses import DEFENSES  # bench/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFENSES = {
-    "none": None,
-    "gaussian 0.01": {"kind": "gaussian", "sigma": 0.01},
-    "gradprune 0.9": {"kind": "gradprune", "ratio": 0.9},
-    "gradprune 0.99": {"kind": "gradprune", "ratio": 0.99},
-    "sign": {"kind": "sign"},
-    "outpost": {"kind": "outpost"},
-    "soteria": {"kind": "soteria"},
-    "dpsgd 1.0": {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0},
-}
 
 
 def data(name: str, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ training did not reach (the gate failing, as at 64 here) is printed as such: the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -29,16 +30,11 @@ from guardfl.redteam.client.simulate import ClientQuery, FedSGD
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.modality.image.models import FC2BN
 from guardfl.redteam.threat import ThreatModel
+from malicious_defenses import DEFENSES as ALL_DEFENSES  # bench/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFENSES = {
-    "none": None,
-    "gaussian 0.01": {"kind": "gaussian", "sigma": 0.01},
-    "gradprune 0.9": {"kind": "gradprune", "ratio": 0.9},
-    "gradprune 0.99": {"kind": "gradprune", "ratio": 0.99},
-    "sign": {"kind": "sign"},
-    "outpost": {"kind": "outpost"},
-}
+#: the shared table but DP-SGD, which rules seer out (below)
+DEFENSES = {name: d for name, d in ALL_DEFENSES.items() if not name.startswith("dpsgd")}
 #: DP-SGD trains a BatchNorm model only as ``guardfl.dp_compatible`` makes it (GroupNorm in BatchNorm's
 #: place): no batch statistics, so no "brightest of the batch" to train for; ``seer`` refuses ``fc2gn``
 DPSGD_NOTE = ("dpsgd: not run; a DP-SGD client trains fc2bn only as dp_compatible makes it (fc2gn: GroupNorm, "
@@ -51,6 +47,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--defenses", nargs="*", default=list(DEFENSES), choices=list(DEFENSES))
+    ap.add_argument("--adapt-steps", type=int, default=None,
+                    help="steps fitting the decoder to each defense (seer's adapt_steps; 0: the clean decoder reads it)")
     ap.add_argument("--disjoint", action="store_true", help="aux: the first 4,000 (classes 0-7), clients: the last 1,000 (8-9)")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -65,7 +63,8 @@ def main() -> None:
     threat = ThreatModel(server="malicious", labels="known", aux=AuxData(x_all[:4000], y_all[:4000]))
     torch.manual_seed(0)
     model = FC2BN()
-    attack = get("seer", seed=0, steps=args.steps)
+    attack = get("seer", seed=0, steps=args.steps,
+                 **({} if args.adapt_steps is None else {"adapt_steps": args.adapt_steps}))
     t0 = time.perf_counter()
     setting = Setting(model, FedSGD(), args.batch, (3, 32, 32), 10, (0.0, 1.0), None)
     try:
@@ -83,12 +82,20 @@ def main() -> None:
             pick = 4000 + torch.randperm(1000, generator=torch.Generator().manual_seed(s))[:args.batch]
             x, y = x_all[pick], y_all[pick]
             client = ClientQuery(x, y, defense, FedSGD(), inspect=True, reference=model, disaggregation=True)
-            rec = attack.interrogate(client, setting, threat)  # the one preparation: seer reads no defense
+            # the one preparation (seer's joint training reads no defense); the decoder is fitted to each
+            rec = attack.interrogate(client, dataclasses.replace(setting, defense_config=defense), threat)
             refused += client.refused
             brightest = int(x.mean((1, 2, 3)).argmax())
             got.append(metrics.ssim(rec.inputs[0], x[brightest], 1.0))
             guess.append(metrics.ssim(x.mean(0), x[brightest], 1.0))
         print(f"   sent: {rec.info.get('evasion')}")
+        print(f"   boost: {rec.info.get('boost')}")
+        adapted = rec.info.get("defense_adapted")
+        if isinstance(adapted, dict):
+            b, a = adapted["held_out_before"], adapted["held_out_after"]
+            print(f"   decoder fitted to the defense ({adapted['steps']} steps): held-out aux through it {b['ssim']:.3f} "
+                  f"-> {a['ssim']:.3f} (batch mean {a['ssim_batch_mean']:.3f}), past 0.5 {a['share_past_0.5']:.2f}; "
+                  f"kept: {adapted['kept']}")
         print(f"{name:15s} | {refused:7d} | {np.mean(got):28.3f} | {np.mean(np.array(got) > 0.5):8.2f} | "
               f"{np.mean(guess):17.3f} | {time.perf_counter() - t1:.0f}")
     print(DPSGD_NOTE)
