@@ -232,13 +232,16 @@ class Seer(ServerAttack):
         defense = setting.defense_config if threat.defense == "known" else None
         noisy = sorted({leaf.kind for leaf in defense_leaves(defense)} & NOISE_KINDS)
         c = self.config
-        if c.boost == 1 or (c.boost == "auto" and not noisy) or defense is None:
-            return sent, 1.0, "none (1)"
+        if c.boost == "auto" and not noisy:
+            return sent, 1.0, ("none (1): " + ("the client's defense is unknown to the server" if setting.defense_config is not None
+                                               and defense is None else "no known defense whose noise ignores the gradient's scale"))
+        if c.boost == 1:
+            return sent, 1.0, "none (1): boost is 1"
         layers = trap_layers(setting.model, tuple(setting.input_shape))
         copies, what = shadows(client, setting, threat.aux, known=False) if getattr(client, "inspect", False) else ([], "")
         clean, test = Decoder.from_state(chosen["decoder"]).to(device), state["test"]
         tried, best = [], (-2.0, 1.0, sent)
-        for k in (BOOSTS if c.boost == "auto" else (1.0, float(c.boost))):
+        for k in (BOOSTS if c.boost == "auto" else (float(c.boost),)):  # a configured boost is sent unless refused
             model = sent if k == 1 else rescale(sent, layers.first_name, layers.norm_name, k)
             if k > 1 and any(passes(model, client, setting, x, y) is not None for _, x, y in copies):
                 tried.append(f"{k:g}: refused on {what}")
@@ -252,8 +255,11 @@ class Seer(ServerAttack):
             if got > best[0]:
                 best = (got, k, model)
         _, k, model = best
-        return model, k, (f"{k:g} against {', '.join(noisy) or 'the configured boost'} (the first layer divided by it, its "
-                          f"gradient {k:g} times larger; tried {'; '.join(tried)})")
+        if k == 1:
+            return sent, 1.0, f"none (1): tried {'; '.join(tried)}"
+        why = f"against {', '.join(noisy)}" if c.boost == "auto" else "configured"
+        return model, k, (f"{k:g} {why} (the first layer divided by it, its gradient {k:g} times larger; tried "
+                          f"{'; '.join(tried)})")
 
     def _decoder(self, chosen: dict[str, Any], sent: nn.Module, k: float, state: dict[str, Any], setting: Setting,
                  threat: ThreatModel, device: torch.device, gen: torch.Generator) -> tuple[Decoder, dict[str, Any] | str]:
