@@ -5,6 +5,9 @@ their attacks through: one table, so that their figures are taken against the sa
 DEFENSES = {
     "none": None,
     "gaussian 0.01": {"kind": "gaussian", "sigma": 0.01},
+    # the update clipped to norm 10 before the noise (an honest fc2bn update of 8 CIFAR-10 images: ~16, of 64: ~6)
+    "gaussian 0.01 clip 10": {"kind": "gaussian", "sigma": 0.01, "clip": 10.0},
+    "gaussian 0.01 clip 1": {"kind": "gaussian", "sigma": 0.01, "clip": 1.0},
     "gradprune 0.9": {"kind": "gradprune", "ratio": 0.9},
     "gradprune 0.99": {"kind": "gradprune", "ratio": 0.99},
     "sign": {"kind": "sign"},

@@ -4,6 +4,14 @@ These are the "DP" baselines of the Outpost paper (Wang et al. 2024, Sec. V) and
 noise without clipping and without privacy accounting. They give NO differential-privacy guarantee;
 use ``DPSGD`` (Opacus) for that.
 
+Against a malicious server the noise's scale is fixed and the gradient's is the server's to choose: a
+model rescaled where the forward pass does not see it (a layer before BatchNorm divided by ``k``, or a
+ReLU layer divided by ``k`` and the next multiplied by it) sends a gradient ``k`` times larger, and the
+noise vanishes beside it (the red team's ``seer`` and ``trap_weights`` do so: ``boost``; no check of
+``inspect_model`` sees a layer's scale). ``clip`` bounds the gradient's norm before the noise, so that
+what the noise hides no longer depends on the server's scale (a deviation from the papers, which clip
+nothing; DP-SGD clips each sample). Choose it near the norm of the client's honest updates.
+
 ``sigma`` / ``scale`` must be > 0 (0 would send the gradient as it is; ``Identity()`` is the deliberate
 undefended baseline). A positive scale too small to move an entry in the gradient's dtype changes nothing
 there: ``last_stats`` counts only the entries whose value changed (``fired`` is False if none did).
@@ -23,7 +31,8 @@ from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.strength import refuse_zero
-from guardfl.ops.change import add_counting_, to_ints
+from guardfl.ops.change import add_counting_, changed_count, to_ints
+from guardfl.ops.sensitivity import clip_joint_
 from guardfl.ops.noise import gaussian_like, laplace_like
 from guardfl.ops.scratch import Scratch
 from guardfl.stats import LayerStats, StageStats
@@ -38,14 +47,21 @@ NOISE_MAX = 1e6
 NOISE_RANGE = "finite, in (0, 1e6]"
 
 
-class GaussianNoiseConfig(DefenseConfig):
+class _NoiseConfig(DefenseConfig):
+    #: null: the noise alone (the papers' baseline). A bound: the gradient is first scaled, over all its
+    #: layers together, to an L2 norm of at most ``clip`` (the whole update's step, not each sample's: no DP)
+    clip: float | None = Field(default=None, gt=0.0, le=NOISE_MAX, allow_inf_nan=False,
+                               json_schema_extra={"allowed": "null (no clipping) or finite, in (0, 1e6]"})
+
+
+class GaussianNoiseConfig(_NoiseConfig):
     kind: Literal["gaussian"] = "gaussian"
     sigma: float = Field(ge=0.0, le=NOISE_MAX, allow_inf_nan=False, json_schema_extra={"allowed": NOISE_RANGE})
 
     sigma_not_zero = field_validator("sigma")(refuse_zero(NOISE_RANGE, "adds no noise"))
 
 
-class LaplaceNoiseConfig(DefenseConfig):
+class LaplaceNoiseConfig(_NoiseConfig):
     kind: Literal["laplace"] = "laplace"
     scale: float = Field(ge=0.0, le=NOISE_MAX, allow_inf_nan=False, json_schema_extra={"allowed": NOISE_RANGE})
 
@@ -62,22 +78,26 @@ class _AdditiveNoise(Defense):
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
         scratch = self.scratch
-        changed = to_ints([add_counting_(g, self._sample(g, scratch), scratch) for g in grads])
+        before = [g.clone() for g in grads] if self.config.clip is not None else None
+        if before is not None:
+            clip_joint_(grads, self.config.clip)
+        noised = to_ints([add_counting_(g, self._sample(g, scratch), scratch) for g in grads])
+        changed = noised if before is None else to_ints([changed_count(b, g) for b, g in zip(before, grads)])
         std = self._std()
         return StageStats.from_layers(self.kind, tuple(
-            LayerStats.counted(ctx.name(i), g.numel(), changed=c, noised=c, noise_std=std)
-            for i, (g, c) in enumerate(zip(grads, changed))
+            LayerStats.counted(ctx.name(i), g.numel(), changed=c, noised=m, noise_std=std)
+            for i, (g, c, m) in enumerate(zip(grads, changed, noised))
         ))
 
 
 @register
 class GaussianNoise(_AdditiveNoise):
-    """g + N(0, sigma^2) on every entry. No clipping, no accounting: not DP."""
+    """g + N(0, sigma^2) on every entry (after scaling g to norm ``clip`` when given). No accounting: not DP."""
 
     Config = GaussianNoiseConfig
 
-    def __init__(self, sigma: float, *, seed: int | None = None, nonfinite: str = "raise") -> None:
-        super().__init__(sigma=sigma, seed=seed, nonfinite=nonfinite)
+    def __init__(self, sigma: float, *, clip: float | None = None, seed: int | None = None, nonfinite: str = "raise") -> None:
+        super().__init__(sigma=sigma, clip=clip, seed=seed, nonfinite=nonfinite)
 
     def _std(self) -> float:
         return self.config.sigma
@@ -88,12 +108,13 @@ class GaussianNoise(_AdditiveNoise):
 
 @register
 class LaplaceNoise(_AdditiveNoise):
-    """g + Laplace(0, scale) on every entry (std = scale * sqrt(2)). No clipping, no accounting: not DP."""
+    """g + Laplace(0, scale) on every entry (std = scale * sqrt(2)), after scaling g to norm ``clip`` when
+    given. No accounting: not DP."""
 
     Config = LaplaceNoiseConfig
 
-    def __init__(self, scale: float, *, seed: int | None = None, nonfinite: str = "raise") -> None:
-        super().__init__(scale=scale, seed=seed, nonfinite=nonfinite)
+    def __init__(self, scale: float, *, clip: float | None = None, seed: int | None = None, nonfinite: str = "raise") -> None:
+        super().__init__(scale=scale, clip=clip, seed=seed, nonfinite=nonfinite)
 
     def _std(self) -> float:
         return self.config.scale * math.sqrt(2.0)

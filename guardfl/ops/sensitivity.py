@@ -121,3 +121,14 @@ def noise_segments_(flats: Sequence[Tensor], segments: Sequence[tuple[int, int, 
         noise = torch.randn(b - a, generator=generator_for(seg.device), dtype=seg.dtype, device=seg.device).mul_(std)
         counts.append(add_counting_(seg, noise))
     return to_ints(counts)
+
+
+def clip_joint_(tensors: Sequence[Tensor], bound: float) -> float:
+    """Scale, in place, ``tensors`` together so that their joint L2 norm is at most ``bound`` (float64
+    sums). Returns the norm before clipping."""
+    norm = math.sqrt(math.fsum(float(t.detach().double().pow(2).sum()) for t in tensors))
+    if norm > bound:
+        factor = bound / norm
+        for t in tensors:
+            t.mul_(factor)
+    return norm
