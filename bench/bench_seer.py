@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--defenses", nargs="*", default=list(DEFENSES), choices=list(DEFENSES))
     ap.add_argument("--adapt-steps", type=int, default=None,
                     help="steps fitting the decoder to each defense (seer's adapt_steps; 0: the clean decoder reads it)")
+    ap.add_argument("--through", action="store_true", help="train through each pruning / sign defense (seer's through: true)")
     ap.add_argument("--disjoint", action="store_true", help="aux: the first 4,000 (classes 0-7), clients: the last 1,000 (8-9)")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -63,7 +64,7 @@ def main() -> None:
     threat = ThreatModel(server="malicious", labels="known", aux=AuxData(x_all[:4000], y_all[:4000]))
     torch.manual_seed(0)
     model = FC2BN()
-    attack = get("seer", seed=0, steps=args.steps,
+    attack = get("seer", seed=0, steps=args.steps, through=args.through,
                  **({} if args.adapt_steps is None else {"adapt_steps": args.adapt_steps}))
     t0 = time.perf_counter()
     setting = Setting(model, FedSGD(), args.batch, (3, 32, 32), 10, (0.0, 1.0), None)
@@ -78,6 +79,11 @@ def main() -> None:
     print(f"{'defense':15s} | refused | SSIM to the brightest (mean) | past 0.5 | batch mean's SSIM | s")
     for name in args.defenses:
         defense, got, guess, refused, t1 = DEFENSES[name], [], [], 0, time.perf_counter()
+        own = attack.prepare(dataclasses.replace(setting, defense_config=defense), threat)
+        if own is not state:  # trained through this defense: its own preparation
+            h = own["held_out"]
+            print(f"   trained through {own['through']} ({time.perf_counter() - t1:.0f} s): held-out aux (clean gradient) "
+                  f"SSIM {h['ssim']:.3f} (batch mean {h['ssim_batch_mean']:.3f})")
         for s in range(args.clients):
             pick = 4000 + torch.randperm(1000, generator=torch.Generator().manual_seed(s))[:args.batch]
             x, y = x_all[pick], y_all[pick]

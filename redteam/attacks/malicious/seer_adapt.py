@@ -15,12 +15,15 @@ section 20).
 from __future__ import annotations
 
 import copy
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from guardfl.ops.selection import prune_count
 from guardfl.redteam.attacks.malicious.seer_training import Decoder, augment, property_scores
+from guardfl.redteam.attacks.malicious.server import defense_leaves
 from guardfl.redteam.client.transmit import TransmitSimulator
 from guardfl.redteam.modality.image.metrics import ssim
 
@@ -116,3 +119,43 @@ def rescale(model: nn.Module, first: str, norm: str, k: float) -> nn.Module:
             bn.running_mean.div_(k)
             bn.running_var.div_(k * k)
     return out
+
+
+def surrogate(defense: Any) -> tuple[Callable[[Tensor], Tensor], str] | None:
+    """A differentiable stand-in for what the client's defense does to the first layer's gradient, for
+    training the model through it (``seer_training.seer_loss``'s ``defend``), and its name; None where no
+    stage of it is one SEER's training can follow (noise: ``boost``; input encodings, Soteria, GradDefense:
+    the decoder is fitted to them at interrogation only). Stages compose in order:
+
+    - GradPrune (``layer`` scope; ``global`` taken per layer, the first layer holding most of the entries
+      and of the norm) and Outpost's pruning (at its ``prune`` ratio, every step): the kept entries'
+      values, a mask of the largest magnitudes computed without gradient;
+    - sign compression: ``sign(g)`` forward, the identity backward (straight-through)."""
+    stages, names = [], []
+    for leaf in defense_leaves(defense):
+        if leaf.kind in ("gradprune", "outpost") and (ratio := leaf.ratio if leaf.kind == "gradprune" else leaf.prune) > 0:
+            stages.append(lambda g, r=ratio: g * keep_largest(g.detach(), r))
+            names.append(f"{leaf.kind} {ratio:g} (the mask of the largest entries)")
+        elif leaf.kind == "sign":
+            stages.append(lambda g: g + (torch.sign(g) - g).detach())
+            names.append("sign (straight-through)")
+    if not stages:
+        return None
+
+    def defend(g: Tensor) -> Tensor:
+        for stage in stages:
+            g = stage(g)
+        return g
+
+    return defend, "; ".join(names)
+
+
+def keep_largest(g: Tensor, ratio: float) -> Tensor:
+    """The 0/1 mask of the entries of ``g`` that a pruning of ``ratio`` keeps (``prune_count`` smallest
+    magnitudes zeroed, as GradPrune counts them)."""
+    k = prune_count(ratio, g.numel())
+    flat = g.abs().flatten()
+    mask = torch.ones_like(flat)
+    if k > 0:
+        mask[flat.topk(k, largest=False).indices] = 0.0
+    return mask.view_as(g)

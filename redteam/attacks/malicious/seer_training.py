@@ -21,6 +21,7 @@ and sign, which the server reads off the gradient itself; nothing of the client'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -112,11 +113,14 @@ def singling_out(preactivations: Tensor, temperature: float = 0.1, width: float 
 
 
 def seer_loss(model: nn.Module, layer: Tensor, decoder: Decoder, images: Tensor, labels: Tensor, prop: str,
-              gen: torch.Generator, norm: nn.Module | None = None, spread: float = 0.0) -> Tensor:
+              gen: torch.Generator, norm: nn.Module | None = None, spread: float = 0.0,
+              defend: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """SEER's objective on one auxiliary batch, the model in train mode: the chosen sample (the most of
-    ``prop``) alone decodes to its image, so does the whole batch's sum; a random and the uniform
-    combination of the others decode to nothing (the disaggregator's output at zero). ``spread`` > 0 adds
-    ``spread`` times ``singling_out`` of ``norm``'s output (the units' pre-activations)."""
+    ``prop``) alone decodes to its image, so does the whole batch's sum (through ``defend``, a differentiable
+    stand-in for the client's defense, when given: the model learns to put the image where the defense
+    leaves it); a random and the uniform combination of the others decode to nothing (the disaggregator's
+    output at zero). ``spread`` > 0 adds ``spread`` times ``singling_out`` of ``norm``'s output (the units'
+    pre-activations)."""
     n = len(images)
     chosen = int(property_scores(images, prop).argmax())
     one = F.one_hot(torch.tensor(chosen), n).to(images)
@@ -127,12 +131,14 @@ def seer_loss(model: nn.Module, layer: Tensor, decoder: Decoder, images: Tensor,
     finally:
         if hook is not None:
             hook.remove()
-    alone = decoder.maps(weighted_gradient(losses, one, layer, True))
-    others = decoder.maps(weighted_gradient(losses, 1 - one, layer, True))
+    g_alone = weighted_gradient(losses, one, layer, True)
+    g_others = weighted_gradient(losses, 1 - one, layer, True)
+    alone, others = decoder.maps(g_alone), decoder.maps(g_others)
+    whole = decoder.maps(defend(g_alone + g_others)) if defend is not None else alone + others
     rand = torch.randn(n, generator=gen).to(images) * (1 - one)
     random_mix = decoder.maps(weighted_gradient(losses, rand / (rand.norm() + 1e-12), layer, True))
     target = images[chosen].flatten()
-    positive = F.mse_loss(decoder.reconstruct(alone), target) + F.mse_loss(decoder.reconstruct(alone + others), target)
+    positive = F.mse_loss(decoder.reconstruct(alone), target) + F.mse_loss(decoder.reconstruct(whole), target)
     negative = others.pow(2).mean() + random_mix.pow(2).mean()
     evasion = spread * singling_out(seen["out"]) if "out" in seen else 0.0
     return positive + negative + evasion

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from guardfl.errors import ConfigError
 from guardfl.redteam.attacks import AttackFailed, NotApplicable, Setting, get
-from guardfl.redteam.attacks.malicious.seer_adapt import rescale
+from guardfl.redteam.attacks.malicious.seer_adapt import rescale, surrogate
 from guardfl.redteam.attacks.malicious.seer_training import Decoder, property_scores
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import ClientQuery, FedAvg, FedSGD
@@ -156,3 +156,29 @@ def test_a_bad_boost_is_one_line_naming_the_field_and_its_range(boost):
     with pytest.raises(ConfigError, match=r"seer\.boost.*'auto' or a number in \[1, 10000\]") as err:
         get("seer", boost=boost)
     assert "\n" not in str(err.value)
+
+
+def test_the_training_stand_ins_for_a_defense_follow_it_forward_and_pass_a_gradient_back():
+    g = torch.randn(16, 50, requires_grad=True)
+    prune, name = surrogate({"kind": "gradprune", "ratio": 0.9})
+    out = prune(g)
+    assert int((out != 0).sum()) == 800 - 720 and "gradprune 0.9" in name  # prune_count: ceil(0.9 * 799)
+    assert torch.equal(out != 0, g.abs() >= g.abs().flatten().kthvalue(721).values)
+    out.sum().backward()
+    assert torch.equal(g.grad != 0, out != 0)  # the kept entries carry the gradient
+    sign, name = surrogate({"kind": "stack", "defenses": [{"kind": "sign"}]})
+    h = torch.randn(5, requires_grad=True)
+    assert torch.equal(sign(h), torch.sign(h)) and "straight-through" in name
+    sign(h).sum().backward()
+    assert torch.equal(h.grad, torch.ones(5))
+    assert surrogate({"kind": "gaussian", "sigma": 0.1}) is None and surrogate(None) is None
+
+
+def test_one_preparation_serves_every_defense_unless_the_training_goes_through_one():
+    model, t = FC2BN(), threat()
+    prune = {"kind": "gradprune", "ratio": 0.9}
+    clean, through = get("seer"), get("seer", through=True)
+    assert clean.preparation_key(setting(model, defense=prune), t) == clean.preparation_key(setting(model), t)
+    assert through.preparation_key(setting(model, defense=prune), t) != through.preparation_key(setting(model), t)
+    noise = {"kind": "gaussian", "sigma": 0.01}  # no stand-in for noise (the boost answers it): the clean training
+    assert through.preparation_key(setting(model, defense=noise), t) == through.preparation_key(setting(model), t)
