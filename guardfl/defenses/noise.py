@@ -1,8 +1,8 @@
 """Additive gradient perturbation: Gaussian and Laplace noise of a fixed scale on every entry.
 
 These are the "DP" baselines of the Outpost paper (Wang et al. 2024, Sec. V) and of LTI (Wu et al. 2023):
-noise without clipping and without privacy accounting. They give NO differential-privacy guarantee;
-use ``DPSGD`` (Opacus) for that.
+noise without clipping (unless ``clip`` is given, below) and without privacy accounting. They give NO
+differential-privacy guarantee; use ``DPSGD`` (Opacus) for that.
 
 Against a malicious server the noise's scale is fixed and the gradient's is the server's to choose: a
 model rescaled where the forward pass does not see it (a layer before BatchNorm divided by ``k``, or a
