@@ -32,7 +32,7 @@ from torch import Tensor
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
 from guardfl.defenses.strength import refuse_zero
 from guardfl.ops.change import add_counting_, changed_count, to_ints
-from guardfl.ops.sensitivity import clip_joint_
+from guardfl.ops.sensitivity import clip_joint_, joint_norm
 from guardfl.ops.noise import gaussian_like, laplace_like
 from guardfl.ops.scratch import Scratch
 from guardfl.stats import LayerStats, StageStats
@@ -78,9 +78,11 @@ class _AdditiveNoise(Defense):
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
         scratch = self.scratch
-        before = [g.clone() for g in grads] if self.config.clip is not None else None
+        clip = self.config.clip
+        # a clip that binds scales every entry: the copies that count what changed only then (the hot path)
+        before = [g.clone() for g in grads] if clip is not None and joint_norm(grads) > clip else None
         if before is not None:
-            clip_joint_(grads, self.config.clip)
+            clip_joint_(grads, clip)
         noised = to_ints([add_counting_(g, self._sample(g, scratch), scratch) for g in grads])
         changed = noised if before is None else to_ints([changed_count(b, g) for b, g in zip(before, grads)])
         std = self._std()

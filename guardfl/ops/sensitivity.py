@@ -123,10 +123,15 @@ def noise_segments_(flats: Sequence[Tensor], segments: Sequence[tuple[int, int, 
     return to_ints(counts)
 
 
+def joint_norm(tensors: Sequence[Tensor]) -> float:
+    """The L2 norm of ``tensors`` together (float64 sums)."""
+    return math.sqrt(math.fsum(float(t.detach().double().pow(2).sum()) for t in tensors))
+
+
 def clip_joint_(tensors: Sequence[Tensor], bound: float) -> float:
-    """Scale, in place, ``tensors`` together so that their joint L2 norm is at most ``bound`` (float64
-    sums). Returns the norm before clipping."""
-    norm = math.sqrt(math.fsum(float(t.detach().double().pow(2).sum()) for t in tensors))
+    """Scale, in place, ``tensors`` together so that their joint L2 norm is at most ``bound``. Returns the
+    norm before clipping."""
+    norm = joint_norm(tensors)
     if norm > bound:
         factor = bound / norm
         for t in tensors:

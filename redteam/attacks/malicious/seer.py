@@ -130,7 +130,7 @@ class Seer(ServerAttack):
         """The stand-in for the client's defense the joint training goes through (``seer_adapt.surrogate``),
         and its name; None when the server does not know the defense, ``through`` is off, or no stage of
         the defense is one the training can follow."""
-        known = setting.defense_config if threat.defense == "known" else None
+        known = defense_known(setting, threat)
         return surrogate(known) if self.config.through and known is not None else None
 
     def preparation_key(self, setting: Setting, threat: ThreatModel) -> str:
@@ -222,7 +222,7 @@ class Seer(ServerAttack):
         if key not in evasions:
             evasions[key] = evade(state["checkpoints"], client, setting, threat)
         chosen, how = evasions[key]
-        known = setting.defense_config.model_dump_json() if setting.defense_config is not None and threat.defense == "known" else None
+        known = None if (d := defense_known(setting, threat)) is None else d.model_dump_json()
         if (key, known) not in evasions:  # the boost reads the defense the server knows
             evasions[key, known] = self._boosted(chosen, client, state, setting, threat, device, gen)
         sent, k, boosted = evasions[key, known]
@@ -251,7 +251,7 @@ class Seer(ServerAttack):
         held-out images through the simulated defense (the jointly trained decoder), and the best is sent."""
         sent = copy.deepcopy(setting.model)
         sent.load_state_dict(chosen["model"])
-        defense = setting.defense_config if threat.defense == "known" else None
+        defense = defense_known(setting, threat)
         noisy = sorted({leaf.kind for leaf in defense_leaves(defense)} & NOISE_KINDS)
         c = self.config
         if c.boost == "auto" and not noisy:
@@ -290,7 +290,7 @@ class Seer(ServerAttack):
         server's held-out images through the simulated defense better than the jointly trained one (both
         measures in the answer); otherwise the jointly trained one, and why."""
         clean = Decoder.from_state(chosen["decoder"])
-        defense = setting.defense_config if threat.defense == "known" else None
+        defense = defense_known(setting, threat)
         c = self.config
         if defense is None or not c.adapt_steps:
             why = ("no client defense" if setting.defense_config is None else "the defense is unknown to the server"
@@ -322,6 +322,11 @@ class Seer(ServerAttack):
                          {"steps": c.adapt_steps, "held_out_before": before, "held_out_after": after, "kept": kept,
                           "final_loss": losses[-1]})
         return memo[key]
+
+
+def defense_known(setting: Setting, threat: ThreatModel):
+    """The client's defense configuration as the server knows it (None: none, or unknown to it)."""
+    return setting.defense_config if threat.defense == "known" else None
 
 
 def evade(checkpoints: list[dict[str, Any]], client: ClientQuery, setting: Setting,
