@@ -222,7 +222,11 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
             images, _ = attack.peeled(images, found, observation, y, "known")  # its own labels, as it reads the client's
             reads.append(score(images, x, setting.input_range))
         label, out = f"{chains} x {rows or 'all'}" + (f" x {per_cut} per cut" if per_cut else ""), kept["refused"] + kept["near"]
-        mean = (sum(e for e, _ in reads) / len(reads), -out, sum(m for _, m in reads) / len(reads))
+        # exact reads, then fewer refused, then mean SSIM to two places (finer digits move with package
+        # versions), then more rows: shadows that saturate cannot tell sizes apart, and more rows per sample
+        # leave more margin on a batch the shadows did not see. The fit is the same on every machine.
+        total = (rows or plan.layers.first.out_features) * chains * (per_cut or 1)
+        mean = (sum(e for e, _ in reads) / len(reads), -out, round(sum(m for _, m in reads) / len(reads), 2), total)
         tried.append(label + (f" {mean[0]:.3g}" if out < len(reads) else "") + "".join(
             f" ({why} {k}{'' if k == len(reads) else f' of {len(reads)}'})" for why, k in kept.items() if k))
         if out < len(reads) and (best is None or mean > best[0]):
@@ -231,7 +235,7 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
         trap, rows, lines = first_small
         verdict = "none passed the shadow's inspection with the margin, sent the first small trap"
     else:
-        (exact, _, _), trap, rows, lines, label = best
+        (exact, *_), trap, rows, lines, label = best
         verdict = f"{label}, {exact:.3g} exact per batch of {setting.num_samples}"
     lines["rows"] = f"{rows or 'all'} (fit on {what}: {verdict}; chains x rows and exact reads: {', '.join(tried)})"
     return trap, rows, lines

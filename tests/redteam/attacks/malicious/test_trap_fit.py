@@ -71,11 +71,12 @@ def test_against_a_client_that_does_not_inspect_the_fit_takes_what_reads_most():
     assert rec.info["rows"].startswith("all (fit on 4 batches of 32 auxiliary samples, held out from the calibration: ")
     assert " x all" in rec.info["rows"].split(": ")[1].split(",")[0]
     assert exact(rec, x, (0.0, 1.0)) >= 16 and rec.info["checked"] == 0
-    # peeled (the default), the shadows read all 32 of their faces with several sizes (8 x 6, 4 x 2, ...: a tie
-    # that package versions break differently); the fit sends one of those that read all 32
+    # peeled (the default), the shadows read all 32 of their faces with many sizes (1 x 1, 4 x 2, 8 x 6, ...);
+    # the tie goes to the most rows (12 x 6), not to finer digits of the SSIM that package versions move: the
+    # single row reads 14 of this batch, 12 x 6 all 32
     rec = get("trap_weights", seed=0, rows="fit").interrogate(ClientQuery(x, y, None, FedSGD()), setting, threat)
-    assert rec.info["rows"].split(": ", 1)[1].split(", ")[1].startswith("32 exact"), rec.info["rows"]
-    assert exact(rec, x, (0.0, 1.0)) >= 24 and rec.info["checked"] >= 24
+    assert rec.info["rows"].split(": ", 1)[1].startswith("12 x 6, 32 exact"), rec.info["rows"]
+    assert exact(rec, x, (0.0, 1.0)) >= 30 and rec.info["checked"] >= 30
 
 
 def test_on_a_centred_batch_the_fit_finds_a_trap_the_inspection_lets_through_where_a_fixed_size_is_refused():
