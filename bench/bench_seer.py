@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--defenses", nargs="*", default=list(DEFENSES), choices=list(DEFENSES))
     ap.add_argument("--adapt-steps", type=int, default=None,
                     help="steps fitting the decoder to each defense (seer's adapt_steps; 0: the clean decoder reads it)")
-    ap.add_argument("--through", action="store_true", help="train through each pruning / sign defense (seer's through: true)")
+    ap.add_argument("--through", action="store_true", help="train through each pruning / sign / clipped-noise defense (seer's through: true)")
     ap.add_argument("--disjoint", action="store_true", help="aux: the first 4,000 (classes 0-7), clients: the last 1,000 (8-9)")
     args = ap.parse_args()
     torch.set_num_threads(2)

@@ -15,6 +15,7 @@ section 20).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Callable
 
 import torch
@@ -130,8 +131,13 @@ def surrogate(defense: Any) -> tuple[Callable[[Tensor], Tensor], str] | None:
     - GradPrune (``layer`` scope; ``global`` taken per layer, the first layer holding most of the entries
       and of the norm) and Outpost's pruning (at its ``prune`` ratio, every step): the kept entries'
       values, a mask of the largest magnitudes computed without gradient;
-    - sign compression: ``sign(g)`` forward, the identity backward (straight-through)."""
+    - sign compression: ``sign(g)`` forward, the identity backward (straight-through);
+    - clipped Gaussian or Laplace noise (``clip`` set, where no boost helps): the gradient scaled to norm
+      ``clip`` (the first layer's alone: the joint norm's other layers are the server's to make small),
+      then fresh noise of the defense's standard deviation (Gaussian draws for Laplace too, same std). The
+      server's own draws, never the client's."""
     stages, names = [], []
+    draws = torch.Generator().manual_seed(0x5EE2)
     for leaf in defense_leaves(defense):
         if leaf.kind in ("gradprune", "outpost") and (ratio := leaf.ratio if leaf.kind == "gradprune" else leaf.prune) > 0:
             stages.append(lambda g, r=ratio: g * keep_largest(g.detach(), r))
@@ -139,6 +145,10 @@ def surrogate(defense: Any) -> tuple[Callable[[Tensor], Tensor], str] | None:
         elif leaf.kind == "sign":
             stages.append(lambda g: g + (torch.sign(g) - g).detach())
             names.append("sign (straight-through)")
+        elif leaf.kind in ("gaussian", "laplace") and getattr(leaf, "clip", None) is not None:
+            std = float(leaf.sigma) if leaf.kind == "gaussian" else float(leaf.scale) * math.sqrt(2.0)
+            stages.append(lambda g, c=float(leaf.clip), s=std: clipped_noise(g, c, s, draws))
+            names.append(f"{leaf.kind} clipped to {leaf.clip:g}, noise std {std:.3g}")
     if not stages:
         return None
 
@@ -148,6 +158,12 @@ def surrogate(defense: Any) -> tuple[Callable[[Tensor], Tensor], str] | None:
         return g
 
     return defend, "; ".join(names)
+
+
+def clipped_noise(g: Tensor, clip: float, std: float, gen: torch.Generator) -> Tensor:
+    """``g`` scaled to L2 norm at most ``clip`` (differentiably), plus ``N(0, std^2)`` per entry."""
+    scale = torch.clamp(clip / (g.norm() + 1e-12), max=1.0)
+    return g * scale + std * torch.randn(g.shape, generator=gen).to(g)
 
 
 def keep_largest(g: Tensor, ratio: float) -> Tensor:

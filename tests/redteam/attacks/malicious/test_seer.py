@@ -172,6 +172,16 @@ def test_the_training_stand_ins_for_a_defense_follow_it_forward_and_pass_a_gradi
     sign(h).sum().backward()
     assert torch.equal(h.grad, torch.ones(5))
     assert surrogate({"kind": "gaussian", "sigma": 0.1}) is None and surrogate(None) is None
+    # clipped noise: the gradient brought to the clip's norm (differentiably), then the defense's std of noise
+    clipped, name = surrogate({"kind": "laplace", "scale": 0.05, "clip": 2.0})
+    big = torch.full((400, 100), 1.0, requires_grad=True)  # norm 200, past the clip
+    out = clipped(big)
+    assert "clipped to 2" in name and abs(float((out.detach() - 2.0 / 200).std()) - 0.05 * 2 ** 0.5) < 0.005
+    out.sum().backward()
+    assert big.grad is not None and float(big.grad.abs().max()) < 1e-3  # the norm's scale is what it follows
+    small = torch.full((10,), 0.01)
+    noiseless, _ = surrogate({"kind": "gaussian", "sigma": 1e-9, "clip": 2.0})
+    assert torch.allclose(noiseless(small), small, atol=1e-6)  # under the clip: untouched but for the noise
 
 
 def test_one_preparation_serves_every_defense_unless_the_training_goes_through_one():
@@ -182,3 +192,5 @@ def test_one_preparation_serves_every_defense_unless_the_training_goes_through_o
     assert through.preparation_key(setting(model, defense=prune), t) != through.preparation_key(setting(model), t)
     noise = {"kind": "gaussian", "sigma": 0.01}  # no stand-in for noise (the boost answers it): the clean training
     assert through.preparation_key(setting(model, defense=noise), t) == through.preparation_key(setting(model), t)
+    clipped = {"kind": "gaussian", "sigma": 0.01, "clip": 1.0}  # a clip the boost cannot pass: trained through
+    assert through.preparation_key(setting(model, defense=clipped), t) != through.preparation_key(setting(model), t)
