@@ -2,6 +2,7 @@
 defense (the utility half of Huang et al. 2021, Table 2), all trained side by side in one run.
 
     python bench/bench_utility.py [--epochs 5] [--train 4000] [--test 1000] [--only soteria,graddefense]
+                                  [--model small_cnn|fc2bn]
 
 Data: the 5,000-image CIFAR-10 sample in ``../shared/data`` (benchmarks only), shuffled with a fixed
 seed: the first ``--train`` for training, the last ``--test`` for testing. Every defense goes through ``guardfl.protect``; input
@@ -26,7 +27,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import guardfl
-from guardfl.defenses import DPSGD, GradDefense, GradPrune, Identity, InstaHide, MixUp, Outpost, SignCompression, Soteria, Stack
+from guardfl.defenses import (DPSGD, GaussianNoise, GradDefense, GradPrune, Identity, InstaHide, MixUp, Outpost,
+                              SignCompression, Soteria, Stack)
+from guardfl.ops.sensitivity import joint_norm
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "cifar10-train-5k.npz"
@@ -55,7 +58,23 @@ DEFENSES = {
     "MixUp k=4": lambda: MixUp(k=4),
     "InstaHide k=4": lambda: InstaHide(k=4),
     "InstaHide k=4 + GradPrune 0.9": lambda: Stack(InstaHide(k=4), GradPrune(0.9)),
+    # fixed-scale noise, and the same bounded first (``clip``: the update's joint norm, against a malicious
+    # server's boost; README "Defenses against a malicious server")
+    "Gaussian 0.01": lambda: GaussianNoise(0.01),
+    "Gaussian 0.01 clip 10": lambda: GaussianNoise(0.01, clip=10.0),
+    "Gaussian 0.01 clip 1": lambda: GaussianNoise(0.01, clip=1.0),
+    "Gaussian 0.01 clip 0.3": lambda: GaussianNoise(0.01, clip=0.3),
 }
+
+
+def fc2bn() -> nn.Module:
+    """The FC-2 with BatchNorm that SEER's figures are measured on (``bench_seer.py``)."""
+    from guardfl.redteam.modality.image.models import build_model
+
+    return build_model("fc2bn", (3, 32, 32), 10)
+
+
+ARCHITECTURES = {"small_cnn": small_cnn, "fc2bn": fc2bn}
 
 
 def main(argv=None):
@@ -67,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--only", default=None, help="comma-separated substrings of row names (the no-defense row always runs)")
     ap.add_argument("--out", default="utility", help="name of the result files in bench/results")
+    ap.add_argument("--model", default="small_cnn", choices=sorted(ARCHITECTURES))
     args = ap.parse_args(argv)
     keys = [k.strip().lower() for k in args.only.split(",")] if args.only else None
     chosen = {name: make for name, make in DEFENSES.items()
@@ -83,11 +103,11 @@ def main(argv=None):
     rows = []
     for name, make in chosen.items():
         torch.manual_seed(0)
-        model = small_cnn()
+        model = ARCHITECTURES[args.model]()
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         loader = DataLoader(train, batch_size=args.batch, shuffle=True)
         model, opt, loader = guardfl.protect(model, opt, loader, make())
-        t0 = time.perf_counter()
+        t0, norms = time.perf_counter(), []
         for _ in range(args.epochs):
             model.train()
             if hasattr(opt, "new_round"):
@@ -97,6 +117,8 @@ def main(argv=None):
                     continue
                 opt.zero_grad()
                 guardfl.soft_cross_entropy(model(xb), yb).backward()
+                if name == "none":  # the honest step's norm, to choose a clip by (timed with the rest: small)
+                    norms.append(joint_norm([p.grad for p in model.parameters() if p.grad is not None]))
                 opt.step()
         seconds = time.perf_counter() - t0
         model.eval()
@@ -105,13 +127,17 @@ def main(argv=None):
         eps = opt.epsilon(1e-5)
         rows.append({"defense": name, "test_acc": acc, "train_s": seconds, "epsilon@1e-5": eps})
         print(f"{name:46s} acc {acc:6.3f}  time {seconds:6.1f}s  eps {eps:.2f}", flush=True)
+        if norms:
+            q = np.quantile(np.array(norms, dtype=float), [0.1, 0.5, 0.9])
+            rows[-1]["update_norm_q10_50_90"] = [float(v) for v in q]
+            print(f"{'':46s} honest step norm: median {q[1]:.3g} (10%-90%: {q[0]:.3g}-{q[2]:.3g})", flush=True)
     base = rows[0]
     print(f"\n{'defense':46s} {'acc':>6s} {'d-acc':>7s} {'time x':>7s}")
     for r in rows:
         r["acc_delta"] = r["test_acc"] - base["test_acc"]
         r["time_ratio"] = r["train_s"] / base["train_s"]
         print(f"{r['defense']:46s} {r['test_acc']:6.3f} {r['acc_delta']:+7.3f} {r['time_ratio']:7.2f}")
-    meta = {"epochs": args.epochs, "train": args.train, "test": args.test, "batch": args.batch,
+    meta = {"model": args.model, "epochs": args.epochs, "train": args.train, "test": args.test, "batch": args.batch,
             "torch_threads": torch.get_num_threads()}
     (OUT / f"{args.out}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     import matplotlib
@@ -121,7 +147,7 @@ def main(argv=None):
 
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.barh([r["defense"] for r in rows][::-1], [r["test_acc"] for r in rows][::-1], color="#4a7ab8")
-    ax.set_xlabel(f"test accuracy (small CNN, {args.epochs} epochs, CIFAR-10 sample)")
+    ax.set_xlabel(f"test accuracy ({args.model}, {args.epochs} epochs, CIFAR-10 sample)")
     for i, r in enumerate(rows[::-1]):
         ax.text(r["test_acc"] + 0.005, i, f"{r['time_ratio']:.1f}x time", va="center", fontsize=8)
     fig.tight_layout()
