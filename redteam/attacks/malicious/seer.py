@@ -61,7 +61,9 @@ from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_adapt import (BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale,
                                                          surrogate)
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
-from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_leaves, fill_batch, query_averaged, repeats_for,
+                                                    repeats_line, server_labels)
+from guardfl.redteam.attacks.malicious.trap_config import check_repeats
 from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
@@ -107,6 +109,15 @@ class SeerConfig(AttackConfig):
     #: gradient's scale (Gaussian, Laplace, Outpost), the one of ``BOOSTS`` that the client's inspection passes
     #: on the server's shadows and decodes best on its held-out images through the defense, else 1
     boost: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [1, 10000]"})
+    #: the model sent this many times and the updates averaged (``server.query_averaged``); "auto":
+    #: ``server.AUTO_REPEATS`` against a known defense that draws fresh noise, else 1. The boost and the
+    #: decoder are chosen on one round's noise (the average's is smaller: what they read is a floor)
+    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _repeats(cls, value):
+        return check_repeats(value)
 
     @field_validator("boost")
     @classmethod
@@ -232,8 +243,10 @@ class Seer(ServerAttack):
         lines = {"property": self.config.prop, "layer": state["layer"], "held_out": chosen["held_out"],
                  "checkpoint": chosen["step"], "evasion": how, "boost": boosted, "defense_adapted": adapted,
                  "malicious_model": sent}
+        repeats = repeats_for(defense_known(setting, threat), self.config.repeats)
+        lines["repeats"] = repeats_line(repeats, defense_known(setting, threat))
         try:
-            observation = client(sent)
+            observation = query_averaged(client, sent, repeats)
         except ModelRefused as refused:
             refused.info.update(lines)  # the certificate's lines on the model the inspection refused
             raise

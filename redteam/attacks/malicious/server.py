@@ -14,6 +14,9 @@ honest threat (the default certificate) these attacks are listed as not applicab
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Literal
+
 import torch
 
 from guardfl.defenses import DefenseConfig, parse_config
@@ -114,3 +117,48 @@ def pruning_stages(config: DefenseConfig | dict | None) -> list[tuple[float, str
         elif leaf.kind == "outpost" and leaf.prune > 0:
             stages.append((float(leaf.prune), "layer"))
     return stages
+
+
+#: defenses that draw fresh randomness in every round the client answers: a server that sends one model
+#: again and averages the updates of the same batch shrinks that noise by the square root of the repeats
+FRESH_NOISE = frozenset({"gaussian", "laplace", "outpost", "dpsgd", "graddefense"})
+#: the repeats ``repeats: auto`` sends against such a known defense: 16 rounds of one model, the noise a
+#: quarter of one round's (a client answers far more rounds than this in a deployment)
+AUTO_REPEATS = 16
+#: the allowed range of an attack's ``repeats`` (above the leak history's default of 256 rounds a batch)
+MAX_REPEATS = 1024
+
+
+def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | int) -> int:
+    """How many times the server sends its model: ``repeats`` as given, or for "auto" ``AUTO_REPEATS``
+    against a defense (``config``, as the server knows it: None when unknown) with a stage in
+    ``FRESH_NOISE``, else 1."""
+    if repeats != "auto":
+        return int(repeats)
+    return AUTO_REPEATS if any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config)) else 1
+
+
+def query_averaged(client: ClientQuery, model: torch.nn.Module, repeats: int) -> Observation:
+    """``client(model)`` ``repeats`` times, the updates averaged (float64 sums): each answer is the client's
+    next round on the same batch, its defense's randomness drawn afresh, so the average keeps the gradient
+    and divides fresh noise's standard deviation by ``sqrt(repeats)``. A refusal raises at the first query
+    (the same model is judged the same way; a leak history that refuses a later one raises there)."""
+    first = client(model)
+    if repeats <= 1:
+        return first
+    total = {name: value.detach().double().clone() for name, value in first.update.items()}
+    for _ in range(repeats - 1):
+        update = client(model).update
+        for name in total:
+            total[name] += update[name].detach().double()
+    averaged = {name: (value / repeats).to(first.update[name].dtype) for name, value in total.items()}
+    return dataclasses.replace(first, update=averaged)
+
+
+def repeats_line(repeats: int, config: DefenseConfig | dict | None) -> str:
+    """The certificate's line for what ``query_averaged`` did."""
+    if repeats <= 1:
+        noisy = [leaf.kind for leaf in defense_leaves(config) if leaf.kind in FRESH_NOISE]
+        return "1 (no fresh noise to average in the defense the server knows)" if not noisy else "1 (set repeats)"
+    return (f"{repeats} (the same model sent {repeats} times, the updates averaged: fresh noise "
+            f"{repeats ** 0.5:.3g} times smaller)")

@@ -10,6 +10,13 @@ from pydantic import Field, field_validator, model_validator
 from guardfl.redteam.attacks.base import AttackConfig
 
 
+def check_repeats(value):
+    """A malicious attack's ``repeats``: "auto" or an integer in [1, ``server.MAX_REPEATS``]."""
+    if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024):
+        raise ValueError(f"expected 'auto' or an integer in [1, 1024] (got {value!r})")
+    return value
+
+
 class TrapWeightsConfig(AttackConfig):
     chains: int = Field(default=2, ge=1, le=64, json_schema_extra={"allowed": "an integer in [1, 64]"})
     #: relative noise on each row's share of its chain's classifier column; "auto": against an inspecting
@@ -51,6 +58,10 @@ class TrapWeightsConfig(AttackConfig):
     #: cuts per chain (the top cut one row). Without a normalisation only; random scales under FedAvg too
     #: (``scales`` does not apply)
     columns: int = Field(default=1, ge=1, le=16, json_schema_extra={"allowed": "an integer in [1, 16]"})
+    #: the trap sent this many times and the updates averaged (``server.query_averaged``): fresh noise per
+    #: round shrinks by the square root; "auto": ``server.AUTO_REPEATS`` against a known defense that draws
+    #: fresh noise (``server.FRESH_NOISE``), else 1
+    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
     #: after the bins, read the samples the sent model's first-layer units hold alone, checked against that
     #: model and peeled (``exclusive_neurons.read_checked``; FedSGD, no normalisation before the ReLU)
@@ -62,6 +73,11 @@ class TrapWeightsConfig(AttackConfig):
         if value not in (None, "auto", "fit") and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536):
             raise ValueError(f"expected null, 'auto', 'fit' or an integer in [1, 65536] (got {value!r})")
         return value
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _repeats(cls, value):
+        return check_repeats(value)
 
     @field_validator("boost", "disguise", "column_noise", mode="before")
     @classmethod

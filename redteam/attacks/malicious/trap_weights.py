@@ -143,7 +143,8 @@ from guardfl.redteam.attacks.malicious.trap_fit import TrapPlan, fit
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
-from guardfl.redteam.attacks.malicious.server import ServerAttack, defense_leaves, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_leaves, fill_batch, query_averaged, repeats_for,
+                                                    repeats_line, server_labels)
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
 from guardfl.redteam.threat import ThreatModel
 
@@ -356,8 +357,10 @@ class TrapWeights(ServerAttack):
             chains, rows, rows_line = self._rows(setting, plan.layers, chains, plan.known)
             trap, lines = self.build(plan, chains, rows, client, setting, threat, gen)
             lines["rows"], small = rows_line, rows is not None
+        repeats = repeats_for(setting.defense_config if plan.known else None, self.config.repeats)
+        lines["repeats"] = repeats_line(repeats, setting.defense_config if plan.known else None)
         try:
-            observation = client(trap.sent)
+            observation = query_averaged(client, trap.sent, repeats)
         except ModelRefused as refused:  # the certificate still says what was sent, and how it was sized
             refused.info = {**lines, "malicious_model": trap.sent}
             raise

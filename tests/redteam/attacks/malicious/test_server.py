@@ -1,0 +1,64 @@
+"""``server``: what every malicious attack shares; here the repeated query, the server's answer to a defense
+that draws fresh noise in every round."""
+import pytest
+import torch
+
+from guardfl.redteam.attacks import Setting, get
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, query_averaged, repeats_for, repeats_line
+from guardfl.redteam.client.simulate import ClientQuery, FedSGD
+from guardfl.redteam.modality.image.models import FC2
+from guardfl.redteam.threat import ThreatModel
+
+SHAPE = (3, 8, 8)
+
+
+def client(defense):
+    g = torch.Generator().manual_seed(0)
+    return ClientQuery(torch.rand(16, *SHAPE, generator=g), torch.arange(16) % 10, defense, FedSGD())
+
+
+def test_auto_repeats_only_against_fresh_noise_the_server_knows():
+    assert repeats_for({"kind": "gaussian", "sigma": 0.1, "clip": 1.0}, "auto") == AUTO_REPEATS
+    assert repeats_for({"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.9}, {"kind": "laplace", "scale": 0.1}]},
+                       "auto") == AUTO_REPEATS
+    assert repeats_for({"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0}, "auto") == AUTO_REPEATS
+    assert repeats_for({"kind": "gradprune", "ratio": 0.9}, "auto") == 1 and repeats_for({"kind": "sign"}, "auto") == 1
+    assert repeats_for(None, "auto") == 1 and repeats_for(None, 7) == 7  # unknown defense: only what is asked
+    assert repeats_line(1, {"kind": "sign"}).startswith("1 (no fresh noise") and "4 times smaller" in repeats_line(16, None)
+
+
+def test_the_average_of_repeated_rounds_keeps_the_gradient_and_shrinks_the_noise_by_the_root():
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    clean = client(None)(model).update
+    sigma = 0.05
+    noisy = client({"kind": "gaussian", "sigma": sigma})
+    one = query_averaged(noisy, model, 1).update
+    many = query_averaged(noisy, model, 64).update
+    assert noisy.queries == 65  # each repeat is a round the client answers
+    for name in clean:
+        err_one = float((one[name] - clean[name]).std())
+        err_many = float((many[name] - clean[name]).std())
+        if clean[name].numel() >= 500:
+            assert err_one == pytest.approx(sigma, rel=0.1) and err_many == pytest.approx(sigma / 8, rel=0.15), name
+        assert many[name].dtype == clean[name].dtype and many[name].shape == clean[name].shape
+
+
+def test_trap_weights_sends_its_trap_again_against_known_noise_and_says_so():
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    setting = Setting(model, FedSGD(), 16, SHAPE, 10, (0.0, 1.0), {"kind": "gaussian", "sigma": 0.01, "clip": 1.0})
+    noisy = client({"kind": "gaussian", "sigma": 0.01, "clip": 1.0})
+    rec = get("trap_weights", seed=0, repeats=4).interrogate(noisy, setting, ThreatModel(server="malicious", labels="known"))
+    assert noisy.queries == 4 and rec.info["repeats"].startswith("4 (the same model sent 4 times")
+    unknown = client({"kind": "gaussian", "sigma": 0.01})
+    rec = get("trap_weights", seed=0).interrogate(unknown, setting, ThreatModel(server="malicious", labels="known", defense="unknown"))
+    assert unknown.queries == 1 and rec.info["repeats"].startswith("1 (no fresh noise")
+
+
+@pytest.mark.parametrize("attack", ["trap_weights", "seer"])
+@pytest.mark.parametrize("bad", [0, 1025, 2.5, True, "many"])
+def test_a_bad_repeats_is_one_line_naming_the_field(attack, bad):
+    with pytest.raises(Exception) as info:
+        get(attack, repeats=bad)
+    assert "repeats" in str(info.value) and "[1, 1024]" in str(info.value)
