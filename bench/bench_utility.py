@@ -64,6 +64,7 @@ DEFENSES = {
     "Gaussian 0.01 clip 10": lambda: GaussianNoise(0.01, clip=10.0),
     "Gaussian 0.01 clip 1": lambda: GaussianNoise(0.01, clip=1.0),
     "Gaussian 0.01 clip 0.3": lambda: GaussianNoise(0.01, clip=0.3),
+    "Gaussian 0.01 clip 0.1": lambda: GaussianNoise(0.01, clip=0.1),
 }
 
 
