@@ -61,9 +61,8 @@ from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_adapt import (BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale,
                                                          surrogate)
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
-from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_leaves, fill_batch, query_averaged, repeats_for,
-                                                    repeats_line, server_labels)
-from guardfl.redteam.attacks.malicious.trap_config import check_repeats
+from guardfl.redteam.attacks.malicious.server import (ServerAttack, check_repeats, defense_leaves, fill_batch, query_averaged,
+                                                    repeats_for, repeats_line, server_labels)
 from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting

@@ -129,6 +129,13 @@ AUTO_REPEATS = 16
 MAX_REPEATS = 1024
 
 
+def check_repeats(value):
+    """A malicious attack's ``repeats`` (its config's validator): "auto" or an integer in [1, ``MAX_REPEATS``]."""
+    if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPEATS):
+        raise ValueError(f"expected 'auto' or an integer in [1, {MAX_REPEATS}] (got {value!r})")
+    return value
+
+
 def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | int) -> int:
     """How many times the server sends its model: ``repeats`` as given, or for "auto" ``AUTO_REPEATS``
     against a defense (``config``, as the server knows it: None when unknown) with a stage in

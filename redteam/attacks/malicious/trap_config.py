@@ -8,13 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from guardfl.redteam.attacks.base import AttackConfig
-
-
-def check_repeats(value):
-    """A malicious attack's ``repeats``: "auto" or an integer in [1, ``server.MAX_REPEATS``]."""
-    if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024):
-        raise ValueError(f"expected 'auto' or an integer in [1, 1024] (got {value!r})")
-    return value
+from guardfl.redteam.attacks.malicious.server import check_repeats
 
 
 class TrapWeightsConfig(AttackConfig):

@@ -44,19 +44,22 @@ def test_the_average_of_repeated_rounds_keeps_the_gradient_and_shrinks_the_noise
         assert many[name].dtype == clean[name].dtype and many[name].shape == clean[name].shape
 
 
-def test_trap_weights_sends_its_trap_again_against_known_noise_and_says_so():
+def test_the_traps_and_the_imprint_are_sent_again_against_known_noise_and_say_so():
     torch.manual_seed(0)
     model = FC2(SHAPE)
     setting = Setting(model, FedSGD(), 16, SHAPE, 10, (0.0, 1.0), {"kind": "gaussian", "sigma": 0.01, "clip": 1.0})
     noisy = client({"kind": "gaussian", "sigma": 0.01, "clip": 1.0})
     rec = get("trap_weights", seed=0, repeats=4).interrogate(noisy, setting, ThreatModel(server="malicious", labels="known"))
     assert noisy.queries == 4 and rec.info["repeats"].startswith("4 (the same model sent 4 times")
+    imprint = client({"kind": "laplace", "scale": 0.01})
+    rec = get("robbing_the_fed", seed=0, repeats=3).interrogate(imprint, setting, ThreatModel(server="malicious", labels="known"))
+    assert imprint.queries == 3 and rec.info["repeats"].startswith("3 (the same model sent 3 times")
     unknown = client({"kind": "gaussian", "sigma": 0.01})
     rec = get("trap_weights", seed=0).interrogate(unknown, setting, ThreatModel(server="malicious", labels="known", defense="unknown"))
     assert unknown.queries == 1 and rec.info["repeats"].startswith("1 (no fresh noise")
 
 
-@pytest.mark.parametrize("attack", ["trap_weights", "seer"])
+@pytest.mark.parametrize("attack", ["trap_weights", "seer", "robbing_the_fed"])
 @pytest.mark.parametrize("bad", [0, 1025, 2.5, True, "many"])
 def test_a_bad_repeats_is_one_line_naming_the_field(attack, bad):
     with pytest.raises(Exception) as info:
