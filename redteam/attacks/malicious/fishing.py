@@ -40,14 +40,15 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import get, register
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
-from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch
+from guardfl.redteam.attacks.malicious.server import (ServerAttack, check_repeats, fill_batch, query_averaged, repeats_for,
+                                                    repeats_line)
 from guardfl.redteam.client.simulate import ClientQuery, Observation, SideKnowledge
 from guardfl.redteam.threat import ThreatModel
 
@@ -167,6 +168,14 @@ class FishingConfig(OptimisationConfig):
     alpha: float = Field(default=1e6, gt=0, json_schema_extra={"allowed": "> 0"})
     feature: int | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null (drawn from the seed) or >= 0"})
     max_queries: int = Field(default=48, ge=4, le=1000, json_schema_extra={"allowed": "an integer in [4, 1000]"})
+    #: class fishing's model sent this many times and the updates averaged (``server.query_averaged``);
+    #: "auto": 16 against a known defense that draws fresh noise, else 1 (feature fishing's queries: once each)
+    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _repeats(cls, value):
+        return check_repeats(value)
     #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
     #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
     disguise: bool = False
@@ -248,10 +257,13 @@ class Fishing(ServerAttack):
             view, sent, info = fished
         else:  # class fishing (also the fallback when feature fishing could not isolate one sample)
             sent, scale = self._class_model(client, setting, threat, target)
-            observation = client(sent)  # query 1
+            known = setting.defense_config if threat.defense == "known" else None
+            repeats = repeats_for(known, c.repeats)
+            observation = query_averaged(client, sent, repeats)  # query 1 (and its repeats)
             view = isolated_view(observation, layer_name, target, m)
             info = {"strategy": ("disguised " if c.disguise else "") + ("class fishing" if m == 1 else
                                                                        f"class fishing on the class's {m} samples jointly")}
+            info["repeats"] = repeats_line(repeats, known)
             if scale:
                 info["other_rows_scale"] = scale
             if isinstance(fished, str):

@@ -59,9 +59,20 @@ def test_the_traps_and_the_imprint_are_sent_again_against_known_noise_and_say_so
     assert unknown.queries == 1 and rec.info["repeats"].startswith("1 (no fresh noise")
 
 
-@pytest.mark.parametrize("attack", ["trap_weights", "seer", "robbing_the_fed"])
+@pytest.mark.parametrize("attack", ["trap_weights", "seer", "robbing_the_fed", "fishing"])
 @pytest.mark.parametrize("bad", [0, 1025, 2.5, True, "many"])
 def test_a_bad_repeats_is_one_line_naming_the_field(attack, bad):
     with pytest.raises(Exception) as info:
         get(attack, repeats=bad)
     assert "repeats" in str(info.value) and "[1, 1024]" in str(info.value)
+
+
+def test_class_fishing_sends_its_model_again_against_known_noise():
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    defense = {"kind": "gaussian", "sigma": 0.01}
+    noisy = client(defense)
+    setting = Setting(model, FedSGD(), 16, SHAPE, 10, (0.0, 1.0), defense)
+    rec = get("fishing", seed=0, strategy="class", iterations=2, restarts=1, repeats=5).interrogate(
+        noisy, setting, ThreatModel(server="malicious", labels="known"))
+    assert noisy.queries == 1 + 5 and rec.info["repeats"].startswith("5 (the same model sent 5 times")  # the labels, then 5
