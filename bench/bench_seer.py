@@ -1,7 +1,8 @@
 """SEER (``seer``, Garov et al. 2024) at CPU scale: what the learned, disguised server reads through each
 client defense, and what guardfl's inspection says of its model (issue 34).
 
-    python bench/bench_seer.py [--batch 8] [--steps 1500] [--clients 10] [--defenses none sign ...]
+    python bench/bench_seer.py [--batch 8] [--steps 1500] [--clients 10] [--defenses none sign ...] [--seed 0]
+                               [--repeats auto|1|16]
 
 FC-2 with BatchNorm (``fc2bn``, 3072-256-10) at PyTorch's default initialisation (seed 0); the attacker's
 auxiliary images are 4,000 of the CIFAR-10 sample in ``../shared/data`` (benchmarks only; a seeded
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--adapt-steps", type=int, default=None,
                     help="steps fitting the decoder to each defense (seer's adapt_steps; 0: the clean decoder reads it)")
     ap.add_argument("--through", action="store_true", help="train through each pruning / sign / clipped-noise defense (seer's through: true)")
+    ap.add_argument("--seed", type=int, default=0, help="the attack's seed: its training stream and its draws (run-to-run spread)")
+    ap.add_argument("--repeats", default=None, help="seer's repeats ('auto', the default: 16 against fresh noise; 1: one round)")
     ap.add_argument("--disjoint", action="store_true", help="aux: the first 4,000 (classes 0-7), clients: the last 1,000 (8-9)")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -64,8 +67,9 @@ def main() -> None:
     threat = ThreatModel(server="malicious", labels="known", aux=AuxData(x_all[:4000], y_all[:4000]))
     torch.manual_seed(0)
     model = FC2BN()
-    attack = get("seer", seed=0, steps=args.steps, through=args.through,
-                 **({} if args.adapt_steps is None else {"adapt_steps": args.adapt_steps}))
+    attack = get("seer", seed=args.seed, steps=args.steps, through=args.through,
+                 **({} if args.adapt_steps is None else {"adapt_steps": args.adapt_steps}),
+                 **({} if args.repeats is None else {"repeats": args.repeats if args.repeats == "auto" else int(args.repeats)}))
     t0 = time.perf_counter()
     setting = Setting(model, FedSGD(), args.batch, (3, 32, 32), 10, (0.0, 1.0), None)
     try:
