@@ -171,14 +171,14 @@ class FishingConfig(OptimisationConfig):
     #: class fishing's model sent this many times and the updates averaged (``server.query_averaged``);
     #: "auto": 16 against a known defense that draws fresh noise, else 1 (feature fishing's queries: once each)
     repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
+    #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
+    #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
+    disguise: bool = False
 
     @field_validator("repeats", mode="before")
     @classmethod
     def _repeats(cls, value):
         return check_repeats(value)
-    #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
-    #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
-    disguise: bool = False
 
     @model_validator(mode="after")
     def _used_by_strategy(self) -> "FishingConfig":
@@ -259,11 +259,11 @@ class Fishing(ServerAttack):
             sent, scale = self._class_model(client, setting, threat, target)
             known = setting.defense_config if threat.defense == "known" else None
             repeats = repeats_for(known, c.repeats)
-            observation = query_averaged(client, sent, repeats)  # query 1 (and its repeats)
+            observation, answered = query_averaged(client, sent, repeats)  # query 1 (and its repeats)
             view = isolated_view(observation, layer_name, target, m)
             info = {"strategy": ("disguised " if c.disguise else "") + ("class fishing" if m == 1 else
                                                                        f"class fishing on the class's {m} samples jointly")}
-            info["repeats"] = repeats_line(repeats, known)
+            info["repeats"] = repeats_line(repeats, known, answered)
             if scale:
                 info["other_rows_scale"] = scale
             if isinstance(fished, str):

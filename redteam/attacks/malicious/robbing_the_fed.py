@@ -265,12 +265,12 @@ class RobbingTheFed(ServerAttack):
         boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
         sent = craft(setting.model, shape, cuts, c.gain / boost, c.back_scale * boost, gen, pad)
         repeats = repeats_for(setting.defense_config if known else None, c.repeats)
-        observation = query_averaged(client, sent, repeats)
+        observation, answered = query_averaged(client, sent, repeats)
         w = observation.update[f"{PREFIX}.imprint.weight"]
         b = observation.update[f"{PREFIX}.imprint.bias"]
         images, found = recover(w[:bins], b[:bins], shape, n, setting.input_range, c.min_mass)
         labels, source = server_labels(observation, setting, threat)
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "bins": bins, "pad": pad, "boost": boost, "candidates": found, "measurement": "brightness",
-            "repeats": repeats_line(repeats, setting.defense_config if known else None),
+            "repeats": repeats_line(repeats, setting.defense_config if known else None, answered),
             "cutoffs": "aux quantiles" if measurements is not None else "gaussian guess", "malicious_model": sent})

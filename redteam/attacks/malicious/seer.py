@@ -245,10 +245,11 @@ class Seer(ServerAttack):
         repeats = repeats_for(defense_known(setting, threat), self.config.repeats)
         lines["repeats"] = repeats_line(repeats, defense_known(setting, threat))
         try:
-            observation = query_averaged(client, sent, repeats)
+            observation, answered = query_averaged(client, sent, repeats)
         except ModelRefused as refused:
             refused.info.update(lines)  # the certificate's lines on the model the inspection refused
             raise
+        lines["repeats"] = repeats_line(repeats, defense_known(setting, threat), answered)
         gradient = observation.update[f"{state['layer']}.weight"].detach().float().cpu()
         lo, hi = setting.input_range
         with torch.no_grad():

@@ -145,27 +145,37 @@ def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | 
     return AUTO_REPEATS if any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config)) else 1
 
 
-def query_averaged(client: ClientQuery, model: torch.nn.Module, repeats: int) -> Observation:
-    """``client(model)`` ``repeats`` times, the updates averaged (float64 sums): each answer is the client's
-    next round on the same batch, its defense's randomness drawn afresh, so the average keeps the gradient
-    and divides fresh noise's standard deviation by ``sqrt(repeats)``. A refusal raises at the first query
-    (the same model is judged the same way; a leak history that refuses a later one raises there)."""
+def query_averaged(client: ClientQuery, model: torch.nn.Module, repeats: int) -> tuple[Observation, int]:
+    """``client(model)`` ``repeats`` times, the updates averaged (float64 sums), and how many rounds the
+    client answered: each answer is the client's next round on the same batch, its defense's randomness
+    drawn afresh, so the average keeps the gradient and divides fresh noise's standard deviation by the
+    root of the rounds answered. A refusal of the first query raises (nothing was sent); a later one (a
+    leak history's round limit) ends the repeats, and the server keeps the rounds it already holds."""
     first = client(model)
-    if repeats <= 1:
-        return first
     total = {name: value.detach().double().clone() for name, value in first.update.items()}
+    answered = 1
     for _ in range(repeats - 1):
-        update = client(model).update
+        try:
+            update = client(model).update
+        except ModelRefused:
+            break
+        answered += 1
         for name in total:
             total[name] += update[name].detach().double()
-    averaged = {name: (value / repeats).to(first.update[name].dtype) for name, value in total.items()}
-    return dataclasses.replace(first, update=averaged)
+    if answered == 1:
+        return first, 1
+    averaged = {name: (value / answered).to(first.update[name].dtype) for name, value in total.items()}
+    return dataclasses.replace(first, update=averaged), answered
 
 
-def repeats_line(repeats: int, config: DefenseConfig | dict | None) -> str:
-    """The certificate's line for what ``query_averaged`` did."""
+def repeats_line(repeats: int, config: DefenseConfig | dict | None, answered: int | None = None) -> str:
+    """The certificate's line for what ``query_averaged`` did (``answered``: the rounds the client answered
+    of the ``repeats`` asked; None: all of them)."""
+    answered = repeats if answered is None else answered
+    noisy = any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config))
     if repeats <= 1:
-        noisy = [leaf.kind for leaf in defense_leaves(config) if leaf.kind in FRESH_NOISE]
-        return "1 (no fresh noise to average in the defense the server knows)" if not noisy else "1 (set repeats)"
-    return (f"{repeats} (the same model sent {repeats} times, the updates averaged: fresh noise "
-            f"{repeats ** 0.5:.3g} times smaller)")
+        return ("1 (set by repeats; the defense draws fresh noise, which more rounds would average)" if noisy else
+                "1 (no fresh noise to average in the defense the server knows)")
+    line = (f"{answered} (the same model sent {answered} times, the updates averaged: fresh noise "
+            f"{answered ** 0.5:.3g} times smaller)")
+    return line if answered == repeats else line + f"; {repeats} asked, the client refused round {answered + 1}"

@@ -357,13 +357,15 @@ class TrapWeights(ServerAttack):
             chains, rows, rows_line = self._rows(setting, plan.layers, chains, plan.known)
             trap, lines = self.build(plan, chains, rows, client, setting, threat, gen)
             lines["rows"], small = rows_line, rows is not None
-        repeats = repeats_for(setting.defense_config if plan.known else None, self.config.repeats)
-        lines["repeats"] = repeats_line(repeats, setting.defense_config if plan.known else None)
+        known = setting.defense_config if plan.known else None
+        repeats = repeats_for(known, self.config.repeats)
+        lines["repeats"] = repeats_line(repeats, known)
         try:
-            observation = query_averaged(client, trap.sent, repeats)
+            observation, answered = query_averaged(client, trap.sent, repeats)
         except ModelRefused as refused:  # the certificate still says what was sent, and how it was sized
             refused.info = {**lines, "malicious_model": trap.sent}
             raise
+        lines["repeats"] = repeats_line(repeats, known, answered)
         images, found = self.read(observation, trap, plan, setting, small)
         labels, source = server_labels(observation, setting, threat)
         images, checked = self.peeled(images, found, observation, labels, source)

@@ -5,7 +5,7 @@ import torch
 
 from guardfl.redteam.attacks import Setting, get
 from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, query_averaged, repeats_for, repeats_line
-from guardfl.redteam.client.simulate import ClientQuery, FedSGD
+from guardfl.redteam.client.simulate import ClientQuery, FedSGD, ModelRefused
 from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
 
@@ -25,6 +25,8 @@ def test_auto_repeats_only_against_fresh_noise_the_server_knows():
     assert repeats_for({"kind": "gradprune", "ratio": 0.9}, "auto") == 1 and repeats_for({"kind": "sign"}, "auto") == 1
     assert repeats_for(None, "auto") == 1 and repeats_for(None, 7) == 7  # unknown defense: only what is asked
     assert repeats_line(1, {"kind": "sign"}).startswith("1 (no fresh noise") and "4 times smaller" in repeats_line(16, None)
+    assert repeats_line(1, {"kind": "gaussian", "sigma": 0.1}).startswith("1 (set by repeats; the defense draws fresh noise")
+    assert repeats_line(16, None, 5).endswith("16 asked, the client refused round 6")
 
 
 def test_the_average_of_repeated_rounds_keeps_the_gradient_and_shrinks_the_noise_by_the_root():
@@ -33,9 +35,10 @@ def test_the_average_of_repeated_rounds_keeps_the_gradient_and_shrinks_the_noise
     clean = client(None)(model).update
     sigma = 0.05
     noisy = client({"kind": "gaussian", "sigma": sigma})
-    one = query_averaged(noisy, model, 1).update
-    many = query_averaged(noisy, model, 64).update
-    assert noisy.queries == 65  # each repeat is a round the client answers
+    one, answered_one = query_averaged(noisy, model, 1)
+    many, answered = query_averaged(noisy, model, 64)
+    one, many = one.update, many.update
+    assert noisy.queries == 65 and (answered_one, answered) == (1, 64)  # each repeat is a round the client answers
     for name in clean:
         err_one = float((one[name] - clean[name]).std())
         err_many = float((many[name] - clean[name]).std())
@@ -76,3 +79,34 @@ def test_class_fishing_sends_its_model_again_against_known_noise():
     rec = get("fishing", seed=0, strategy="class", iterations=2, restarts=1, repeats=5).interrogate(
         noisy, setting, ThreatModel(server="malicious", labels="known"))
     assert noisy.queries == 1 + 5 and rec.info["repeats"].startswith("5 (the same model sent 5 times")  # the labels, then 5
+
+
+class Refusing(ClientQuery):
+    """A client whose inspection answers ``rounds`` rounds of a batch and refuses the rest (a leak history's
+    ``max_rounds``)."""
+
+    def __init__(self, rounds, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rounds = rounds
+
+    def __call__(self, model):
+        if self.queries >= self.rounds:
+            self.queries += 1
+            self.refused += 1
+            raise ModelRefused(["leak history: this batch answered its rounds"])
+        return super().__call__(model)
+
+
+def test_a_client_that_stops_answering_leaves_the_server_the_rounds_it_already_holds():
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(16, *SHAPE, generator=g), torch.arange(16) % 10
+    clean = ClientQuery(x, y, None, FedSGD())(model).update
+    limited = Refusing(5, x, y, {"kind": "gaussian", "sigma": 0.05}, FedSGD())
+    averaged, answered = query_averaged(limited, model, 16)
+    assert answered == 5 and limited.queries == 6  # the sixth was refused, the five kept
+    big = max(clean, key=lambda name: clean[name].numel())
+    assert float((averaged.update[big] - clean[big]).std()) == pytest.approx(0.05 / 5 ** 0.5, rel=0.15)
+    with pytest.raises(ModelRefused):  # refused from the first round: nothing was sent, the run is refused
+        query_averaged(Refusing(0, x, y, None, FedSGD()), model, 16)
