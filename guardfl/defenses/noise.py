@@ -10,7 +10,12 @@ ReLU layer divided by ``k`` and the next multiplied by it) sends a gradient ``k`
 noise vanishes beside it (the red team's ``seer`` and ``trap_weights`` do so: ``boost``; no check of
 ``inspect_model`` sees a layer's scale). ``clip`` bounds the gradient's norm before the noise, so that
 what the noise hides no longer depends on the server's scale (a deviation from the papers, which clip
-nothing; DP-SGD clips each sample). Choose it near the norm of the client's honest updates.
+nothing; DP-SGD clips each sample). It still falls with repetition: a server that sends one model K times
+and averages the updates of the same batch divides the noise by ``sqrt(K)`` (the red team's ``repeats``:
+Gaussian 0.01 with ``clip`` 1 held SEER at one round and not at 16), and nothing here counts the rounds.
+A read of one image from the first layer's gradient keeps noise of about ``sigma * |x| / (clip * sqrt(K))``
+per pixel. Choose ``clip`` at or below the norm of the client's honest updates and certify it for the
+rounds a batch is answered (README, "Noise of a fixed scale ..."; docs/malicious-server.md sections 20-21).
 
 ``sigma`` / ``scale`` must be > 0 (0 would send the gradient as it is; ``Identity()`` is the deliberate
 undefended baseline). A positive scale too small to move an entry in the gradient's dtype changes nothing
