@@ -243,7 +243,7 @@ class Seer(ServerAttack):
                  "checkpoint": chosen["step"], "evasion": how, "boost": boosted, "defense_adapted": adapted,
                  "malicious_model": sent}
         repeats = repeats_for(defense_known(setting, threat), self.config.repeats)
-        lines["repeats"] = repeats_line(repeats, defense_known(setting, threat))
+        lines["repeats"] = f"{repeats} asked; the client refused the first round and sent nothing"  # until one is answered
         try:
             observation, answered = query_averaged(client, sent, repeats)
         except ModelRefused as refused:

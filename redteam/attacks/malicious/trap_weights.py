@@ -359,7 +359,7 @@ class TrapWeights(ServerAttack):
             lines["rows"], small = rows_line, rows is not None
         known = setting.defense_config if plan.known else None
         repeats = repeats_for(known, self.config.repeats)
-        lines["repeats"] = repeats_line(repeats, known)
+        lines["repeats"] = f"{repeats} asked; the client refused the first round and sent nothing"  # until one is answered
         try:
             observation, answered = query_averaged(client, trap.sent, repeats)
         except ModelRefused as refused:  # the certificate still says what was sent, and how it was sized

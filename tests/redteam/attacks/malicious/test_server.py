@@ -110,3 +110,16 @@ def test_a_client_that_stops_answering_leaves_the_server_the_rounds_it_already_h
     assert float((averaged.update[big] - clean[big]).std()) == pytest.approx(0.05 / 5 ** 0.5, rel=0.15)
     with pytest.raises(ModelRefused):  # refused from the first round: nothing was sent, the run is refused
         query_averaged(Refusing(0, x, y, None, FedSGD()), model, 16)
+
+
+def test_a_refused_trap_says_what_was_asked_not_what_was_averaged():
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(16, *SHAPE, generator=g), torch.arange(16) % 10
+    defense = {"kind": "gaussian", "sigma": 0.01}
+    setting = Setting(model, FedSGD(), 16, SHAPE, 10, (0.0, 1.0), defense)
+    rec = get("trap_weights", seed=0).interrogate(Refusing(0, x, y, defense, FedSGD()), setting,
+                                                  ThreatModel(server="malicious", labels="known"))
+    assert rec.info["refused"].startswith("leak history")  # a refused run, on record
+    assert rec.info["repeats"] == f"{AUTO_REPEATS} asked; the client refused the first round and sent nothing"
