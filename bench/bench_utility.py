@@ -2,7 +2,7 @@
 defense (the utility half of Huang et al. 2021, Table 2), all trained side by side in one run.
 
     python bench/bench_utility.py [--epochs 5] [--train 4000] [--test 1000] [--only soteria,graddefense]
-                                  [--model small_cnn|fc2bn]
+                                  [--model small_cnn|fc2bn] [--clip-lr LR]
 
 Data: the 5,000-image CIFAR-10 sample in ``../shared/data`` (benchmarks only), shuffled with a fixed
 seed: the first ``--train`` for training, the last ``--test`` for testing. Every defense goes through ``guardfl.protect``; input
@@ -85,6 +85,8 @@ def main(argv=None):
     ap.add_argument("--test", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--clip-lr", type=float, default=None,
+                    help="the learning rate of the rows with a clip (a clip that binds every step scales it down); default --lr")
     ap.add_argument("--only", default=None, help="comma-separated substrings of row names (the no-defense row always runs)")
     ap.add_argument("--out", default="utility", help="name of the result files in bench/results")
     ap.add_argument("--model", default="small_cnn", choices=sorted(ARCHITECTURES))
@@ -105,7 +107,8 @@ def main(argv=None):
     for name, make in chosen.items():
         torch.manual_seed(0)
         model = ARCHITECTURES[args.model]()
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        lr = args.clip_lr if args.clip_lr is not None and "clip" in name else args.lr
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         loader = DataLoader(train, batch_size=args.batch, shuffle=True)
         model, opt, loader = guardfl.protect(model, opt, loader, make())
         t0, norms = time.perf_counter(), []
@@ -138,7 +141,7 @@ def main(argv=None):
         r["acc_delta"] = r["test_acc"] - base["test_acc"]
         r["time_ratio"] = r["train_s"] / base["train_s"]
         print(f"{r['defense']:46s} {r['test_acc']:6.3f} {r['acc_delta']:+7.3f} {r['time_ratio']:7.2f}")
-    meta = {"model": args.model, "epochs": args.epochs, "train": args.train, "test": args.test, "batch": args.batch,
+    meta = {"model": args.model, "lr": args.lr, "clip_lr": args.clip_lr, "epochs": args.epochs, "train": args.train, "test": args.test, "batch": args.batch,
             "torch_threads": torch.get_num_threads()}
     (OUT / f"{args.out}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     import matplotlib
