@@ -40,15 +40,15 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import get, register
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
-from guardfl.redteam.attacks.malicious.server import (ServerAttack, check_repeats, fill_batch, query_averaged, repeats_for,
-                                                    repeats_line)
+from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, defense_known, fill_batch, query_averaged,
+                                                    repeats_for, repeats_line)
 from guardfl.redteam.client.simulate import ClientQuery, Observation, SideKnowledge
 from guardfl.redteam.threat import ThreatModel
 
@@ -170,15 +170,10 @@ class FishingConfig(OptimisationConfig):
     max_queries: int = Field(default=48, ge=4, le=1000, json_schema_extra={"allowed": "an integer in [4, 1000]"})
     #: class fishing's model sent this many times and the updates averaged (``server.query_averaged``);
     #: "auto": 16 against a known defense that draws fresh noise, else 1 (feature fishing's queries: once each)
-    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
+    repeats: Repeats = "auto"
     #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
     #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
     disguise: bool = False
-
-    @field_validator("repeats", mode="before")
-    @classmethod
-    def _repeats(cls, value):
-        return check_repeats(value)
 
     @model_validator(mode="after")
     def _used_by_strategy(self) -> "FishingConfig":
@@ -257,7 +252,7 @@ class Fishing(ServerAttack):
             view, sent, info = fished
         else:  # class fishing (also the fallback when feature fishing could not isolate one sample)
             sent, scale = self._class_model(client, setting, threat, target)
-            known = setting.defense_config if threat.defense == "known" else None
+            known = defense_known(setting, threat)
             repeats = repeats_for(known, c.repeats)
             observation, answered = query_averaged(client, sent, repeats)  # query 1 (and its repeats)
             view = isolated_view(observation, layer_name, target, m)

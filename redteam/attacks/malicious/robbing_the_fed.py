@@ -57,8 +57,8 @@ from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.malicious.server import (ServerAttack, check_repeats, defense_leaves, fill_batch, pruning_stages,
-                                                    query_averaged, repeats_for, repeats_line, server_labels)
+from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
+                                                    pruning_stages, query_averaged, repeats_for, repeats_line, server_labels)
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.modality.image.data import MAX_TENSOR_BYTES, gib, memory_bound
 from guardfl.redteam.threat import ThreatModel
@@ -206,12 +206,7 @@ class RobbingTheFedConfig(AttackConfig):
     boost: Literal["auto"] | float = Field(default="auto", json_schema_extra={"allowed": "'auto' or a number in [1, 1e8]"})
     #: the imprint sent this many times and the updates averaged (``server.query_averaged``); "auto": 16
     #: against a known defense that draws fresh noise, else 1
-    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
-
-    @field_validator("repeats", mode="before")
-    @classmethod
-    def _repeats(cls, value):
-        return check_repeats(value)
+    repeats: Repeats = "auto"
 
     @field_validator("boost")
     @classmethod
@@ -264,7 +259,7 @@ class RobbingTheFed(ServerAttack):
         pad = (padding_for(setting.defense_config, bins) if known else 0) if c.pad == "auto" else c.pad
         boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
         sent = craft(setting.model, shape, cuts, c.gain / boost, c.back_scale * boost, gen, pad)
-        repeats = repeats_for(setting.defense_config if known else None, c.repeats)
+        repeats = repeats_for(defense_known(setting, threat), c.repeats)
         observation, answered = query_averaged(client, sent, repeats)
         w = observation.update[f"{PREFIX}.imprint.weight"]
         b = observation.update[f"{PREFIX}.imprint.bias"]
@@ -272,5 +267,5 @@ class RobbingTheFed(ServerAttack):
         labels, source = server_labels(observation, setting, threat)
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "bins": bins, "pad": pad, "boost": boost, "candidates": found, "measurement": "brightness",
-            "repeats": repeats_line(repeats, setting.defense_config if known else None, answered),
+            "repeats": repeats_line(repeats, defense_known(setting, threat), answered),
             "cutoffs": "aux quantiles" if measurements is not None else "gaussian guess", "malicious_model": sent})

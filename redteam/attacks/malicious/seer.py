@@ -61,8 +61,8 @@ from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_adapt import (BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale,
                                                          surrogate)
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
-from guardfl.redteam.attacks.malicious.server import (ServerAttack, check_repeats, defense_leaves, fill_batch, query_averaged,
-                                                    repeats_for, repeats_line, server_labels)
+from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
+                                                    query_averaged, repeats_for, repeats_line, server_labels)
 from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
@@ -111,12 +111,7 @@ class SeerConfig(AttackConfig):
     #: the model sent this many times and the updates averaged (``server.query_averaged``); "auto":
     #: ``server.AUTO_REPEATS`` against a known defense that draws fresh noise, else 1. The boost and the
     #: decoder are chosen on one round's noise (the average's is smaller: what they read is a floor)
-    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
-
-    @field_validator("repeats", mode="before")
-    @classmethod
-    def _repeats(cls, value):
-        return check_repeats(value)
+    repeats: Repeats = "auto"
 
     @field_validator("boost")
     @classmethod
@@ -337,11 +332,6 @@ class Seer(ServerAttack):
                          {"steps": c.adapt_steps, "held_out_before": before, "held_out_after": after, "kept": kept,
                           "final_loss": losses[-1]})
         return memo[key]
-
-
-def defense_known(setting: Setting, threat: ThreatModel):
-    """The client's defense configuration as the server knows it (None: none, or unknown to it)."""
-    return setting.defense_config if threat.defense == "known" else None
 
 
 def evade(checkpoints: list[dict[str, Any]], client: ClientQuery, setting: Setting,

@@ -15,9 +15,10 @@ honest threat (the default certificate) these attacks are listed as not applicab
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import BeforeValidator, Field
 
 from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction
@@ -134,6 +135,18 @@ def check_repeats(value):
     if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPEATS):
         raise ValueError(f"expected 'auto' or an integer in [1, {MAX_REPEATS}] (got {value!r})")
     return value
+
+
+#: an attack's ``repeats`` option (one field type for every attack that has it): the model sent this many
+#: times and the updates averaged (``query_averaged``); "auto": ``AUTO_REPEATS`` against a known defense
+#: that draws fresh noise, else 1
+Repeats = Annotated[Literal["auto"] | int, BeforeValidator(check_repeats),
+                    Field(json_schema_extra={"allowed": f"'auto' or an integer in [1, {MAX_REPEATS}]"})]
+
+
+def defense_known(setting: Setting, threat: ThreatModel) -> DefenseConfig | None:
+    """The client's defense configuration as the server knows it (None: none, or unknown to it)."""
+    return setting.defense_config if threat.defense == "known" else None
 
 
 def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | int) -> int:

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from guardfl.redteam.attacks.base import AttackConfig
-from guardfl.redteam.attacks.malicious.server import check_repeats
+from guardfl.redteam.attacks.malicious.server import Repeats
 
 
 class TrapWeightsConfig(AttackConfig):
@@ -55,7 +55,7 @@ class TrapWeightsConfig(AttackConfig):
     #: the trap sent this many times and the updates averaged (``server.query_averaged``): fresh noise per
     #: round shrinks by the square root; "auto": ``server.AUTO_REPEATS`` against a known defense that draws
     #: fresh noise (``server.FRESH_NOISE``), else 1
-    repeats: Literal["auto"] | int = Field(default="auto", json_schema_extra={"allowed": "'auto' or an integer in [1, 1024]"})
+    repeats: Repeats = "auto"
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
     #: after the bins, read the samples the sent model's first-layer units hold alone, checked against that
     #: model and peeled (``exclusive_neurons.read_checked``; FedSGD, no normalisation before the ReLU)
@@ -67,11 +67,6 @@ class TrapWeightsConfig(AttackConfig):
         if value not in (None, "auto", "fit") and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536):
             raise ValueError(f"expected null, 'auto', 'fit' or an integer in [1, 65536] (got {value!r})")
         return value
-
-    @field_validator("repeats", mode="before")
-    @classmethod
-    def _repeats(cls, value):
-        return check_repeats(value)
 
     @field_validator("boost", "disguise", "column_noise", mode="before")
     @classmethod

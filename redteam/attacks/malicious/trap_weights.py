@@ -143,8 +143,8 @@ from guardfl.redteam.attacks.malicious.trap_fit import TrapPlan, fit
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
-from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_leaves, fill_batch, query_averaged, repeats_for,
-                                                    repeats_line, server_labels)
+from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_known, defense_leaves, fill_batch, query_averaged,
+                                                    repeats_for, repeats_line, server_labels)
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
 from guardfl.redteam.threat import ThreatModel
 
@@ -357,7 +357,7 @@ class TrapWeights(ServerAttack):
             chains, rows, rows_line = self._rows(setting, plan.layers, chains, plan.known)
             trap, lines = self.build(plan, chains, rows, client, setting, threat, gen)
             lines["rows"], small = rows_line, rows is not None
-        known = setting.defense_config if plan.known else None
+        known = defense_known(setting, threat)  # plan.known is the same test
         repeats = repeats_for(known, self.config.repeats)
         lines["repeats"] = f"{repeats} asked; the client refused the first round and sent nothing"  # until one is answered
         try:
