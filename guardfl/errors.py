@@ -35,3 +35,8 @@ class MaliciousModelError(GuardflError):
     def __init__(self, reasons: list[str] | str) -> None:
         self.reasons = [reasons] if isinstance(reasons, str) else list(reasons)
         super().__init__("the received model was refused: " + "; ".join(self.reasons))
+
+
+class RoundBudgetError(GuardflError):
+    """The client's round budget (``max_rounds`` in the integrations) is spent: it has answered that many
+    rounds and answers no more, whatever model it receives (``guardfl.integrations.budget``)."""

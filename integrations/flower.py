@@ -56,9 +56,11 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("guardfl.integrations.flower needs Flower: pip install 'guardfl[flower]'") from err
 
 from guardfl.defenses import Defense
-from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, UndefendedUpdateError
+from guardfl.errors import (ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, RoundBudgetError,
+                            UndefendedUpdateError)
 from guardfl.inspect import inspect_model
 from guardfl.inspect_history import LeakHistory
+from guardfl.integrations.budget import MAX_ROUNDS_LIMIT, check_budget_left, check_max_rounds
 from guardfl.integrations.round import check_round_counter
 from guardfl.integrations.torch import (ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
                                         local_update)
@@ -68,6 +70,7 @@ from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 #: ``context.state`` keys
 STATE_KEY = "guardfl"
 UPDATE_STATE_KEY = "guardfl-update"
+BUDGET_STATE_KEY = "guardfl-budget"
 
 
 # -- client state in context.state ------------------------------------------------------------------
@@ -145,6 +148,7 @@ def train(
     inspect_disaggregation: bool = False,
     inspect_leak_limit: int | None = None,
     inspect_leak_history: bool | Mapping[str, int] = True,
+    max_rounds: int | None = None,
 ) -> Message:
     """One guarded round for ``@app.train()``: load the global model, train with ``defense``, reply.
 
@@ -158,9 +162,17 @@ def train(
     refuses any model (the honest one too) with which the server would read more than ``k`` samples of the
     first batch from the update (``local_update``), across rounds with ``inspect_leak_history`` (the default:
     the ``LeakHistory`` kept in ``context.state`` with the client state; a mapping ``{"max_rounds": n,
-    "max_batches": m}`` sets its limits, also on the history kept from earlier rounds)."""
+    "max_batches": m}`` sets its limits, also on the history kept from earlier rounds).
+    ``max_rounds=n``: the client's round budget (``guardfl.integrations.budget``, counted in the client
+    state in ``context.state``): after ``n`` rounds sent every train message gets an error reply, before
+    anything is inspected or trained. ``RoundBudgetMod`` is the same budget for any ``ClientApp``."""
+    check_max_rounds(max_rounds)
     key, record = received_arrays(msg)
     state = client_state(context, state_key)
+    try:
+        check_budget_left(max_rounds, state.rounds)
+    except RoundBudgetError as err:
+        return _error_reply(msg, f"guardfl train: {err}")
     if not inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit):
         received = record.to_torch_state_dict()
     else:
@@ -177,9 +189,9 @@ def train(
     load_plain_state_dict(model, received)
     try:
         result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
-                              num_classes=num_classes, max_steps=max_steps)
+                              num_classes=num_classes, max_steps=max_steps, max_rounds=max_rounds)
         arrays = _array_record(model.state_dict(), list(record.keys()))  # the received key order
-    except (UndefendedUpdateError, NonFiniteGradientError) as err:
+    except (UndefendedUpdateError, NonFiniteGradientError, RoundBudgetError) as err:
         return _error_reply(msg, f"guardfl train: {err}")
     save_client_state(context, result.state, state_key)
     metrics: dict[str, int | float] = {
@@ -307,6 +319,38 @@ class InspectModelMod:
         return f"{name}: the received model could not be inspected and was refused ({type(err).__name__}: {text})"
 
 
+class RoundBudgetMod:
+    """Flower mod: the client's round budget for any ``ClientApp`` (``guardfl.integrations.budget``).
+
+    On a ``train`` message it reads how many rounds this client has answered (``context.state[key]``): once
+    ``max_rounds`` were, it replies with an error ``Message`` (``MOD_FAILED_PRECONDITION``) instead of calling
+    the app, so nothing is trained and nothing sent, whatever model arrived. Otherwise it calls the app and
+    counts the round when the reply carries no error (a refused model, or a failed round, sent nothing and
+    spends nothing). Other messages pass through. Place it first in ``mods`` (outermost): a refusal then
+    costs no inspection or training. The count lives as long as ``context.state`` does (a node's run; a
+    SuperNode restarted in the middle of a run starts from 0, as Flower's own state does).
+    """
+
+    def __init__(self, max_rounds: int, *, key: str = BUDGET_STATE_KEY) -> None:
+        if check_max_rounds(max_rounds) is None:
+            raise ConfigError(f"max_rounds: expected an integer in [1, {MAX_ROUNDS_LIMIT}] (got None)")
+        self.max_rounds, self.key = max_rounds, key
+
+    def __call__(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        if msg.metadata.message_type.split(".")[0] != "train":
+            return call_next(msg, ctxt)
+        record = ctxt.state.config_records.get(self.key)
+        answered = int(record["rounds"]) if record is not None and "rounds" in record else 0
+        try:
+            check_budget_left(self.max_rounds, answered)
+        except RoundBudgetError as err:
+            return _error_reply(msg, f"{type(self).__name__}: {err}")
+        out = call_next(msg, ctxt)
+        if not out.has_error():
+            ctxt.state[self.key] = ConfigRecord({"rounds": answered + 1})
+        return out
+
+
 def _next_round(ctxt: Context) -> int:
     record = ctxt.state.config_records.get(UPDATE_STATE_KEY)
     index = int(record["rounds"]) if record is not None and "rounds" in record else 0
@@ -364,6 +408,7 @@ __all__ = [
     "GuardUpdateMod",
     "GuardedNumPyClient",
     "InspectModelMod",
+    "RoundBudgetMod",
     "STATE_KEY",
     "client_state",
     "received_arrays",

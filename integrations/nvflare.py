@@ -92,6 +92,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense, from_config
 from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
 from guardfl.inspect_history import LeakHistory
+from guardfl.integrations.budget import check_budget_left, check_max_rounds
 from guardfl.integrations.torch import (BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
                                         local_update)
 from guardfl.integrations.update import UpdateDefense, key_mismatch
@@ -454,7 +455,9 @@ class GuardedTrainer:
     (``inspect_disaggregation``: with SEER's D-SNR check too; ``inspect_leak_limit``: refuse any model with
     which the server reads more than that many samples of the first batch; as in ``local_update``, across
     rounds unless ``inspect_leak_history`` is False, with its limits when it is a mapping of ``max_rounds`` /
-    ``max_batches``); ``state_path``: a JSON file keeping the ``ClientState``
+    ``max_batches``); ``max_rounds``: the site's round budget (``local_update``: after that many rounds sent,
+    ``train`` raises ``RoundBudgetError`` before anything is inspected or trained; the count is the state's,
+    so keep ``state_path`` for a budget that outlives the process); ``state_path``: a JSON file keeping the ``ClientState``
     between rounds and launches (read when it exists), its leak history beside it (``<state_path>.leak-history``,
     ``LeakHistory.to_bytes``).
     """
@@ -463,7 +466,8 @@ class GuardedTrainer:
                  *, epochs: int = 1, loss_fn: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,
                  num_classes: int | None = None, max_steps: int | None = None, inspect: bool | str = False,
                  inspect_disaggregation: bool = False, inspect_leak_limit: int | None = None,
-                 inspect_leak_history: bool | Mapping[str, int] = True, state_path: str | Path | None = None) -> None:
+                 inspect_leak_history: bool | Mapping[str, int] = True, max_rounds: int | None = None,
+                 state_path: str | Path | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         self.model, self.make_optimizer = model, make_optimizer
@@ -475,6 +479,7 @@ class GuardedTrainer:
         self.inspect_disaggregation, self.inspect_leak_limit = inspect_disaggregation, inspect_leak_limit
         self.inspect_leak_history = inspect_leak_history
         leak_history_for(None, inspect_leak_limit, inspect_leak_history)  # a bad flag fails here, before the first round
+        self.max_rounds = check_max_rounds(max_rounds)
         self.state_path = Path(state_path) if state_path is not None else None
         self.state = ClientState()
         if self.state_path is not None and self.state_path.is_file():
@@ -495,6 +500,7 @@ class GuardedTrainer:
         if input_model.params_type not in (None, ParamsType.FULL):
             raise ValueError(f"input_model.params_type: {input_model.params_type}; the global model must be FULL weights")
         received = params_to_state(input_model.params)
+        check_budget_left(self.max_rounds, self.state.rounds)  # RoundBudgetError before anything is inspected
         if self.inspect:  # MaliciousModelError before anything is trained
             history = leak_history_for(self.state, self.inspect_leak_limit, self.inspect_leak_history)
             inspect_received(getattr(self.model, "_module", self.model), loader, received=received,
@@ -502,7 +508,8 @@ class GuardedTrainer:
             self.state.leak_history = history or self.state.leak_history
         load_plain_state_dict(self.model, received)
         result = local_update(self.model, loader, self.make_optimizer, self.defense, self.epochs, state=self.state,
-                              loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps)
+                              loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps,
+                              max_rounds=self.max_rounds)
         trained = self.model.state_dict() if not hasattr(self.model, "_module") else self.model._module.state_dict()
         params = {}
         for k, template in input_model.params.items():

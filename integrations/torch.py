@@ -39,6 +39,7 @@ from guardfl.defenses import Defense
 from guardfl.errors import ConfigError
 from guardfl.inspect import Inspection, check_leak_limit, inspect_model
 from guardfl.inspect_history import LeakHistory
+from guardfl.integrations.budget import check_budget_left, check_max_rounds
 from guardfl.integrations.round import (BN_BUFFERS, MakeOptimizer, check_round_args, check_round_counter, client_round,
                                         round_defense)
 from guardfl.protect import soft_cross_entropy
@@ -235,6 +236,7 @@ def local_update(
     inspect_disaggregation: bool = False,
     inspect_leak_limit: int | None = None,
     inspect_leak_history: bool | Mapping[str, int] = True,
+    max_rounds: int | None = None,
 ) -> LocalUpdate:
     """Train ``model`` (in place, train mode) for ``epochs`` over ``loader`` with ``defense`` and return the
     defended update.
@@ -269,6 +271,12 @@ def local_update(
     "max_batches": m}`` keeps the history with those limits (a batch answered ``max_rounds`` times is refused;
     defaults 256 and 64), also on a history restored from earlier rounds.
 
+    ``max_rounds=n`` is the client's round budget (``guardfl.integrations.budget``): once ``state`` counts
+    ``n`` rounds sent, every later call raises ``RoundBudgetError`` before anything is inspected or trained,
+    whatever model arrives. It bounds how many rounds a server can average to shrink a fresh-noise defense's
+    noise (``guardfl redteam`` certifies for ``client.max_rounds``). It needs ``state`` (``ClientState()`` in the
+    first round): without the counter every round would be the first, a ``ConfigError``.
+
     Fail closed: when a defense acts, every state entry that training changed must be one of the
     optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer
     (``BN_BUFFERS``, sent as trained as documented); any other changed entry (a custom buffer a forward
@@ -277,6 +285,10 @@ def local_update(
     check_round_args(epochs, max_steps, make_optimizer)
     if state is None:
         check_round_counter(defense, "state", "pass ClientState() in the first round, then each result.state")
+        if check_max_rounds(max_rounds) is not None:
+            raise ConfigError("state: required with max_rounds (the round budget counts the rounds in ClientState): pass "
+                              "ClientState() in the first round, then each result.state")
+    check_budget_left(max_rounds, state.rounds if state is not None else 0)
     on = inspect_enabled(inspect, inspect_disaggregation, inspect_leak_limit)
     history = leak_history_for(state, inspect_leak_limit if on else None, inspect_leak_history)
     inspection = (inspect_received(model, loader, disaggregation=inspect_disaggregation, leak_limit=inspect_leak_limit,

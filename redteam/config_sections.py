@@ -9,6 +9,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from guardfl.config import StrictModel
+from guardfl.integrations.budget import MAX_ROUNDS_LIMIT
 from guardfl.redteam.modality import DATA_SOURCES
 from guardfl.redteam.threat import ThreatModel
 
@@ -148,6 +149,13 @@ class ClientSection(StrictModel):
     #: ``{max_rounds: n, max_batches: m}``: kept, with the deployed client's limits (``inspect_leak_history``
     #: of the integrations; a batch answered ``max_rounds`` times is refused; defaults 256 and 64)
     inspect_leak_history: bool | LeakHistoryLimits = True
+    #: the client's round budget (``local_update(..., max_rounds=)``, ``flower.RoundBudgetMod``): it answers
+    #: at most this many rounds, whatever model arrives. A malicious server's queries are its rounds: one past
+    #: the budget is refused (nothing sent), and ``repeats: auto`` averages every round of it against a
+    #: fresh-noise defense, so the verdict holds for a client that keeps this budget. null: none (the
+    #: attacks' ``repeats: auto`` then sends 16 rounds, and the verdict covers no more)
+    max_rounds: int | None = Field(default=None, ge=1, le=MAX_ROUNDS_LIMIT,
+                                   json_schema_extra={"allowed": f"null or an integer in [1, {MAX_ROUNDS_LIMIT}]"})
     #: the client's local dataset size, for DP-SGD accounting (sample rate = batch_size / dataset_size)
     dataset_size: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null or an integer >= 1"})
 

@@ -173,7 +173,7 @@ class AttackRunner:
         return ClientQuery(x, y, self.setting.defense_config, obs.protocol, input_range=obs.input_range,
                            train_mode=obs.train_mode, inspect=self.cfg.client.inspect, reference=self.setting.model,
                            disaggregation=self.cfg.client.inspect_disaggregation, leak_limit=self.cfg.client.inspect_leak_limit,
-                           leak_history=self.cfg.client.leak_history_spec())
+                           leak_history=self.cfg.client.leak_history_spec(), max_rounds=self.cfg.client.max_rounds)
 
     def honest_refusal(self, b: int, obs: Observation, x: torch.Tensor, y: torch.Tensor) -> list[str] | None:
         """Why the simulated client refuses the honest global model on batch ``b`` (None: it trains on it and

@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
 def _print_summary(cert) -> None:
     """One line per check, the worst single samples, the population, DP-SGD's epsilon, the client's
     inspection, the warnings and the attacks not run or run once."""
+    from guardfl.redteam.reports.certificate import inspection_line, rounds_line
+
     for c in cert.checks:
         status = "pass" if c["passed"] else "FAIL"
         if c["metric"] == "leak_rate":
@@ -121,12 +123,12 @@ def _print_summary(cert) -> None:
         print(f"  [info] DP-SGD spends epsilon {pv['epsilon']:.3g} at delta {pv['delta']:g} (noise multiplier "
               f"{pv['noise_multiplier']:.3g}, sample rate {pv['sample_rate']:.3g}, {pv['epochs']} epochs)")
     if (cert.client or {}).get("inspection"):
-        from guardfl.redteam.reports.certificate import inspection_line
-
         server = [r for r in cert.results if r.get("threat", {}).get("server") == "malicious"]
         refused = sum(1 for r in server if (r.get("info") or {}).get("refused"))
         print(f"  [info] the client inspects every received model ({inspection_line(cert)}): refused {refused} of "
               f"{len(server)} malicious-server runs")
+    if rounds_line(cert):
+        print(f"  [info] {rounds_line(cert)}")
     for w in cert.warnings:
         print(f"  [warn] {w}")
     skipped = [a for a in cert.attacks if a["status"] == "not applicable"]

@@ -20,9 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from guardfl.defenses import Defense, DefenseConfig, Identity, from_config, parse_config
-from guardfl.errors import ConfigError, GuardflError
+from guardfl.errors import ConfigError, GuardflError, RoundBudgetError
 from guardfl.inspect import inspect_model
 from guardfl.inspect_history import LeakHistory
+from guardfl.integrations.budget import check_budget_left, check_max_rounds
 from guardfl.integrations.round import FedAvg, FedSGD, Protocol, RoundResult, bn_layers, client_round
 from guardfl.protect import split_stages
 from guardfl.redteam import modality as modalities
@@ -246,14 +247,15 @@ def first_batch(protocol: Protocol, inputs: Tensor, labels: Tensor) -> tuple[Ten
 
 
 class ModelRefused(GuardflError):
-    """The client's inspection (``guardfl.inspect_model``) refused the model a malicious server sent: the
-    client trained nothing and sent nothing. ``reasons``: the inspection's, one sentence each; ``info``: what
-    the attack adds on the model it sent (its lines for the certificate), set where it catches this."""
+    """The client refused the model a malicious server sent: its inspection (``guardfl.inspect_model``)
+    found it not ok, or (``by="round budget"``) its round budget was spent. The client trained nothing and
+    sent nothing. ``reasons``: one sentence each; ``info``: what the attack adds on the model it sent (its
+    lines for the certificate), set where it catches this."""
 
-    def __init__(self, reasons: list[str]) -> None:
-        self.reasons = list(reasons)
+    def __init__(self, reasons: list[str], by: str = "inspection") -> None:
+        self.reasons, self.by = list(reasons), by
         self.info: dict = {}
-        super().__init__("the client's inspection refused the model: " + "; ".join(self.reasons))
+        super().__init__(f"the client's {by} refused the model: " + "; ".join(self.reasons))
 
 
 class ClientQuery:
@@ -277,12 +279,19 @@ class ClientQuery:
     queries, as ``local_update`` keeps one in its ``ClientState``; until 2026-11-28 each query was limited alone,
     and ``threshold_bins`` read 14 faces exactly through a limit of 0); ``leak_history=False``: per update only
     (a client built anew each round, as a Flower ``client_fn`` builds it); a mapping: kept, with those
-    ``LeakHistory`` limits (``max_rounds``, ``max_batches``)."""
+    ``LeakHistory`` limits (``max_rounds``, ``max_batches``).
+
+    ``max_rounds``: the client's round budget (``guardfl.integrations.budget``, as ``local_update(...,
+    max_rounds=)`` keeps it): once it has answered that many queries, every later one raises
+    ``ModelRefused(by="round budget")`` before it is inspected (counted in ``budget_refused``). A refused
+    query spends no round, as a deployed client's refusal sends nothing. The budget is the client's
+    configuration, which the server knows (``repeats: auto`` spends it all on a fresh-noise defense)."""
 
     def __init__(self, inputs: Tensor, labels: Tensor, defense_config: DefenseConfig | dict | None, protocol: Protocol,
                  *, input_range: tuple[float, float] = (0.0, 1.0), train_mode: bool = True,
                  inspect: bool = False, reference: nn.Module | None = None, disaggregation: bool = False,
-                 leak_limit: int | None = None, leak_history: bool | Mapping[str, int] = True) -> None:
+                 leak_limit: int | None = None, leak_history: bool | Mapping[str, int] = True,
+                 max_rounds: int | None = None) -> None:
         if inspect and reference is None:
             raise ConfigError("client.inspect: the client needs its reference model (the honest global model) to inspect")
         if disaggregation and not inspect:
@@ -300,11 +309,19 @@ class ClientQuery:
         # ``ClientState``): a server differencing two queries of the batch reads what neither update shows alone
         limits = dict(leak_history) if isinstance(leak_history, Mapping) else {}
         self.history = LeakHistory(**limits) if leak_limit is not None and leak_history else None
+        self.max_rounds = check_max_rounds(max_rounds, "client.max_rounds")
         self.queries = 0
         self.refused = 0
+        self.answered = 0
+        self.budget_refused = 0
 
     def __call__(self, model: nn.Module) -> Observation:
         self.queries += 1
+        try:
+            check_budget_left(self.max_rounds, self.answered, "client.max_rounds")
+        except RoundBudgetError as spent:
+            self.budget_refused += 1
+            raise ModelRefused([str(spent)], by="round budget") from None
         if self.inspect:
             inspection = inspect_model(model, self.reference, batch=first_batch(self.protocol, self._inputs, self._labels),
                                        disaggregation=self.disaggregation, leak_limit=self.leak_limit, history=self.history)
@@ -313,5 +330,7 @@ class ClientQuery:
                 raise ModelRefused(inspection.reasons)
         defense = from_config(self.defense_config) if self.defense_config is not None else None
         # each model the server sends is the client's next round: a seeded defense gets that round's seed
-        return simulate_client(model, self._inputs, self._labels, defense, self.protocol,
-                               input_range=self.input_range, train_mode=self.train_mode, round_index=self.queries - 1)
+        observation = simulate_client(model, self._inputs, self._labels, defense, self.protocol, input_range=self.input_range,
+                                      train_mode=self.train_mode, round_index=self.queries - 1)
+        self.answered += 1
+        return observation

@@ -47,6 +47,25 @@ def inspection_line(cert) -> str:
     return line
 
 
+def rounds_line(cert) -> str | None:
+    """How many rounds a malicious server got from the client (its round budget, ``client.max_rounds``, or
+    none), and the most it averaged of one model (``repeats``); None without a malicious-server run."""
+    server = [r for r in cert.results if (r.get("threat") or {}).get("server") == "malicious"]
+    if not server:
+        return None
+    heads = [str((r.get("info") or {}).get("repeats", "")).split(" ")[0] for r in server]
+    averaged = max((int(h) for h in heads if h.isdigit()), default=1)
+    most = max((int((r.get("info") or {}).get("queries") or 0) for r in server), default=0)
+    budget = (cert.config.get("client") or {}).get("max_rounds")
+    sent = (f"a server sent up to {most} model{'s' * (most != 1)} per client batch and averaged up to {averaged} "
+            f"round{'s' * (averaged != 1)} of one model")
+    if budget is None:
+        return (f"the client sets no round budget (client.max_rounds): {sent}; the verdict covers no server that "
+                f"sends more")
+    return (f"the client's round budget is {budget} round{'s' * (budget != 1)} (client.max_rounds: later models "
+            f"refused, nothing sent); {sent}")
+
+
 def _where(where: dict | None) -> str:
     if not where:
         return "n/a"
@@ -204,7 +223,8 @@ def _malicious_html(cert: Certificate) -> str:
     out = (f"<p><b>A malicious server</b> ({html.escape(', '.join(server))}): the server sent the client "
            f"models of its own making ({html.escape(', '.join(sorted({str(r['info']['malicious_model']) for r in cert.results if r['attack'] in server and r.get('info', {}).get('malicious_model')})) or 'refused before training')}; "
            f"{html.escape('/'.join(queries))} quer{'y' if queries == ['1'] else 'ies'} per client update) and "
-           "attacked what the client sent back; an honest-server certificate does not cover this.</p>")
+           f"attacked what the client sent back; an honest-server certificate does not cover this. "
+           f"{html.escape(rounds_line(cert) or '')}.</p>")
     tried = [r for r in cert.results if r["attack"] in server]
     refused = [r for r in tried if r.get("info", {}).get("refused")]
     if (cert.config.get("client") or {}).get("inspect"):

@@ -172,3 +172,51 @@ def test_numpy_client_wrapper_defends_fit():
     for a, b in zip(params, out):
         assert ((b - a) == 0).sum() >= math.floor(0.9 * a.size)
     assert client.to_client() is not None
+
+
+# -- the round budget -----------------------------------------------------------------------------------
+def test_train_helper_keeps_its_round_budget_across_rebuilt_client_apps():
+    ctx, global_state = context(), net().state_dict()
+
+    def app():
+        a = ClientApp()
+
+        @a.train()
+        def train(msg, c):
+            return gf.train(msg, c, net(), DataLoader(DATA, batch_size=8), lambda p: torch.optim.SGD(p, lr=0.1),
+                            {"kind": "gaussian", "sigma": 0.01, "clip": 1.0}, max_rounds=2)
+        return a
+
+    replies = [app()(gf.train_message(global_state, server_round=r), ctx) for r in range(1, 4)]
+    assert [r.has_error() for r in replies] == [False, False, True]
+    assert replies[2].error.code == ErrorCode.MOD_FAILED_PRECONDITION and "budget of 2" in replies[2].error.reason
+    assert gf.client_state(ctx).rounds == 2
+
+
+def test_round_budget_mod_refuses_before_the_app_and_counts_only_sent_rounds():
+    calls = []
+
+    def app(fail=False):
+        a = ClientApp(mods=[gf.RoundBudgetMod(2)])
+
+        @a.train()
+        def train(msg, c):
+            calls.append(1)
+            if fail:  # a round that sent nothing (an inspection's refusal, a failed round) spends nothing
+                return Message(gf.Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason="refused"), reply_to=msg)
+            return Message(RecordDict({"arrays": gf.received_arrays(msg)[1]}), reply_to=msg)
+        return a
+
+    ctx, g = context(), net().state_dict()
+    assert app(fail=True)(gf.train_message(g), ctx).has_error()
+    assert not app()(gf.train_message(g), ctx).has_error()
+    assert not app()(gf.train_message(g), ctx).has_error()
+    refused = app()(gf.train_message(g), ctx)
+    assert refused.has_error() and refused.error.reason.startswith("RoundBudgetMod: max_rounds: this client has answered 2")
+    assert len(calls) == 3  # the spent budget never called the app
+
+
+@pytest.mark.parametrize("bad", [None, 0, 2.5, True])
+def test_round_budget_mod_refuses_a_bad_budget_in_one_line(bad):
+    with pytest.raises(ConfigError, match=r"^max_rounds: expected"):
+        gf.RoundBudgetMod(bad)

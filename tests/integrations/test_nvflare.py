@@ -369,3 +369,16 @@ def test_trainer_runs_input_encodings_and_stacks():
         out = trainer.train(fl_model(net()), DataLoader(DATA, batch_size=8, drop_last=True))
         assert out.meta[MetaKey.NUM_STEPS_CURRENT_ROUND] == 4 and np.isfinite(out.metrics["train_loss"])
         assert not np.array_equal(out.params["1.weight"], net().state_dict()["1.weight"].numpy())
+
+
+def test_trainer_keeps_its_round_budget_across_launches(tmp_path):
+    from guardfl.errors import RoundBudgetError
+    path, noise = tmp_path / "state.json", {"kind": "gaussian", "sigma": 0.01}
+    trainer = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), noise, max_rounds=2, state_path=path)
+    for r in range(2):
+        trainer.train(fl_model(net(), rnd=r), DataLoader(DATA, batch_size=8))
+    relaunched = gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), noise, max_rounds=2, state_path=path)
+    with pytest.raises(RoundBudgetError, match="budget of 2"):
+        relaunched.train(fl_model(net(), rnd=2), DataLoader(DATA, batch_size=8))
+    with pytest.raises(ConfigError, match="^max_rounds: expected"):
+        gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), noise, max_rounds=0)

@@ -253,12 +253,12 @@ class Fishing(ServerAttack):
         else:  # class fishing (also the fallback when feature fishing could not isolate one sample)
             sent, scale = self._class_model(client, setting, threat, target)
             known = defense_known(setting, threat)
-            repeats = repeats_for(known, c.repeats)
+            repeats = repeats_for(known, c.repeats, client.max_rounds)
             observation, answered = query_averaged(client, sent, repeats)  # query 1 (and its repeats)
             view = isolated_view(observation, layer_name, target, m)
             info = {"strategy": ("disguised " if c.disguise else "") + ("class fishing" if m == 1 else
                                                                        f"class fishing on the class's {m} samples jointly")}
-            info["repeats"] = repeats_line(repeats, known, answered)
+            info["repeats"] = repeats_line(repeats, known, answered, client.max_rounds)
             if scale:
                 info["other_rows_scale"] = scale
             if isinstance(fished, str):

@@ -259,7 +259,7 @@ class RobbingTheFed(ServerAttack):
         pad = (padding_for(setting.defense_config, bins) if known else 0) if c.pad == "auto" else c.pad
         boost = (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost)
         sent = craft(setting.model, shape, cuts, c.gain / boost, c.back_scale * boost, gen, pad)
-        repeats = repeats_for(defense_known(setting, threat), c.repeats)
+        repeats = repeats_for(defense_known(setting, threat), c.repeats, client.max_rounds)
         observation, answered = query_averaged(client, sent, repeats)
         w = observation.update[f"{PREFIX}.imprint.weight"]
         b = observation.update[f"{PREFIX}.imprint.bias"]
@@ -267,5 +267,5 @@ class RobbingTheFed(ServerAttack):
         labels, source = server_labels(observation, setting, threat)
         return Reconstruction(images, labels.cpu(), 0.0, [], {
             "labels": source, "bins": bins, "pad": pad, "boost": boost, "candidates": found, "measurement": "brightness",
-            "repeats": repeats_line(repeats, defense_known(setting, threat), answered),
+            "repeats": repeats_line(repeats, defense_known(setting, threat), answered, client.max_rounds),
             "cutoffs": "aux quantiles" if measurements is not None else "gaussian guess", "malicious_model": sent})

@@ -237,14 +237,14 @@ class Seer(ServerAttack):
         lines = {"property": self.config.prop, "layer": state["layer"], "held_out": chosen["held_out"],
                  "checkpoint": chosen["step"], "evasion": how, "boost": boosted, "defense_adapted": adapted,
                  "malicious_model": sent}
-        repeats = repeats_for(defense_known(setting, threat), self.config.repeats)
+        repeats = repeats_for(defense_known(setting, threat), self.config.repeats, client.max_rounds)
         lines["repeats"] = f"{repeats} asked; the client refused the first round and sent nothing"  # until one is answered
         try:
             observation, answered = query_averaged(client, sent, repeats)
         except ModelRefused as refused:
             refused.info.update(lines)  # the certificate's lines on the model the inspection refused
             raise
-        lines["repeats"] = repeats_line(repeats, defense_known(setting, threat), answered)
+        lines["repeats"] = repeats_line(repeats, defense_known(setting, threat), answered, client.max_rounds)
         gradient = observation.update[f"{state['layer']}.weight"].detach().float().cpu()
         lo, hi = setting.input_range
         with torch.no_grad():

@@ -149,13 +149,16 @@ def defense_known(setting: Setting, threat: ThreatModel) -> DefenseConfig | None
     return setting.defense_config if threat.defense == "known" else None
 
 
-def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | int) -> int:
-    """How many times the server sends its model: ``repeats`` as given, or for "auto" ``AUTO_REPEATS``
-    against a defense (``config``, as the server knows it: None when unknown) with a stage in
-    ``FRESH_NOISE``, else 1."""
+def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | int, budget: int | None = None) -> int:
+    """How many times the server sends its model: ``repeats`` as given, or for "auto", against a defense
+    (``config``, as the server knows it: None when unknown) with a stage in ``FRESH_NOISE``, every round of
+    the client's round budget (``budget``: ``client.max_rounds``, the client's configuration the server knows;
+    at most ``MAX_REPEATS``), or ``AUTO_REPEATS`` when the client sets none; else 1."""
     if repeats != "auto":
         return int(repeats)
-    return AUTO_REPEATS if any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config)) else 1
+    if not any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config)):
+        return 1
+    return AUTO_REPEATS if budget is None else min(int(budget), MAX_REPEATS)
 
 
 def query_averaged(client: ClientQuery, model: torch.nn.Module, repeats: int) -> tuple[Observation, int]:
@@ -181,14 +184,19 @@ def query_averaged(client: ClientQuery, model: torch.nn.Module, repeats: int) ->
     return dataclasses.replace(first, update=averaged), answered
 
 
-def repeats_line(repeats: int, config: DefenseConfig | dict | None, answered: int | None = None) -> str:
+def repeats_line(repeats: int, config: DefenseConfig | dict | None, answered: int | None = None,
+                 budget: int | None = None) -> str:
     """The certificate's line for what ``query_averaged`` did (``answered``: the rounds the client answered
-    of the ``repeats`` asked; None: all of them)."""
+    of the ``repeats`` asked; None: all of them; ``budget``: the client's round budget, ``client.max_rounds``)."""
     answered = repeats if answered is None else answered
     noisy = any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config))
     if repeats <= 1:
+        if noisy and budget == 1:
+            return "1 (the client answers one round: client.max_rounds is 1)"
         return ("1 (set by repeats; the defense draws fresh noise, which more rounds would average)" if noisy else
                 "1 (no fresh noise to average in the defense the server knows)")
     line = (f"{answered} (the same model sent {answered} times, the updates averaged: fresh noise "
             f"{answered ** 0.5:.3g} times smaller)")
-    return line if answered == repeats else line + f"; {repeats} asked, the client refused round {answered + 1}"
+    if answered < repeats:
+        line += f"; {repeats} asked, the client refused round {answered + 1}"
+    return line + ("; the client's whole round budget (client.max_rounds)" if budget is not None and answered >= budget else "")

@@ -358,14 +358,14 @@ class TrapWeights(ServerAttack):
             trap, lines = self.build(plan, chains, rows, client, setting, threat, gen)
             lines["rows"], small = rows_line, rows is not None
         known = defense_known(setting, threat)  # plan.known is the same test
-        repeats = repeats_for(known, self.config.repeats)
+        repeats = repeats_for(known, self.config.repeats, client.max_rounds)
         lines["repeats"] = f"{repeats} asked; the client refused the first round and sent nothing"  # until one is answered
         try:
             observation, answered = query_averaged(client, trap.sent, repeats)
         except ModelRefused as refused:  # the certificate still says what was sent, and how it was sized
             refused.info = {**lines, "malicious_model": trap.sent}
             raise
-        lines["repeats"] = repeats_line(repeats, known, answered)
+        lines["repeats"] = repeats_line(repeats, known, answered, client.max_rounds)
         images, found = self.read(observation, trap, plan, setting, small)
         labels, source = server_labels(observation, setting, threat)
         images, checked = self.peeled(images, found, observation, labels, source)

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from guardfl.redteam.attacks import Setting, get
-from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, query_averaged, repeats_for, repeats_line
+from guardfl.errors import ConfigError
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, MAX_REPEATS, query_averaged, repeats_for, repeats_line
 from guardfl.redteam.client.simulate import ClientQuery, FedSGD, ModelRefused
 from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
+from tests import malicious as M
 
 SHAPE = (3, 8, 8)
 
@@ -123,3 +125,43 @@ def test_a_refused_trap_says_what_was_asked_not_what_was_averaged():
                                                   ThreatModel(server="malicious", labels="known"))
     assert rec.info["refused"].startswith("leak history")  # a refused run, on record
     assert rec.info["repeats"] == f"{AUTO_REPEATS} asked; the client refused the first round and sent nothing"
+
+
+def test_the_clients_round_budget_refuses_past_it_and_a_refused_model_spends_none():
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(16, *SHAPE, generator=g), torch.arange(16) % 10
+    budgeted = ClientQuery(x, y, {"kind": "gaussian", "sigma": 0.05}, FedSGD(), max_rounds=3)
+    averaged, answered = query_averaged(budgeted, model, 16)
+    assert answered == 3 and budgeted.queries == 4 and budgeted.budget_refused == 1 and budgeted.refused == 0
+    with pytest.raises(ModelRefused, match="round budget refused the model: client.max_rounds: this client has answered 3"):
+        budgeted(model)
+    inspecting = ClientQuery(x, y, None, FedSGD(), inspect=True, reference=model, max_rounds=1)
+    with pytest.raises(ModelRefused) as refused:
+        inspecting(M.class_fishing(model, target=2))
+    assert refused.value.by == "inspection" and inspecting.answered == 0
+    inspecting(model)  # the budget's one round is still there
+    assert inspecting.answered == 1
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, True])
+def test_a_bad_round_budget_is_one_line_naming_the_field(bad):
+    with pytest.raises(ConfigError, match=r"^client.max_rounds: expected None or an integer in \[1, "):
+        ClientQuery(torch.rand(2, *SHAPE), torch.arange(2), None, FedSGD(), max_rounds=bad)
+
+
+def test_auto_repeats_spend_the_whole_round_budget_against_fresh_noise():
+    noise = {"kind": "gaussian", "sigma": 0.01, "clip": 1.0}
+    assert repeats_for(noise, "auto", 40) == 40 and repeats_for(noise, "auto", 1) == 1
+    assert repeats_for(noise, "auto", 10 ** 6) == MAX_REPEATS and repeats_for({"kind": "sign"}, "auto", 40) == 1
+    assert repeats_for(noise, 7, 40) == 7  # a number is what the attack asks; the client's budget refuses past it
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(16, *SHAPE, generator=g), torch.arange(16) % 10
+    setting = Setting(model, FedSGD(), 16, SHAPE, 10, (0.0, 1.0), noise)
+    budgeted = ClientQuery(x, y, noise, FedSGD(), max_rounds=6)
+    rec = get("trap_weights", seed=0).interrogate(budgeted, setting, ThreatModel(server="malicious", labels="known"))
+    assert budgeted.queries == 6 and budgeted.budget_refused == 0
+    assert rec.info["repeats"].startswith("6 (the same model sent 6 times")

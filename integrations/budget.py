@@ -1,0 +1,48 @@
+"""The client's round budget: it answers at most ``max_rounds`` FL rounds, whatever model it receives.
+
+A defense that draws fresh noise every round (Gaussian or Laplace noise, clipped or not, Outpost,
+GradDefense, DP-SGD) protects one round; a server that sends one model again and averages the updates the
+client computed on the same data divides that noise by the square root of the rounds it averaged (the red
+team's ``repeats``: through Gaussian noise 0.01 clipped to 1, SEER reads 5 of 64 CIFAR-10 images at 16
+rounds and none at 1). The budget is what bounds that: every model counts, so varying the model between
+rounds does not reset it, and a server gets no more than ``max_rounds`` looks at the client's data. It is a
+property of the client, not of one batch (the leak history's ``max_rounds`` counts rounds per first batch
+and only behind a leak limit: a shuffled loader has a new first batch every round).
+
+A round counts when the client sends an update (``ClientState.rounds``, which ``local_update`` advances):
+a model refused by the inspection, or a round that failed, sent nothing and spends nothing. The count
+lives in the ``ClientState`` the caller keeps between rounds, so the budget needs one: without it every
+round would look like the first (``ConfigError``, fail closed). DP-SGD's accountant already turns rounds
+into epsilon; the budget is the plain-noise counterpart, and ``guardfl redteam`` certifies a client for
+the budget it sets (``client.max_rounds``).
+"""
+
+from __future__ import annotations
+
+from guardfl.errors import ConfigError, RoundBudgetError
+
+#: the largest round budget accepted (a cross-silo run of a few thousand rounds fits well inside)
+MAX_ROUNDS_LIMIT = 1_000_000
+
+
+def check_max_rounds(max_rounds: int | None, field: str = "max_rounds") -> int | None:
+    """``max_rounds`` validated: None (no budget) or an integer in [1, ``MAX_ROUNDS_LIMIT``]; one
+    ``ConfigError`` line naming ``field`` otherwise."""
+    if max_rounds is None:
+        return None
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or not 1 <= max_rounds <= MAX_ROUNDS_LIMIT:
+        raise ConfigError(f"{field}: expected None or an integer in [1, {MAX_ROUNDS_LIMIT}] (got {max_rounds!r})")
+    return max_rounds
+
+
+def check_budget_left(max_rounds: int | None, rounds_done: int, field: str = "max_rounds") -> None:
+    """Raise ``RoundBudgetError`` when a client that has sent ``rounds_done`` updates has no round left
+    of ``max_rounds`` (None: no budget)."""
+    if check_max_rounds(max_rounds, field) is not None and rounds_done >= max_rounds:
+        raise RoundBudgetError(f"{field}: this client has answered {rounds_done} rounds, its budget of {max_rounds}: it "
+                               "answers no more (a server that averages the updates of repeated rounds divides the "
+                               "defense's fresh noise by the root of the rounds it holds); raise max_rounds only with a "
+                               "certificate for the larger budget")
+
+
+__all__ = ["MAX_ROUNDS_LIMIT", "check_budget_left", "check_max_rounds"]

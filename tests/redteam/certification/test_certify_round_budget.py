@@ -1,0 +1,45 @@
+"""client.max_rounds in a certificate: the simulated client answers at most that many rounds, a malicious
+server's repeated queries included, and the certificate says what the budget bought."""
+
+import yaml
+
+from guardfl.cli import main
+from guardfl.redteam.certification.run import certify
+from guardfl.redteam.reports.certificate import rounds_line
+
+TRAP = {"name": "trap_weights", "budget": {"chains": 8, "rows": 1}, "threat": {"server": "malicious", "labels": "known"}}
+FC = {
+    "model": {"name": "fc2", "num_classes": 10, "state": "default"},
+    "data": {"source": "lfw-faces", "limit": 64},
+    "client": {"protocol": "fedsgd", "batch_size": 64, "inspect": True},
+    "defense": {"kind": "gaussian", "sigma": 0.01, "clip": 0.3},
+    "aux": {"source": "lfw-faces", "offset": 64},
+    "attacks": [TRAP],
+    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1},
+    "seed": 0,
+}
+
+
+def test_clipped_noise_holds_for_the_rounds_the_budget_allows_and_not_past_them(tmp_path):
+    """Single-row traps through Gaussian noise 0.01 clipped to 0.3 (FC-2, 64 faces): sent 16 times and
+    averaged they read faces past SSIM 0.4 (measured 2, worst 0.72); a client whose budget is one round
+    sends one update of each, and the same traps read none (worst 0.18; budgets 2 / 4 / 8: 0.30 / 0.45 /
+    0.62 on 2026-11-29)."""
+    one = certify({**FC, "client": {**FC["client"], "max_rounds": 1}}, out=tmp_path)
+    trap = one.results[0]
+    assert one.status == "CERTIFIED" and str(trap["info"]["queries"]) == "1"
+    assert trap["info"]["repeats"] == "1 (the client answers one round: client.max_rounds is 1)"
+    assert rounds_line(one).startswith("the client's round budget is 1 round (")
+    assert "the client&#x27;s round budget is 1 round " in (tmp_path / "report.html").read_text()
+    many = certify(FC)
+    assert many.status == "NOT CERTIFIED" and str(many.results[0]["info"]["queries"]) == "16"
+    assert rounds_line(many).startswith("the client sets no round budget (client.max_rounds)")
+
+
+def test_a_bad_round_budget_is_one_line(tmp_path, capsys):
+    for value in (0, 2.5, "many"):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({**FC, "client": {**FC["client"], "max_rounds": value}}))
+        assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "client.max_rounds" in err and "[1, 1000000]" in err, err
