@@ -20,7 +20,9 @@ every round, and an explicitly seeded defense never reuses a round's noise strea
 
 ``train(..., inspect=True)`` checks the received model with ``guardfl.inspect_model`` first and replies
 with an error naming the reasons when it is not ok; ``InspectModelMod(reference)`` does the same on the
-weights alone as a mod (``ClientApp(mods=[InspectModelMod(Net())])``).
+weights alone as a mod (``ClientApp(mods=[InspectModelMod(Net())])``). ``train(..., max_rounds=n)`` and
+``RoundBudgetMod(n)`` (first in ``mods``) are the client's round budget: ``n`` rounds answered, every later
+train message an error reply (``guardfl.integrations.budget``).
 
 Update-level defenses (prune / noise / clip on the delta, when the optimizer is out of reach)::
 

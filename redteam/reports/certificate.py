@@ -55,15 +55,17 @@ def rounds_line(cert) -> str | None:
         return None
     heads = [str((r.get("info") or {}).get("repeats", "")).split(" ")[0] for r in server]
     averaged = max((int(h) for h in heads if h.isdigit()), default=1)
-    most = max((int((r.get("info") or {}).get("queries") or 0) for r in server), default=0)
+    info = [r.get("info") or {} for r in server]
+    most = max((int(i.get("rounds_answered", i.get("queries")) or 0) for i in info), default=0)
+    past = sum(int(i.get("refused_by_budget") or 0) for i in info)
     budget = (cert.config.get("client") or {}).get("max_rounds")
-    sent = (f"a server sent up to {most} model{'s' * (most != 1)} per client batch and averaged up to {averaged} "
-            f"round{'s' * (averaged != 1)} of one model")
+    got = (f"one attack got up to {most} round{'s' * (most != 1)} of a client batch and averaged up to {averaged} "
+           f"of one model")
     if budget is None:
-        return (f"the client sets no round budget (client.max_rounds): {sent}; the verdict covers no server that "
-                f"sends more")
-    return (f"the client's round budget is {budget} round{'s' * (budget != 1)} (client.max_rounds: later models "
-            f"refused, nothing sent); {sent}")
+        return (f"the client sets no round budget (client.max_rounds): {got}; the verdict covers no server that "
+                f"gets more rounds")
+    return (f"the client's round budget is {budget} round{'s' * (budget != 1)} (client.max_rounds): {got}; "
+            f"{past} model{'s' * (past != 1)} past the budget refused, nothing sent")
 
 
 def _where(where: dict | None) -> str:
@@ -220,11 +222,12 @@ def _malicious_html(cert: Certificate) -> str:
     if not server:
         return ""
     queries = sorted({str(r.get("info", {}).get("queries")) for r in cert.results if r["attack"] in server})
+    rounds = rounds_line(cert) or ""
     out = (f"<p><b>A malicious server</b> ({html.escape(', '.join(server))}): the server sent the client "
            f"models of its own making ({html.escape(', '.join(sorted({str(r['info']['malicious_model']) for r in cert.results if r['attack'] in server and r.get('info', {}).get('malicious_model')})) or 'refused before training')}; "
            f"{html.escape('/'.join(queries))} quer{'y' if queries == ['1'] else 'ies'} per client update) and "
            f"attacked what the client sent back; an honest-server certificate does not cover this. "
-           f"{html.escape(rounds_line(cert) or '')}.</p>")
+           f"{html.escape(rounds[:1].upper() + rounds[1:])}.</p>")
     tried = [r for r in cert.results if r["attack"] in server]
     refused = [r for r in tried if r.get("info", {}).get("refused")]
     if (cert.config.get("client") or {}).get("inspect"):

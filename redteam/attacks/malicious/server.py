@@ -52,6 +52,9 @@ class ServerAttack(Attack):
             rec = refused_reconstruction(setting, refused.reasons, refused.info)
         rec.info.setdefault("queries", client.queries)
         rec.info.setdefault("refused_queries", getattr(client, "refused", 0))
+        rec.info.setdefault("rounds_answered", getattr(client, "answered", client.queries))
+        if getattr(client, "budget_refused", 0):
+            rec.info.setdefault("refused_by_budget", client.budget_refused)
         return rec
 
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,

@@ -25,12 +25,16 @@ def test_clipped_noise_holds_for_the_rounds_the_budget_allows_and_not_past_them(
     averaged they read faces past SSIM 0.4 (measured 2, worst 0.72); a client whose budget is one round
     sends one update of each, and the same traps read none (worst 0.18; budgets 2 / 4 / 8: 0.30 / 0.45 /
     0.62 on 2026-11-29)."""
-    one = certify({**FC, "client": {**FC["client"], "max_rounds": 1}}, out=tmp_path)
-    trap = one.results[0]
+    bins = {"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}
+    one = certify({**FC, "client": {**FC["client"], "max_rounds": 1}, "attacks": [TRAP, bins]}, out=tmp_path)
+    trap, binned = one.results
+    # the bins' 65 queries: one answered, 64 refused by the budget, and the attack reads what the one round gave
+    assert (binned["info"]["rounds_answered"], binned["info"]["refused_by_budget"]) == ("1", "64")
+    assert "refused" not in binned["info"]
     assert one.status == "CERTIFIED" and str(trap["info"]["queries"]) == "1"
     assert trap["info"]["repeats"] == "1 (the client answers one round: client.max_rounds is 1)"
-    assert rounds_line(one).startswith("the client's round budget is 1 round (")
-    assert "the client&#x27;s round budget is 1 round " in (tmp_path / "report.html").read_text()
+    assert rounds_line(one).startswith("the client's round budget is 1 round (client.max_rounds): one attack got up to 1 round of")
+    assert "The client&#x27;s round budget is 1 round " in (tmp_path / "report.html").read_text()
     many = certify(FC)
     assert many.status == "NOT CERTIFIED" and str(many.results[0]["info"]["queries"]) == "16"
     assert rounds_line(many).startswith("the client sets no round budget (client.max_rounds)")
