@@ -16,9 +16,15 @@ without a normalisation, of ``FIT_GROUPED``: cuts of several rows with their own
 the client's inspection on each shadow batch (``passes``: a model refused there, or whose isolation count
 comes within ``FIT_MARGIN`` standard deviations of the limit, reads nothing on that batch), sends the rest to the shadow and counts the images it reads exactly (SSIM >
 ``EXACT_SSIM`` after one-to-one matching: its own images, which it may compare with; never the client's).
-The client gets the very model that read most per batch on average (ties: the one refused on fewer batches,
-then the higher mean SSIM). When no size passes any shadow batch, the client gets the first small one (a
-single row), and the certificate's line says none passed.
+Against a known defense that draws fresh noise, each shadow's update is averaged over the rounds the
+client will give (``repeats``, the client's round budget: ``query_averaged``), so sizes are judged at the
+noise the server will face. The client gets the very model that read most per batch on average (ties: the
+one refused on fewer batches, then more reads past ``READ_SSIM``, then the best single read, then the
+higher mean SSIM). Until 2026-11-29 the ties went from exact reads straight to the mean SSIM, judged at
+one round's noise: through Gaussian noise 0.01 clipped to 0.1 no size read a face exactly, and the fit sent
+the whole layer, which read nothing (best 0.10-0.13 on the client over 16 rounds) where single rows read
+0.23-0.37; it now sends single rows (0.38). When no size passes any shadow batch, the client gets the
+first small one (a single row), and the certificate's line says none passed.
 
 What it costs the server: per size, one calibration of the column noise (against an inspecting client) and
 one inspection and query per shadow batch; nothing of the client's. Where the auxiliary data holds fewer
@@ -38,6 +44,7 @@ from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.inspect import inspect_model
 from guardfl.inspect_isolation import isolation_limit, isolation_spread
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch
+from guardfl.redteam.attacks.malicious.server import query_averaged, repeats_for
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import ClientQuery, first_batch
@@ -57,6 +64,9 @@ FIT_GROUPED = ((2, None, 2), (2, None, 3), (2, None, 4), (1, None, 2), (2, 6, 2)
 
 #: a read counts as exact at this SSIM (the measure of issue 34's tables)
 EXACT_SSIM = 0.9
+#: a read counts as recognisable at this SSIM (the default certificate's ``max_ssim``): where noise leaves
+#: no size an exact read, the fit counts these next, then the best single read
+READ_SSIM = 0.4
 
 #: the server's margin under the isolation limit, in binomial standard deviations of the fresh model's count
 #: (the unit of ``guardfl.inspect_isolation.ISOLATION_SPREAD``): a size whose count on a shadow batch comes
@@ -189,13 +199,26 @@ def passes(sent: nn.Module, client: ClientQuery, setting: Setting, x: Tensor, y:
     return None
 
 
-def score(images: Tensor, truth: Tensor, input_range: tuple[float, float]) -> tuple[int, float]:
-    """How many of ``truth`` the reconstruction ``images`` reads exactly (one-to-one matching, SSIM >
-    ``EXACT_SSIM``) and its mean SSIM."""
+class Read(NamedTuple):
+    """What one shadow batch's reconstruction reads of the shadow's own images (one-to-one matching)."""
+
+    exact: int          # past ``EXACT_SSIM``
+    recognisable: int   # past ``READ_SSIM``
+    best: float         # the best single SSIM
+    mean: float         # the mean SSIM
+
+
+NOTHING = Read(0, 0, 0.0, 0.0)
+
+
+def score(images: Tensor, truth: Tensor, input_range: tuple[float, float]) -> Read:
+    """How well the reconstruction ``images`` reads ``truth`` (one-to-one matching): the images past
+    ``EXACT_SSIM`` and past ``READ_SSIM``, the best SSIM and the mean."""
     perm = metrics.match(images, truth, data_range=input_range, exact_ssim=EXACT_SSIM)
     span = float(input_range[1] - input_range[0])
     values = [metrics.ssim(images[int(perm[i])], truth[i], span) for i in range(len(truth))]
-    return sum(v > EXACT_SSIM for v in values), sum(values) / max(1, len(values))
+    return Read(sum(v > EXACT_SSIM for v in values), sum(v > READ_SSIM for v in values), max(values, default=0.0),
+                sum(values) / max(1, len(values)))
 
 
 def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: ThreatModel,
@@ -205,6 +228,8 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
     what was tried)."""
     copies, what = shadows(client, setting, threat.aux, plan.known)
     plan = plan._replace(aux=building_aux(plan.aux, setting.num_samples))
+    # the shadows get the rounds the client will: the same model sent again against fresh noise, averaged
+    repeats = repeats_for(copies[0][0].defense_config, attack.config.repeats, client.max_rounds) if plan.known else 1
     tried, best, first_small = [], None, None
     grouped = plan.layers.norm is None and attack.config.columns == 1
     for chains, rows, per_cut in sizes(attack.config.cuts, attack.config.chains, plan.layers.first.out_features, grouped):
@@ -215,19 +240,23 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
             why = passes(trap.sent, client, setting, x, y)
             if why is not None:
                 kept[why] += 1
-                reads.append((0, 0.0))
+                reads.append(NOTHING)
                 continue
-            observation = query(trap.sent)
+            observation, _ = query_averaged(query, trap.sent, repeats)
             images, found = attack.read(observation, trap, plan, setting, rows is not None)
             images, _ = attack.peeled(images, found, observation, y, "known")  # its own labels, as it reads the client's
             reads.append(score(images, x, setting.input_range))
         label, out = f"{chains} x {rows or 'all'}" + (f" x {per_cut} per cut" if per_cut else ""), kept["refused"] + kept["near"]
-        # exact reads, then fewer refused, then mean SSIM to two places (finer digits move with package
-        # versions), then more rows: shadows that saturate cannot tell sizes apart, and more rows per sample
-        # leave more margin on a batch the shadows did not see. The fit is the same on every machine.
+        # exact reads, then fewer refused, then recognisable reads and the best read (where noise leaves no
+        # size an exact read: the whole layer reads nothing through noise that single rows read through), then
+        # mean SSIM to two places (finer digits move with package versions), then more rows: shadows that
+        # saturate cannot tell sizes apart, and more rows per sample leave more margin on a batch the shadows
+        # did not see. The fit is the same on every machine.
         total = (rows or plan.layers.first.out_features) * chains * (per_cut or 1)
-        mean = (sum(e for e, _ in reads) / len(reads), -out, round(sum(m for _, m in reads) / len(reads), 2), total)
-        tried.append(label + (f" {mean[0]:.3g}" if out < len(reads) else "") + "".join(
+        nb = len(reads)
+        mean = (sum(r.exact for r in reads) / nb, -out, sum(r.recognisable for r in reads) / nb,
+                round(sum(r.best for r in reads) / nb, 2), round(sum(r.mean for r in reads) / nb, 2), total)
+        tried.append(label + (f" {mean[0]:.3g}/{mean[2]:.3g}" if out < len(reads) else "") + "".join(
             f" ({why} {k}{'' if k == len(reads) else f' of {len(reads)}'})" for why, k in kept.items() if k))
         if out < len(reads) and (best is None or mean > best[0]):
             best = (mean, trap, rows, lines, label)
@@ -235,7 +264,9 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
         trap, rows, lines = first_small
         verdict = "none passed the shadow's inspection with the margin, sent the first small trap"
     else:
-        (exact, *_), trap, rows, lines, label = best
-        verdict = f"{label}, {exact:.3g} exact per batch of {setting.num_samples}"
-    lines["rows"] = f"{rows or 'all'} (fit on {what}: {verdict}; chains x rows and exact reads: {', '.join(tried)})"
+        (exact, _, seen, top, *_), trap, rows, lines, label = best
+        verdict = (f"{label}, {exact:.3g} exact and {seen:.3g} past SSIM {READ_SSIM} per batch of {setting.num_samples}, "
+                   f"best {top:.2f}")
+    rounds = f", each shadow's update averaged over {repeats} rounds as the client's will be" if repeats > 1 else ""
+    lines["rows"] = f"{rows or 'all'} (fit on {what}{rounds}: {verdict}; chains x rows, exact / recognisable reads: {', '.join(tried)})"
     return trap, rows, lines
