@@ -73,6 +73,7 @@ from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 STATE_KEY = "guardfl"
 UPDATE_STATE_KEY = "guardfl-update"
 BUDGET_STATE_KEY = "guardfl-budget"
+NUMPY_BUDGET_STATE_KEY = "guardfl-budget-numpyclient"  # its own: a RoundBudgetMod beside it keeps its count apart
 
 
 # -- client state in context.state ------------------------------------------------------------------
@@ -341,8 +342,7 @@ class RoundBudgetMod:
     def __call__(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         if msg.metadata.message_type.split(".")[0] != "train":
             return call_next(msg, ctxt)
-        record = ctxt.state.config_records.get(self.key)
-        answered = int(record["rounds"]) if record is not None and "rounds" in record else 0
+        answered = _rounds_answered(ctxt, self.key)
         try:
             check_budget_left(self.max_rounds, answered)
         except RoundBudgetError as err:
@@ -351,6 +351,12 @@ class RoundBudgetMod:
         if not out.has_error():
             ctxt.state[self.key] = ConfigRecord({"rounds": answered + 1})
         return out
+
+
+def _rounds_answered(ctxt: Context, key: str) -> int:
+    """The rounds a round budget counted in ``ctxt.state[key]`` (0 before the first)."""
+    record = ctxt.state.config_records.get(key)
+    return int(record["rounds"]) if record is not None and "rounds" in record else 0
 
 
 def _next_round(ctxt: Context) -> int:
@@ -371,15 +377,22 @@ class GuardedNumPyClient(NumPyClient):
     ``context`` of ``client_fn(context)`` to derive per-round seeds for an explicitly seeded defense
     (required with one: a ``ConfigError`` without it, since a client built again each round would repeat
     the seed's first noise).
+    ``max_rounds=n``: the client's round budget (as ``RoundBudgetMod``'s, counted in ``context.state``, which
+    it then requires): ``fit`` raises ``RoundBudgetError`` once ``n`` rounds were sent, before the wrapped
+    client trains (Flower reports the failure; nothing is sent).
     Everything else is delegated to the wrapped client. For optimizer-level defenses inside your own
     ``fit``, use ``guardfl.wrap`` / ``local_update`` and keep ``client_state(context)``.
     """
 
     def __init__(self, client: NumPyClient, defense: Defense | Mapping[str, Any] | str, *,
                  clip_norm: float | None = None, names: Sequence[str] | None = None,
-                 skip: Sequence[str] = BN_BUFFERS, context: Context | None = None) -> None:
+                 skip: Sequence[str] = BN_BUFFERS, context: Context | None = None, max_rounds: int | None = None) -> None:
         if context is None:  # a client_fn builds this client again every round: the seed's first noise every time
             check_round_counter(defense, "context", "pass client_fn's context (its state keeps the round counter)")
+            if check_max_rounds(max_rounds) is not None:
+                raise ConfigError("context: required with max_rounds (the round budget is counted in context.state): "
+                                  "pass client_fn's context")
+        self.max_rounds = check_max_rounds(max_rounds)
         self.client = client
         self.update_defense = UpdateDefense(defense, clip_norm=clip_norm, skip=skip)
         self.names = list(names) if names is not None else None
@@ -395,6 +408,8 @@ class GuardedNumPyClient(NumPyClient):
         return self.client.evaluate(parameters, config)
 
     def fit(self, parameters, config):
+        answered = _rounds_answered(self.context, NUMPY_BUDGET_STATE_KEY) if self.max_rounds is not None else 0
+        check_budget_left(self.max_rounds, answered)
         received = [np.array(p, copy=True) for p in parameters]
         new, num_examples, metrics = self.client.fit(parameters, config)
         if self.names is not None and len(self.names) != len(received):
@@ -403,6 +418,8 @@ class GuardedNumPyClient(NumPyClient):
         arrays, stats = self.update_defense(received, list(new), self.names, round_index=round_index)
         metrics = dict(metrics or {})
         metrics["guardfl-update-zero-fraction"] = float(stats.zero_fraction)
+        if self.max_rounds is not None:
+            self.context.state[NUMPY_BUDGET_STATE_KEY] = ConfigRecord({"rounds": answered + 1})
         return arrays, num_examples, metrics
 
 

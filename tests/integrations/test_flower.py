@@ -18,7 +18,7 @@ from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.compat.client.numpy_client import NumPyClient  # noqa: E402
 
 from guardfl.defenses import DPSGD, GradPrune, SignCompression  # noqa: E402
-from guardfl.errors import ConfigError  # noqa: E402
+from guardfl.errors import ConfigError, RoundBudgetError  # noqa: E402
 from guardfl.integrations import flower as gf  # noqa: E402
 
 
@@ -220,3 +220,13 @@ def test_round_budget_mod_refuses_before_the_app_and_counts_only_sent_rounds():
 def test_round_budget_mod_refuses_a_bad_budget_in_one_line(bad):
     with pytest.raises(ConfigError, match=r"^max_rounds: expected"):
         gf.RoundBudgetMod(bad)
+
+
+def test_numpy_client_keeps_a_round_budget_in_the_context():
+    ctx, noise = context(), {"kind": "gaussian", "sigma": 0.1}
+    for _ in range(2):  # rebuilt each round, one context
+        gf.GuardedNumPyClient(PlainClient(), noise, context=ctx, max_rounds=2).fit(PlainClient().get_parameters({}), {})
+    with pytest.raises(RoundBudgetError, match="budget of 2"):
+        gf.GuardedNumPyClient(PlainClient(), noise, context=ctx, max_rounds=2).fit(PlainClient().get_parameters({}), {})
+    with pytest.raises(ConfigError, match="^context: required with max_rounds"):
+        gf.GuardedNumPyClient(PlainClient(), noise, max_rounds=2)

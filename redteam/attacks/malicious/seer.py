@@ -39,6 +39,8 @@ Deviations, stated (docs/malicious-server.md section 3 and 20):
   (Gaussian, Laplace, Outpost) the model sent is rescaled (``boost``: the first layer divided by 10 to 1000,
   its gradient as many times larger, the forward pass the same through BatchNorm while its eps stays small
   beside the rescaled variance; chosen on the server's held-out images; as ``robbing_the_fed``'s boost).
+  Both are chosen at the noise the server will face: with ``repeats`` rounds averaged, Gaussian and Laplace
+  noise is simulated divided by the root of the rounds (``server.averaged_defense``; since 2026-11-29).
   ``through: true`` makes the joint training itself go through a differentiable stand-in for a known
   pruning (GradPrune, Outpost's), sign compression or clipped noise (the mask of the largest entries; sign
   forward, identity backward; the norm scaled to the clip, then fresh noise); off by default, since it read
@@ -55,13 +57,14 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
+from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import AttackConfig, AttackFailed, Capabilities, Reconstruction
 from guardfl.redteam.attacks.compute import progress_bar
 from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_adapt import (BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale,
                                                          surrogate)
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
-from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
+from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, averaged_defense, defense_known, defense_leaves, fill_batch,
                                                     query_averaged, repeats_for, repeats_line, server_labels)
 from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
@@ -229,15 +232,17 @@ class Seer(ServerAttack):
         if key not in evasions:
             evasions[key] = evade(state["checkpoints"], client, setting, threat)
         chosen, how = evasions[key]
-        known = None if (d := defense_known(setting, threat)) is None else d.model_dump_json()
+        repeats = repeats_for(defense_known(setting, threat), self.config.repeats, client.max_rounds)
+        # the boost and the decoder are chosen at the noise the server will face: ``repeats`` rounds averaged
+        simulated = averaged_defense(defense_known(setting, threat), repeats)
+        known = None if simulated is None else simulated.model_dump_json()
         if (key, known) not in evasions:  # the boost reads the defense the server knows
-            evasions[key, known] = self._boosted(chosen, client, state, setting, threat, device, gen)
+            evasions[key, known] = self._boosted(chosen, client, state, setting, threat, simulated, device, gen)
         sent, k, boosted = evasions[key, known]
-        decoder, adapted = self._decoder(chosen, sent, k, state, setting, threat, device, gen)
+        decoder, adapted = self._decoder(chosen, sent, k, state, setting, threat, simulated, device, gen)
         lines = {"property": self.config.prop, "layer": state["layer"], "held_out": chosen["held_out"],
                  "checkpoint": chosen["step"], "evasion": how, "boost": boosted, "defense_adapted": adapted,
                  "malicious_model": sent}
-        repeats = repeats_for(defense_known(setting, threat), self.config.repeats, client.max_rounds)
         lines["repeats"] = f"{repeats} asked; the client refused the first round and sent nothing"  # until one is answered
         try:
             observation, answered = query_averaged(client, sent, repeats)
@@ -254,14 +259,15 @@ class Seer(ServerAttack):
                               {"labels": source, **lines})
 
     def _boosted(self, chosen: dict[str, Any], client: ClientQuery, state: dict[str, Any], setting: Setting,
-                 threat: ThreatModel, device: torch.device, gen: torch.Generator) -> tuple[nn.Module, float, str]:
+                 threat: ThreatModel, defense: DefenseConfig | None, device: torch.device,
+                 gen: torch.Generator) -> tuple[nn.Module, float, str]:
         """The model to send (the checkpoint, rescaled by a boost), the boost, and why. Against a known defense
-        whose noise does not follow the gradient's scale, each boost (``BOOSTS``, or the configured one)
-        whose model the client's inspection passes on the server's shadows is measured on the server's
-        held-out images through the simulated defense (the jointly trained decoder), and the best is sent."""
+        (``defense``: as the server simulates it, its rounds averaged; None: none, or unknown) whose noise
+        does not follow the gradient's scale, each boost (``BOOSTS``, or the configured one) whose model the
+        client's inspection passes on the server's shadows is measured on the server's held-out images through
+        the simulated defense (the jointly trained decoder), and the best is sent."""
         sent = copy.deepcopy(setting.model)
         sent.load_state_dict(chosen["model"])
-        defense = defense_known(setting, threat)
         noisy = sorted({leaf.kind for leaf in defense_leaves(defense)} & NOISE_KINDS)
         c = self.config
         if c.boost == "auto" and not noisy:
@@ -294,13 +300,14 @@ class Seer(ServerAttack):
                           f"{'; '.join(tried)})")
 
     def _decoder(self, chosen: dict[str, Any], sent: nn.Module, k: float, state: dict[str, Any], setting: Setting,
-                 threat: ThreatModel, device: torch.device, gen: torch.Generator) -> tuple[Decoder, dict[str, Any] | str]:
-        """The decoder that reads the update of the checkpoint sent: against a known client defense, fitted
-        to it (``seer_adapt``, memoised per checkpoint, boost and defense) and kept where it reads the
+                 threat: ThreatModel, defense: DefenseConfig | None, device: torch.device,
+                 gen: torch.Generator) -> tuple[Decoder, dict[str, Any] | str]:
+        """The decoder that reads the update of the checkpoint sent: against a known client defense
+        (``defense``: as the server simulates it, its rounds averaged), fitted to it (``seer_adapt``, memoised
+        per checkpoint, boost and defense) and kept where it reads the
         server's held-out images through the simulated defense better than the jointly trained one (both
         measures in the answer); otherwise the jointly trained one, and why."""
         clean = Decoder.from_state(chosen["decoder"])
-        defense = defense_known(setting, threat)
         c = self.config
         if defense is None or not c.adapt_steps:
             why = ("no client defense" if setting.defense_config is None else "the defense is unknown to the server"

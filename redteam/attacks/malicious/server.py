@@ -164,6 +164,29 @@ def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | 
     return AUTO_REPEATS if budget is None else min(int(budget), MAX_REPEATS)
 
 
+def averaged_defense(config: DefenseConfig | dict | None, rounds: int) -> DefenseConfig | None:
+    """What ``rounds`` averaged updates through ``config`` look like, as a defense configuration the server
+    can simulate in one draw: Gaussian noise's sigma and Laplace noise's scale divided by ``sqrt(rounds)``
+    (exact for Gaussian noise, clipped or not: the clip is the same every round; for Laplace the same
+    standard deviation, the average's shape closer to Gaussian). Other stages are kept as they are: Outpost's,
+    DP-SGD's and GradDefense's noise is simulated at one round's, so what a server fits to it is a floor."""
+    if config is None or rounds <= 1:
+        return None if config is None else parse_config(config)
+    root = rounds ** 0.5
+
+    def shrink(node):
+        if isinstance(node, dict):
+            node = {key: shrink(value) for key, value in node.items()}
+            if node.get("kind") == "gaussian":
+                node["sigma"] = node["sigma"] / root
+            elif node.get("kind") == "laplace":
+                node["scale"] = node["scale"] / root
+            return node
+        return [shrink(item) for item in node] if isinstance(node, list) else node
+
+    return parse_config(shrink(parse_config(config).model_dump(mode="json")))
+
+
 def query_averaged(client: ClientQuery, model: torch.nn.Module, repeats: int) -> tuple[Observation, int]:
     """``client(model)`` ``repeats`` times, the updates averaged (float64 sums), and how many rounds the
     client answered: each answer is the client's next round on the same batch, its defense's randomness

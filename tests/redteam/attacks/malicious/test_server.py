@@ -5,7 +5,8 @@ import torch
 
 from guardfl.redteam.attacks import Setting, get
 from guardfl.errors import ConfigError
-from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, MAX_REPEATS, query_averaged, repeats_for, repeats_line
+from guardfl.redteam.attacks.malicious.server import (AUTO_REPEATS, MAX_REPEATS, averaged_defense, query_averaged, repeats_for,
+                                                      repeats_line)
 from guardfl.redteam.client.simulate import ClientQuery, FedSGD, ModelRefused
 from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
@@ -165,3 +166,23 @@ def test_auto_repeats_spend_the_whole_round_budget_against_fresh_noise():
     rec = get("trap_weights", seed=0).interrogate(budgeted, setting, ThreatModel(server="malicious", labels="known"))
     assert budgeted.queries == 6 and budgeted.budget_refused == 0
     assert rec.info["repeats"].startswith("6 (the same model sent 6 times")
+
+
+def test_the_server_simulates_averaged_rounds_as_noise_divided_by_their_root():
+    stack = {"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.9}, {"kind": "gaussian", "sigma": 0.08, "clip": 1.0},
+                                           {"kind": "laplace", "scale": 0.4}]}
+    leaves = averaged_defense(stack, 16).leaves()
+    assert leaves[0].ratio == 0.9 and leaves[1].sigma == pytest.approx(0.02) and leaves[1].clip == 1.0
+    assert leaves[2].scale == pytest.approx(0.1)
+    assert averaged_defense(stack, 1).leaves()[1].sigma == 0.08 and averaged_defense(None, 16) is None
+    dp = {"kind": "dpsgd", "noise_multiplier": 1.0, "max_grad_norm": 1.0}
+    assert averaged_defense(dp, 16).leaves()[0].noise_multiplier == 1.0  # simulated at one round's: a floor
+    # exact for Gaussian noise: the average of 16 clipped noisy updates has the simulated sigma
+    torch.manual_seed(0)
+    model = FC2(SHAPE)
+    clean = client(None)(model).update
+    noise = {"kind": "gaussian", "sigma": 0.08}
+    averaged, _ = query_averaged(client(noise), model, 16)
+    big = max(clean, key=lambda name: clean[name].numel())
+    assert float((averaged.update[big] - clean[big]).std()) == pytest.approx(averaged_defense(noise, 16).leaves()[0].sigma,
+                                                                             rel=0.1)
