@@ -19,6 +19,10 @@ the budget it sets (``client.max_rounds``).
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from guardfl.errors import ConfigError, RoundBudgetError
 
 #: the largest round budget accepted (a cross-silo run of a few thousand rounds fits well inside)
@@ -45,4 +49,31 @@ def check_budget_left(max_rounds: int | None, rounds_done: int, field: str = "ma
                                "certificate for the larger budget")
 
 
-__all__ = ["MAX_ROUNDS_LIMIT", "check_budget_left", "check_max_rounds"]
+def read_count(path: str | Path) -> int:
+    """The rounds counted in a budget file (``{"rounds": n}``; 0 when it does not exist yet). Fails closed:
+    a file that cannot be read or holds anything else is a ``ConfigError`` naming it, never a count of 0."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    try:
+        rounds = json.loads(path.read_text())["rounds"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"budget file {path}: unreadable or not a guardfl round count ({type(err).__name__}); "
+                          "refusing rather than counting from 0") from None
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ConfigError(f"budget file {path}: rounds must be an integer >= 0, got {rounds!r}; refusing rather than "
+                          "counting from 0")
+    return rounds
+
+
+def write_count(path: str | Path, rounds: int) -> None:
+    """Write the count atomically (a temporary file beside it, then ``os.replace``): a crash leaves the old
+    count or the new one, never half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"rounds": int(rounds)}))
+    os.replace(tmp, path)
+
+
+__all__ = ["MAX_ROUNDS_LIMIT", "check_budget_left", "check_max_rounds", "read_count", "write_count"]

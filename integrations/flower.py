@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -62,7 +63,7 @@ from guardfl.errors import (ConfigError, GuardflError, MaliciousModelError, NonF
                             UndefendedUpdateError)
 from guardfl.inspect import inspect_model
 from guardfl.inspect_history import LeakHistory
-from guardfl.integrations.budget import MAX_ROUNDS_LIMIT, check_budget_left, check_max_rounds
+from guardfl.integrations.budget import MAX_ROUNDS_LIMIT, check_budget_left, check_max_rounds, read_count, write_count
 from guardfl.integrations.round import check_round_counter
 from guardfl.integrations.torch import (ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
                                         local_update)
@@ -330,26 +331,36 @@ class RoundBudgetMod:
     the app, so nothing is trained and nothing sent, whatever model arrived. Otherwise it calls the app and
     counts the round when the reply carries no error (a refused model, or a failed round, sent nothing and
     spends nothing). Other messages pass through. Place it first in ``mods`` (outermost): a refusal then
-    costs no inspection or training. The count lives as long as ``context.state`` does (a node's run; a
-    SuperNode restarted in the middle of a run starts from 0, as Flower's own state does).
+    costs no inspection or training. The count lives in ``context.state``, which lasts as long as the node's
+    run: a SuperNode restarted mid-run, or a new run on the same data, would start from 0. ``path``: a file
+    that keeps the count across restarts and runs too (``{"rounds": n}``, written atomically; the larger of
+    the two counts is the one spent; a file that cannot be read refuses the round, never counts from 0). One
+    file per client data set: the budget is for the data, whichever run asks.
     """
 
-    def __init__(self, max_rounds: int, *, key: str = BUDGET_STATE_KEY) -> None:
+    def __init__(self, max_rounds: int, *, key: str = BUDGET_STATE_KEY, path: str | Path | None = None) -> None:
         if check_max_rounds(max_rounds) is None:
             raise ConfigError(f"max_rounds: expected an integer in [1, {MAX_ROUNDS_LIMIT}] (got None)")
         self.max_rounds, self.key = max_rounds, key
+        self.path = Path(path) if path is not None else None
 
     def __call__(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         if msg.metadata.message_type.split(".")[0] != "train":
             return call_next(msg, ctxt)
-        answered = _rounds_answered(ctxt, self.key)
         try:
+            answered = max(_rounds_answered(ctxt, self.key), read_count(self.path) if self.path is not None else 0)
             check_budget_left(self.max_rounds, answered)
-        except RoundBudgetError as err:
+        except (RoundBudgetError, ConfigError) as err:
             return _error_reply(msg, f"{type(self).__name__}: {err}")
         out = call_next(msg, ctxt)
         if not out.has_error():
             ctxt.state[self.key] = ConfigRecord({"rounds": answered + 1})
+            if self.path is not None:
+                try:
+                    write_count(self.path, answered + 1)
+                except OSError as err:  # the count could not be kept: the update is not sent
+                    return _error_reply(msg, f"{type(self).__name__}: budget file {self.path}: could not be written "
+                                             f"({type(err).__name__}: {err}); the update was not sent")
         return out
 
 

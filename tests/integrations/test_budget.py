@@ -59,3 +59,25 @@ def test_a_refused_model_spends_no_round():
         local_update(M.class_fishing(net, target=1), DATA, sgd, None, state=state, max_rounds=1, inspect=True)
     assert state.rounds == 0
     assert local_update(net, DATA, sgd, None, state=state, max_rounds=1, inspect=True).state.rounds == 1
+
+
+@given(st.integers(0, 10 ** 6))
+def test_a_budget_file_round_trips_its_count(rounds):
+    import tempfile
+    from pathlib import Path
+
+    from guardfl.integrations.budget import read_count, write_count
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "sub" / "budget.json"
+        assert read_count(path) == 0
+        write_count(path, rounds)
+        assert read_count(path) == rounds and [p.name for p in path.parent.iterdir()] == ["budget.json"]
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"rounds": -1}', '{"rounds": 2.5}', '{"rounds": true}', '{"count": 3}'])
+def test_a_bad_budget_file_is_refused_never_counted_from_zero(tmp_path, text):
+    from guardfl.integrations.budget import read_count
+    path = tmp_path / "budget.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="refusing rather than counting from 0"):
+        read_count(path)

@@ -230,3 +230,24 @@ def test_numpy_client_keeps_a_round_budget_in_the_context():
         gf.GuardedNumPyClient(PlainClient(), noise, context=ctx, max_rounds=2).fit(PlainClient().get_parameters({}), {})
     with pytest.raises(ConfigError, match="^context: required with max_rounds"):
         gf.GuardedNumPyClient(PlainClient(), noise, max_rounds=2)
+
+
+def test_round_budget_mod_with_a_file_keeps_its_count_across_restarts_and_fails_closed(tmp_path):
+    path = tmp_path / "budget.json"
+
+    def app():
+        a = ClientApp(mods=[gf.RoundBudgetMod(2, path=path)])
+
+        @a.train()
+        def train(msg, c):
+            return Message(RecordDict({"arrays": gf.received_arrays(msg)[1]}), reply_to=msg)
+        return a
+
+    g = net().state_dict()
+    assert not app()(gf.train_message(g), context()).has_error()
+    assert not app()(gf.train_message(g), context()).has_error()  # a restarted node: a fresh context.state
+    spent = app()(gf.train_message(g), context())
+    assert spent.has_error() and "budget of 2" in spent.error.reason
+    path.write_text("{not json")
+    broken = app()(gf.train_message(g), context())
+    assert broken.has_error() and "refusing rather than counting from 0" in broken.error.reason
