@@ -14,6 +14,7 @@ import torch
 
 from guardfl.defenses import untouched_layers
 from guardfl.redteam import modality
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, FRESH_NOISE, defense_leaves
 from guardfl.redteam.certification import evidence
 from guardfl.redteam.config import RedTeamConfig
 
@@ -202,6 +203,24 @@ def refusal_warnings(cfg: RedTeamConfig, results: list[dict], batches: int) -> l
             f"(client.inspect_leak_limit: {cfg.client.inspect_leak_limit}): a server would read more samples than that from "
             f"the honest model's own update; the client sent and learned nothing there (centred inputs, a larger batch or a defense "
             f"on the update lower the count; inspect_model's checks['leak_limit'] names the layers)"]
+
+
+def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
+    """A malicious server attacked a defense that draws fresh noise each round, and the client sets no round
+    budget: the attacks averaged ``AUTO_REPEATS`` rounds of one model (``repeats``), and a server that gets
+    more rounds reads more, so the verdict holds for that many rounds only (``client.max_rounds`` certifies
+    a budget the client keeps)."""
+    noisy = sorted({leaf.kind for leaf in defense_leaves(cfg.defense)} & FRESH_NOISE)
+    malicious = [r for r in results if (r.get("threat") or {}).get("server") == "malicious"]
+    if not noisy or not malicious or cfg.client.max_rounds is not None:
+        return []
+    heads = [str((r.get("info") or {}).get("repeats", "")).split(" ")[0] for r in malicious]
+    averaged = max((int(h) for h in heads if h.isdigit()), default=1)
+    return [f"the client's defense draws fresh noise every round ({', '.join(noisy)}) and the client sets no round budget "
+            f"(client.max_rounds): the malicious-server attacks averaged up to {averaged} round{'s' * (averaged != 1)} of "
+            f"one model (repeats; {AUTO_REPEATS} with auto), and a server that gets more rounds divides the noise further, "
+            f"so this verdict holds for {averaged}; set client.max_rounds to the budget the client keeps "
+            f"(local_update(..., max_rounds=), flower RoundBudgetMod) and certify that"]
 
 
 def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:

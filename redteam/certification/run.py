@@ -303,7 +303,8 @@ def _judge(cfg: RedTeamConfig, attacked: _Attacked, priors: dict[int, list[dict]
     found = judge.leak_evidence(cfg, attacked.results, priors, {b: y for b, (_, _, y) in attacked.batches.items()})
     checks = judge.verdict_checks(cfg, attacked.results, lpips_available, found)
     return found, checks, judge.verdict_status(checks), (judge.evidence_warnings(cfg, found)
-                                                         + judge.refusal_warnings(cfg, attacked.results, len(attacked.batches)))
+                                                         + judge.refusal_warnings(cfg, attacked.results, len(attacked.batches))
+                                                         + judge.budget_warnings(cfg, attacked.results))
 
 
 def _assemble_certificate(args: _Arguments, source: BatchSource, attacked: _Attacked, *, digest: str,

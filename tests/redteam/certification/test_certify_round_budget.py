@@ -38,6 +38,10 @@ def test_clipped_noise_holds_for_the_rounds_the_budget_allows_and_not_past_them(
     many = certify(FC)
     assert many.status == "NOT CERTIFIED" and str(many.results[0]["info"]["queries"]) == "16"
     assert rounds_line(many).startswith("the client sets no round budget (client.max_rounds)")
+    # without a budget the verdict is for the rounds the attacks averaged, and the certificate warns so
+    warned = [w for w in many.warnings if "sets no round budget" in w]
+    assert len(warned) == 1 and "averaged up to 16 rounds" in warned[0] and "(gaussian)" in warned[0]
+    assert not [w for w in one.warnings if "round budget" in w]
 
 
 def test_a_bad_round_budget_is_one_line(tmp_path, capsys):
