@@ -205,6 +205,13 @@ def refusal_warnings(cfg: RedTeamConfig, results: list[dict], batches: int) -> l
             f"on the update lower the count; inspect_model's checks['leak_limit'] names the layers)"]
 
 
+def rounds_averaged(results: list[dict]) -> int:
+    """The most rounds of one model a malicious-server attack averaged (its ``repeats`` line; 1 without)."""
+    heads = [str((r.get("info") or {}).get("repeats", "")).split(" ")[0] for r in results
+             if (r.get("threat") or {}).get("server") == "malicious"]
+    return max((int(h) for h in heads if h.isdigit()), default=1)
+
+
 def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
     """A malicious server attacked a defense that draws fresh noise each round, and the client sets no round
     budget: the attacks averaged ``AUTO_REPEATS`` rounds of one model (``repeats``), and a server that gets
@@ -214,8 +221,7 @@ def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
     malicious = [r for r in results if (r.get("threat") or {}).get("server") == "malicious"]
     if not noisy or not malicious or cfg.client.max_rounds is not None:
         return []
-    heads = [str((r.get("info") or {}).get("repeats", "")).split(" ")[0] for r in malicious]
-    averaged = max((int(h) for h in heads if h.isdigit()), default=1)
+    averaged = rounds_averaged(malicious)
     return [f"the client's defense draws fresh noise every round ({', '.join(noisy)}) and the client sets no round budget "
             f"(client.max_rounds): the malicious-server attacks averaged up to {averaged} round{'s' * (averaged != 1)} of "
             f"one model (repeats; {AUTO_REPEATS} with auto), and a server that gets more rounds divides the noise further, "

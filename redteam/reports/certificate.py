@@ -16,6 +16,7 @@ from guardfl.redteam.reports import text as report_text
 from guardfl.redteam.reports.page import document, fmt, json_pre, verdict_colour, warnings_html
 from guardfl.redteam.runtime.files import atomic_write
 from guardfl.redteam.certification.evidence import INSUFFICIENT, NOT_CERTIFIED
+from guardfl.redteam.certification.judge import rounds_averaged
 
 #: the certificate page's own CSS: the pictures' pixels shown as they are
 IMAGE_CSS = "img { image-rendering: pixelated; border: 1px solid #ddd; }\n"
@@ -53,8 +54,7 @@ def rounds_line(cert) -> str | None:
     server = [r for r in cert.results if (r.get("threat") or {}).get("server") == "malicious"]
     if not server:
         return None
-    heads = [str((r.get("info") or {}).get("repeats", "")).split(" ")[0] for r in server]
-    averaged = max((int(h) for h in heads if h.isdigit()), default=1)
+    averaged = rounds_averaged(server)
     info = [r.get("info") or {} for r in server]
     most = max((int(i.get("rounds_answered", i.get("queries")) or 0) for i in info), default=0)
     past = sum(int(i.get("refused_by_budget") or 0) for i in info)
