@@ -29,7 +29,8 @@ result that is not a DXO, whose DXO has no weights or another kind (``METRICS``,
 ``WEIGHTS`` result with no received model on record, keys or shapes that differ from what was received,
 or any error of the defense, is answered with one error line in the site's log and a reply whose return
 code is ``TASK_RESULT_FILTER_ERROR`` and which carries no data: the undefended result never leaves the
-site. Attach the filter to training tasks only (``tasks=["train"]``): a ``submit_model`` or ``validate``
+site. So is a result past the site's round budget (``max_rounds``; ``budget_path`` keeps its count across
+restarts), which bounds how many rounds a server can average to shrink fresh noise. Attach the filter to training tasks only (``tasks=["train"]``): a ``submit_model`` or ``validate``
 result is refused by it, not passed through.
 
 Randomness: OS entropy unless the defense config sets ``seed``; then round ``r`` of this filter instance
@@ -92,7 +93,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense, from_config
 from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
 from guardfl.inspect_history import LeakHistory
-from guardfl.integrations.budget import check_budget_left, check_max_rounds
+from guardfl.integrations.budget import check_budget_left, check_max_rounds, read_count, write_count
 from guardfl.integrations.torch import (BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
                                         local_update)
 from guardfl.integrations.update import UpdateDefense, key_mismatch
@@ -150,7 +151,11 @@ class GuardUpdateFilter(DXOFilter):
       ``identity`` or a ``stack`` of them): a dict, a bare kind, YAML text or a ``.yaml`` path;
     - ``clip_norm``: L2 bound on the whole delta, applied first (null: no clipping);
     - ``skip``: array-name endings sent as trained (default: BatchNorm's buffers);
-    - ``data_kinds``: the DXO kinds to defend, a subset of ``["WEIGHTS", "WEIGHT_DIFF"]`` (default both).
+    - ``data_kinds``: the DXO kinds to defend, a subset of ``["WEIGHTS", "WEIGHT_DIFF"]`` (default both);
+    - ``max_rounds``: the site's round budget (``guardfl.integrations.budget``): after that many results sent,
+      every later one is refused (error reply), null: none; ``budget_path``: a file keeping the count across
+      site restarts (``{"rounds": n}``, written atomically; an unreadable file refuses, never counts from 0;
+      without it the count lasts as long as the filter object).
 
     Deviation from NVFlare's ``DXOFilter`` contract: a DXO of another kind, or a result that is no DXO,
     is refused (error reply) instead of passed through unfiltered, since an unfiltered train result is an
@@ -158,7 +163,8 @@ class GuardUpdateFilter(DXOFilter):
     """
 
     def __init__(self, defense: Any, clip_norm: float | None = None,
-                 skip: Sequence[str] | None = None, data_kinds: Sequence[str] | None = None) -> None:
+                 skip: Sequence[str] | None = None, data_kinds: Sequence[str] | None = None,
+                 max_rounds: int | None = None, budget_path: str | None = None) -> None:
         kinds = list(data_kinds) if data_kinds else list(UPDATE_DATA_KINDS)
         bad = [k for k in kinds if k not in UPDATE_DATA_KINDS]
         if bad:
@@ -170,8 +176,13 @@ class GuardUpdateFilter(DXOFilter):
         self.clip_norm = clip_norm
         self.skip = list(BN_BUFFERS if skip is None else skip)
         self.update_defense = UpdateDefense(self.defense, clip_norm=clip_norm, skip=tuple(self.skip))
+        self.max_rounds = check_max_rounds(max_rounds)
+        if budget_path is not None and self.max_rounds is None:
+            raise ConfigError("budget_path: keeps a round budget's count, but max_rounds is null: set max_rounds")
+        self.budget_path = budget_path
         self._received: dict[str, tuple[list[str], list[np.ndarray]]] = {}
         self._rounds = 0
+        self._sent = 0
         self._lock = threading.Lock()
 
     # -- the received global model, for WEIGHTS results ------------------------------------------------
@@ -217,7 +228,14 @@ class GuardUpdateFilter(DXOFilter):
                                             "only, and list the kind the sites send in data_kinds)")
             if not dxo.data:
                 raise UndefendedUpdateError(f"the {task!r} result holds no weights")
-            self._defend(dxo, received)
+            with self._lock:  # the round budget: checked before, spent after the update is defended
+                sent = max(self._sent, read_count(self.budget_path) if self.budget_path else 0)
+                check_budget_left(self.max_rounds, sent)
+                self._defend(dxo, received)
+                if self.max_rounds is not None:
+                    self._sent = sent + 1
+                    if self.budget_path:
+                        write_count(self.budget_path, self._sent)
         except Exception as err:  # noqa: BLE001 - fail closed: whatever went wrong, nothing undefended leaves the site
             reason = str(err) if isinstance(err, (ValueError, GuardflError)) else f"{type(err).__name__}: {err}"
             self.log_error(fl_ctx, f"{type(self).__name__}: {reason}; the result was not sent (return code "
@@ -235,6 +253,10 @@ class GuardUpdateFilter(DXOFilter):
             args["skip"] = list(self.skip)
         if tuple(self.data_kinds) != UPDATE_DATA_KINDS:
             args["data_kinds"] = [_kind(k) for k in self.data_kinds]
+        if self.max_rounds is not None:
+            args["max_rounds"] = self.max_rounds
+        if self.budget_path is not None:
+            args["budget_path"] = self.budget_path
         return {"path": f"{GuardUpdateFilter.__module__}.{GuardUpdateFilter.__qualname__}", "args": args}
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:  # pragma: no cover
@@ -253,9 +275,8 @@ class GuardUpdateFilter(DXOFilter):
                 raise ValueError(f"update: the result's weights are not those received ({mismatch})")
         else:  # WEIGHT_DIFF: the delta itself
             base = [np.zeros_like(a) for a in new]
-        with self._lock:
-            round_index = self._rounds
-            self._rounds += 1
+        round_index = self._rounds  # process() holds the lock
+        self._rounds += 1
         arrays, stats = self.update_defense(base, new, names, round_index=round_index)
         dxo.data = {n: _like(dxo.data[n], a) for n, a in zip(names, arrays)}
         dxo.set_meta_prop(META_KEY, {

@@ -382,3 +382,24 @@ def test_trainer_keeps_its_round_budget_across_launches(tmp_path):
         relaunched.train(fl_model(net(), rnd=2), DataLoader(DATA, batch_size=8))
     with pytest.raises(ConfigError, match="^max_rounds: expected"):
         gn.GuardedTrainer(net(), lambda p: torch.optim.SGD(p, lr=0.1), noise, max_rounds=0)
+
+
+def test_the_update_filter_keeps_a_round_budget_across_site_restarts(tmp_path, caplog):
+    path, diff = tmp_path / "budget.json", {"w": np.zeros((4, 4), np.float32)}
+
+    def send(flt, i):
+        return run_task(flt, None, DXO(DataKind.WEIGHT_DIFF, copy.deepcopy(diff)).to_shareable(), task_id=f"t{i}")
+
+    flt = gn.GuardUpdateFilter({"kind": "gaussian", "sigma": 0.1}, max_rounds=2, budget_path=str(path))
+    assert [send(flt, i).get_return_code() for i in range(3)] == [ReturnCode.OK, ReturnCode.OK,
+                                                                  ReturnCode.TASK_RESULT_FILTER_ERROR]
+    restarted = gn.GuardUpdateFilter(**json.loads(json.dumps(flt.job_config()["args"])))  # the site's JSON config
+    with caplog.at_level(logging.ERROR):
+        assert send(restarted, 3).get_return_code() == ReturnCode.TASK_RESULT_FILTER_ERROR
+    assert "budget of 2" in caplog.text
+    in_memory = gn.GuardUpdateFilter("identity", max_rounds=1)
+    assert [send(in_memory, i).get_return_code() for i in range(2)] == [ReturnCode.OK, ReturnCode.TASK_RESULT_FILTER_ERROR]
+    with pytest.raises(ConfigError, match="^budget_path: keeps a round budget's count, but max_rounds is null"):
+        gn.GuardUpdateFilter("identity", budget_path=str(path))
+    with pytest.raises(ConfigError, match="^max_rounds: expected"):
+        gn.GuardUpdateFilter("identity", max_rounds=0)
