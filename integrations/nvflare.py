@@ -30,8 +30,9 @@ result that is not a DXO, whose DXO has no weights or another kind (``METRICS``,
 or any error of the defense, is answered with one error line in the site's log and a reply whose return
 code is ``TASK_RESULT_FILTER_ERROR`` and which carries no data: the undefended result never leaves the
 site. So is a result past the site's round budget (``max_rounds``; ``budget_path`` keeps its count across
-restarts), which bounds how many rounds a server can average to shrink fresh noise. Attach the filter to training tasks only (``tasks=["train"]``): a ``submit_model`` or ``validate``
-result is refused by it, not passed through.
+restarts), which bounds how many rounds a server can average to shrink fresh noise. Attach the filter to
+training tasks only (``tasks=["train"]``): a ``submit_model`` or ``validate`` result is refused by it, not
+passed through.
 
 Randomness: OS entropy unless the defense config sets ``seed``; then round ``r`` of this filter instance
 (its own counter of defended results, never the server's round number, which a server could repeat)
