@@ -66,6 +66,12 @@ def read_count(path: str | Path) -> int:
     return rounds
 
 
+def spent_rounds(counted: int, path: str | Path | None) -> int:
+    """The rounds a budget has spent: the larger of the count kept in memory and the one in ``path``
+    (None: memory only), so that neither a restart (memory lost) nor an old file undercounts."""
+    return max(counted, read_count(path) if path is not None else 0)
+
+
 def write_count(path: str | Path, rounds: int) -> None:
     """Write the count atomically (a temporary file beside it, then ``os.replace``): a crash leaves the old
     count or the new one, never half a file."""
@@ -76,4 +82,4 @@ def write_count(path: str | Path, rounds: int) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["MAX_ROUNDS_LIMIT", "check_budget_left", "check_max_rounds", "read_count", "write_count"]
+__all__ = ["MAX_ROUNDS_LIMIT", "check_budget_left", "check_max_rounds", "read_count", "spent_rounds", "write_count"]

@@ -63,7 +63,7 @@ from guardfl.errors import (ConfigError, GuardflError, MaliciousModelError, NonF
                             UndefendedUpdateError)
 from guardfl.inspect import inspect_model
 from guardfl.inspect_history import LeakHistory
-from guardfl.integrations.budget import MAX_ROUNDS_LIMIT, check_budget_left, check_max_rounds, read_count, write_count
+from guardfl.integrations.budget import MAX_ROUNDS_LIMIT, check_budget_left, check_max_rounds, spent_rounds, write_count
 from guardfl.integrations.round import check_round_counter
 from guardfl.integrations.torch import (ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
                                         local_update)
@@ -193,9 +193,9 @@ def train(
     load_plain_state_dict(model, received)
     try:
         result = local_update(model, loader, make_optimizer, defense, epochs, state=state, loss_fn=loss_fn,
-                              num_classes=num_classes, max_steps=max_steps, max_rounds=max_rounds)
+                              num_classes=num_classes, max_steps=max_steps)
         arrays = _array_record(model.state_dict(), list(record.keys()))  # the received key order
-    except (UndefendedUpdateError, NonFiniteGradientError, RoundBudgetError) as err:
+    except (UndefendedUpdateError, NonFiniteGradientError) as err:
         return _error_reply(msg, f"guardfl train: {err}")
     save_client_state(context, result.state, state_key)
     metrics: dict[str, int | float] = {
@@ -348,7 +348,7 @@ class RoundBudgetMod:
         if msg.metadata.message_type.split(".")[0] != "train":
             return call_next(msg, ctxt)
         try:
-            answered = max(_rounds_answered(ctxt, self.key), read_count(self.path) if self.path is not None else 0)
+            answered = spent_rounds(_rounds_answered(ctxt, self.key), self.path)
             check_budget_left(self.max_rounds, answered)
         except (RoundBudgetError, ConfigError) as err:
             return _error_reply(msg, f"{type(self).__name__}: {err}")
@@ -371,8 +371,7 @@ def _rounds_answered(ctxt: Context, key: str) -> int:
 
 
 def _next_round(ctxt: Context) -> int:
-    record = ctxt.state.config_records.get(UPDATE_STATE_KEY)
-    index = int(record["rounds"]) if record is not None and "rounds" in record else 0
+    index = _rounds_answered(ctxt, UPDATE_STATE_KEY)
     ctxt.state[UPDATE_STATE_KEY] = ConfigRecord({"rounds": index + 1})
     return index
 

@@ -94,7 +94,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from guardfl.defenses import Defense, from_config
 from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
 from guardfl.inspect_history import LeakHistory
-from guardfl.integrations.budget import check_budget_left, check_max_rounds, read_count, write_count
+from guardfl.integrations.budget import check_budget_left, check_max_rounds, spent_rounds, write_count
 from guardfl.integrations.torch import (BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
                                         local_update)
 from guardfl.integrations.update import UpdateDefense, key_mismatch
@@ -230,7 +230,7 @@ class GuardUpdateFilter(DXOFilter):
             if not dxo.data:
                 raise UndefendedUpdateError(f"the {task!r} result holds no weights")
             with self._lock:  # the round budget: checked before, spent after the update is defended
-                sent = max(self._sent, read_count(self.budget_path) if self.budget_path else 0)
+                sent = spent_rounds(self._sent, self.budget_path)
                 check_budget_left(self.max_rounds, sent)
                 self._defend(dxo, received)
                 if self.max_rounds is not None:
@@ -530,8 +530,7 @@ class GuardedTrainer:
             self.state.leak_history = history or self.state.leak_history
         load_plain_state_dict(self.model, received)
         result = local_update(self.model, loader, self.make_optimizer, self.defense, self.epochs, state=self.state,
-                              loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps,
-                              max_rounds=self.max_rounds)
+                              loss_fn=self.loss_fn, num_classes=self.num_classes, max_steps=self.max_steps)
         trained = self.model.state_dict() if not hasattr(self.model, "_module") else self.model._module.state_dict()
         params = {}
         for k, template in input_model.params.items():

@@ -14,7 +14,7 @@ import torch
 
 from guardfl.defenses import untouched_layers
 from guardfl.redteam import modality
-from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, FRESH_NOISE, defense_leaves
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, fresh_noise
 from guardfl.redteam.certification import evidence
 from guardfl.redteam.config import RedTeamConfig
 
@@ -217,7 +217,7 @@ def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
     budget: the attacks averaged ``AUTO_REPEATS`` rounds of one model (``repeats``), and a server that gets
     more rounds reads more, so the verdict holds for that many rounds only (``client.max_rounds`` certifies
     a budget the client keeps)."""
-    noisy = sorted({leaf.kind for leaf in defense_leaves(cfg.defense)} & FRESH_NOISE)
+    noisy = fresh_noise(cfg.defense)
     malicious = [r for r in results if (r.get("threat") or {}).get("server") == "malicious"]
     if not noisy or not malicious or cfg.client.max_rounds is not None:
         return []

@@ -133,6 +133,12 @@ AUTO_REPEATS = 16
 MAX_REPEATS = 1024
 
 
+def fresh_noise(config: DefenseConfig | dict | None) -> list[str]:
+    """The kinds of ``config``'s stages (as the server knows it; None: none) that draw fresh noise every
+    round (``FRESH_NOISE``), sorted: what averaging repeated rounds shrinks."""
+    return sorted({leaf.kind for leaf in defense_leaves(config)} & FRESH_NOISE)
+
+
 def check_repeats(value):
     """A malicious attack's ``repeats`` (its config's validator): "auto" or an integer in [1, ``MAX_REPEATS``]."""
     if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPEATS):
@@ -159,7 +165,7 @@ def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | 
     at most ``MAX_REPEATS``), or ``AUTO_REPEATS`` when the client sets none; else 1."""
     if repeats != "auto":
         return int(repeats)
-    if not any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config)):
+    if not fresh_noise(config):
         return 1
     return AUTO_REPEATS if budget is None else min(int(budget), MAX_REPEATS)
 
@@ -215,7 +221,7 @@ def repeats_line(repeats: int, config: DefenseConfig | dict | None, answered: in
     """The certificate's line for what ``query_averaged`` did (``answered``: the rounds the client answered
     of the ``repeats`` asked; None: all of them; ``budget``: the client's round budget, ``client.max_rounds``)."""
     answered = repeats if answered is None else answered
-    noisy = any(leaf.kind in FRESH_NOISE for leaf in defense_leaves(config))
+    noisy = bool(fresh_noise(config))
     if repeats <= 1:
         if noisy and budget == 1:
             return "1 (the client answers one round: client.max_rounds is 1)"
