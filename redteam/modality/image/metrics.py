@@ -102,6 +102,22 @@ def ssim_matrix(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
     return out
 
 
+def ssim_pairs(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
+    """The SSIM of ``recon[i]`` against ``truth[i]`` for each ``i`` (:func:`ssim_matrix`'s diagonal, computed
+    without the other pairs)."""
+    t = truth.detach().to("cpu", torch.float32)
+    r = recon.detach().to("cpu", torch.float32)
+    window, cov_norm = _ssim_window(*t.shape[-2:])
+    window = window.float()
+    c1, c2 = (_K1 * data_range) ** 2, (_K2 * data_range) ** 2
+    mu_t, mu_r = _filter(t, window), _filter(r, window)
+    var_t = cov_norm * (_filter(t * t, window) - mu_t * mu_t)
+    var_r = cov_norm * (_filter(r * r, window) - mu_r * mu_r)
+    cov = cov_norm * (_filter(t * r, window) - mu_t * mu_r)
+    ratio = (2 * mu_t * mu_r + c1) * (2 * cov + c2) / ((mu_t ** 2 + mu_r ** 2 + c1) * (var_t + var_r + c2))
+    return ratio.flatten(1).mean(1, dtype=torch.float64).numpy()
+
+
 def match(recon: Tensor, truth: Tensor, *, data_range: tuple[float, float] = (0.0, 1.0),
           exact_ssim: float | None = None) -> np.ndarray:
     """``perm`` with ``recon[perm[i]]`` matched to ``truth[i]``, one to one (Hungarian): with ``exact_ssim``
