@@ -47,7 +47,7 @@ from guardfl.redteam.attacks.base import Capabilities, OptimisationConfig, Recon
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import get, register
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch, least_passing
-from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, defense_known, fill_batch, query_averaged,
+from guardfl.redteam.attacks.malicious.server import (Denoise, Repeats, ServerAttack, defense_known, fill_batch, query_averaged,
                                                     repeats_for, repeats_line)
 from guardfl.redteam.client.simulate import ClientQuery, Observation, SideKnowledge
 from guardfl.redteam.threat import ThreatModel
@@ -171,6 +171,9 @@ class FishingConfig(OptimisationConfig):
     #: class fishing's model sent this many times and the updates averaged (``server.query_averaged``);
     #: "auto": 16 against a known defense that draws fresh noise, else 1 (feature fishing's queries: once each)
     repeats: Repeats = "auto"
+    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
+    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
+    denoise: Denoise = "auto"
     #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
     #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
     disguise: bool = False

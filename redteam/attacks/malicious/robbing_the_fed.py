@@ -57,7 +57,7 @@ from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
+from guardfl.redteam.attacks.malicious.server import (Denoise, Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
                                                     pruning_stages, query_averaged, repeats_for, repeats_line, server_labels)
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.modality.image.data import MAX_TENSOR_BYTES, gib, memory_bound
@@ -207,6 +207,9 @@ class RobbingTheFedConfig(AttackConfig):
     #: the imprint sent this many times and the updates averaged (``server.query_averaged``); "auto": 16
     #: against a known defense that draws fresh noise, else 1
     repeats: Repeats = "auto"
+    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
+    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
+    denoise: Denoise = "auto"
 
     @field_validator("boost")
     @classmethod

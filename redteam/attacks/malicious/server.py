@@ -23,6 +23,7 @@ from pydantic import BeforeValidator, Field
 from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction
 from guardfl.redteam.attacks.compute import exact_float32, resolve_device
+from guardfl.redteam.attacks.denoise import CALIBRATION_IMAGES, Calibration, calibrate, denoise
 from guardfl.redteam.attacks.labels import infer_labels
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
@@ -46,6 +47,7 @@ class ServerAttack(Attack):
         try:
             with exact_float32():
                 rec = self._interrogate(client, setting, threat, device, gen)
+            rec = self._filtered(rec, setting, threat)
         except ModelRefused as refused:
             # the client's inspection refused a model: it sent nothing for it, and the attack ends with
             # what it had (nothing: a grey guess) and the reasons on record
@@ -60,6 +62,38 @@ class ServerAttack(Attack):
     def _interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel, device: torch.device,
                      gen: torch.Generator) -> Reconstruction:
         raise NotImplementedError
+
+    def denoiser(self, setting: Setting, threat: ThreatModel) -> tuple[Calibration | None, str]:
+        """The filters this attack puts its reads through (``attacks.denoise``; None: none) and the
+        certificate's line on why: an attack with a ``denoise`` option (its reads linear), on images, with
+        auxiliary images to calibrate on; ``denoise: auto`` unless the server knows a defense that draws no
+        fresh noise (nothing white to filter)."""
+        mode = getattr(self.config, "denoise", None)
+        if mode is None:
+            return None, "no (the attack's reads are not linear)"
+        if mode == "off":
+            return None, "off (set by denoise)"
+        if len(setting.input_shape) != 3:
+            return None, "no (not images)"
+        if threat.aux is None:
+            return None, "no (no auxiliary images to calibrate the filters on)"
+        if mode == "auto" and threat.defense == "known" and not fresh_noise(setting.defense_config):
+            return None, "off (auto: the defense the server knows draws no fresh noise)"
+        calibration = calibrate(threat.aux.images, tuple(setting.input_range), torch.Generator().manual_seed(0))
+        return calibration, f"calibrated on {min(len(threat.aux.images), CALIBRATION_IMAGES)} auxiliary images"
+
+    def _filtered(self, rec: Reconstruction, setting: Setting, threat: ThreatModel) -> Reconstruction:
+        """``rec`` with its images through ``denoiser``'s filters (each read the filter of its estimated
+        noise) and ``info["denoised"]`` saying which."""
+        calibration, line = self.denoiser(setting, threat)
+        if calibration is None:
+            if getattr(self.config, "denoise", None) is not None:
+                rec.info["denoised"] = line
+            return rec
+        images, counts = denoise(rec.inputs, calibration, tuple(setting.input_range))
+        used = ", ".join(f"{kind}{'' if kind == 'none' else f' {s:g}'}: {n}" for (kind, s), n in counts.items())
+        rec.info["denoised"] = f"{used} reads (each read's filter chosen by its estimated noise; {line})"
+        return dataclasses.replace(rec, inputs=images)
 
     def reconstruct_many(self, observations: list[Observation], threat: ThreatModel | None = None,
                          seeds: list[int | None] | None = None) -> list[Reconstruction]:
@@ -151,6 +185,12 @@ def check_repeats(value):
 #: that draws fresh noise, else 1
 Repeats = Annotated[Literal["auto"] | int, BeforeValidator(check_repeats),
                     Field(json_schema_extra={"allowed": f"'auto' or an integer in [1, {MAX_REPEATS}]"})]
+
+
+#: an attack's ``denoise`` option (the attacks that read images linearly from the update): its reads
+#: through the filters a server calibrates on its auxiliary images (``attacks.denoise``); "auto": unless the
+#: server knows a defense that draws no fresh noise
+Denoise = Annotated[Literal["auto", "on", "off"], Field(json_schema_extra={"allowed": "'auto', 'on' or 'off'"})]
 
 
 def defense_known(setting: Setting, threat: ThreatModel) -> DefenseConfig | None:

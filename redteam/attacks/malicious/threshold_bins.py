@@ -62,7 +62,7 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.dense import run_order, trap_layers
 from guardfl.redteam.attacks.malicious.bin_lines import bin_hull, box_ends, crossings
 from guardfl.redteam.attacks.malicious.fishing import classifier
-from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import Denoise, ServerAttack, fill_batch, server_labels
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
@@ -103,6 +103,9 @@ class ThresholdBinsConfig(AttackConfig):
     #: directions, against the history's meets: 1 face exactly, none without; the ends take slots the
     #: bins' partial reads had: 49 past SSIM 0.4 against 55)
     box_ends: bool = False
+    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
+    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
+    denoise: Denoise = "auto"
 
 
 def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:

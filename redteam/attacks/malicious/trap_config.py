@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from guardfl.redteam.attacks.base import AttackConfig
-from guardfl.redteam.attacks.malicious.server import Repeats
+from guardfl.redteam.attacks.malicious.server import Denoise, Repeats
 
 
 class TrapWeightsConfig(AttackConfig):
@@ -56,6 +56,9 @@ class TrapWeightsConfig(AttackConfig):
     #: round shrinks by the square root; "auto": ``server.AUTO_REPEATS`` against a known defense that draws
     #: fresh noise (``server.FRESH_NOISE``), else 1
     repeats: Repeats = "auto"
+    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
+    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
+    denoise: Denoise = "auto"
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
     #: after the bins, read the samples the sent model's first-layer units hold alone, checked against that
     #: model and peeled (``exclusive_neurons.read_checked``; FedSGD, no normalisation before the ReLU)

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.inspect import inspect_model
 from guardfl.inspect_isolation import isolation_limit, isolation_spread
+from guardfl.redteam.attacks.denoise import denoise
 from guardfl.redteam.attacks.malicious.evade_columns import calibration_batch
 from guardfl.redteam.attacks.malicious.server import query_averaged, repeats_for
 from guardfl.redteam.attacks.setting import Setting
@@ -231,6 +232,7 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
     # the shadows get the rounds the client will: the same model sent again against fresh noise, averaged
     repeats = repeats_for(copies[0][0].defense_config, attack.config.repeats, client.max_rounds) if plan.known else 1
     tried, best, first_small = [], None, None
+    calibration, _ = attack.denoiser(setting, threat)  # the reads judged as the client's will be: filtered
     grouped = plan.layers.norm is None and attack.config.columns == 1
     for chains, rows, per_cut in sizes(attack.config.cuts, attack.config.chains, plan.layers.first.out_features, grouped):
         trap, lines = attack.build(plan, chains, rows, client, setting, threat, gen, per_cut)
@@ -245,6 +247,8 @@ def fit(attack, plan: TrapPlan, client: ClientQuery, setting: Setting, threat: T
             observation, _ = query_averaged(query, trap.sent, repeats)
             images, found = attack.read(observation, trap, plan, setting, rows is not None)
             images, _ = attack.peeled(images, found, observation, y, "known")  # its own labels, as it reads the client's
+            if calibration is not None:
+                images, _ = denoise(images, calibration, setting.input_range)
             reads.append(score(images, x, setting.input_range))
         label, out = f"{chains} x {rows or 'all'}" + (f" x {per_cut} per cut" if per_cut else ""), kept["refused"] + kept["near"]
         # exact reads, then fewer refused, then recognisable reads and the best read (where noise leaves no
