@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field
 from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction
 from guardfl.redteam.attacks.compute import exact_float32, resolve_device
-from guardfl.redteam.attacks.denoise import CALIBRATION_IMAGES, Calibration, calibrate, denoise
+from guardfl.redteam.attacks.denoise import CALIBRATION_IMAGES, Calibration, calibration_for, denoise
 from guardfl.redteam.attacks.labels import infer_labels
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
@@ -79,7 +79,7 @@ class ServerAttack(Attack):
             return None, "no (no auxiliary images to calibrate the filters on)"
         if mode == "auto" and threat.defense == "known" and not fresh_noise(setting.defense_config):
             return None, "off (auto: the defense the server knows draws no fresh noise)"
-        calibration = calibrate(threat.aux.images, tuple(setting.input_range), torch.Generator().manual_seed(0))
+        calibration = calibration_for(threat.aux.images, threat.aux.digest(), tuple(setting.input_range))
         return calibration, f"calibrated on {min(len(threat.aux.images), CALIBRATION_IMAGES)} auxiliary images"
 
     def _filtered(self, rec: Reconstruction, setting: Setting, threat: ThreatModel) -> Reconstruction:
