@@ -4,7 +4,8 @@
                                   [--budgets 1 2 4 16] [--defense-seeds 0] [--json bench/results/denoise.json]
 
 For each clip x round budget x defense seed, the config is certified twice on the same updates (the
-defense's seed pinned, so both runs attack the same rounds' noise): every attack with ``denoise: off`` (the
+defense's seed pinned, so both runs attack the same rounds' noise; the trap fit's shadows draw their own,
+so its choice of size can differ between the two): every attack with ``denoise: off`` (the
 raw reads) and with ``denoise: auto`` (the filter the server calibrates on its auxiliary images). Per run:
 the verdict, the faces past their limit, the worst SSIM and which attack read it; and the wall time of the
 filtered run over the raw one, taken in the same process (a busy machine slows both alike). Attacks
