@@ -159,7 +159,7 @@ def write_report(cert: Certificate, out: Path) -> None:
         _setting_html(cert, view.best_note(cert)),
         warnings_html(cert.warnings) + _privacy_html(cert) + _encoding_html(cert) + _malicious_html(cert),
         evidence, _checks_html(cert), _worst_html(cert, view.worst), _batches_html(cert, sections),
-        _attacks_html(cert), _preparations_html(cert), _run_html(cert),
+        _attacks_html(cert), _runs_html(cert), _preparations_html(cert), _run_html(cert),
     ])
     banner = f"{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small>"
     page = document(f"guardfl red team: {cert.verdict}", banner, verdict_colour(cert.verdict), body, IMAGE_CSS + view.css)
@@ -279,6 +279,27 @@ def _attacks_html(cert: Certificate) -> str:
     )
     return (f"<h2>Attacks ({html.escape(cert.strength)} strength)</h2>\n"
             f"<table><tr><th>attack</th><th>status</th><th>budget</th><th>paper budget</th><th>source of the paper budget</th></tr>{attack_rows}</table>")
+
+
+#: runs whose lines ``_runs_html`` shows (the first batch's; the certificate JSON has every one)
+RUN_LINES_BATCH = 0
+
+
+def _runs_html(cert: Certificate) -> str:
+    """What each attack run on the first batch did, in its own words (``info``: the model it sent and how it
+    was sized, the rounds it averaged, the filter of its reads, what the client refused), one collapsible
+    entry per run."""
+    runs = [r for r in cert.results if r.get("batch", 0) == RUN_LINES_BATCH and r.get("info")]
+    if not runs:
+        return ""
+    entries = "".join(
+        f"<details><summary>{html.escape(r['attack'])} <code>{html.escape(json.dumps(r.get('budget', {})))}</code></summary>"
+        f"<table>{''.join(f'<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>' for k, v in r['info'].items())}"
+        "</table></details>"
+        for r in runs)
+    return (f"<h2>What each attack did (batch {RUN_LINES_BATCH})</h2><p>Each run's own account: the models it sent "
+            "and how it sized them, the rounds it averaged, the filter its reads went through, what the client "
+            f"refused. Every batch's are in certificate.json.</p>{entries}")
 
 
 def _preparations_html(cert: Certificate) -> str:
