@@ -78,10 +78,9 @@ def _filter(images: Tensor, window: Tensor) -> Tensor:
     return _band(images.shape[-2], window) @ images @ _band(images.shape[-1], window).T
 
 
-def ssim_matrix(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
-    """``S[i, j]``: the SSIM of ``recon[j]`` against ``truth[i]`` for every pair (images ``(C, H, W)``), as
-    :func:`ssim` computes it (the mean over channels of the mean SSIM map inside the border), vectorised
-    over pairs, in float32 as scikit-image computes float32 images: it agrees with :func:`ssim` to ~1e-6."""
+def _moments(recon: Tensor, truth: Tensor, data_range: float) -> tuple:
+    """What :func:`ssim_matrix` and :func:`ssim_pairs` share: both stacks as float32 on the CPU, the window,
+    its covariance normalisation, SSIM's two constants, and each image's local means and variances."""
     t = truth.detach().to("cpu", torch.float32)
     r = recon.detach().to("cpu", torch.float32)
     window, cov_norm = _ssim_window(*t.shape[-2:])
@@ -90,6 +89,14 @@ def ssim_matrix(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
     mu_t, mu_r = _filter(t, window), _filter(r, window)
     var_t = cov_norm * (_filter(t * t, window) - mu_t * mu_t)
     var_r = cov_norm * (_filter(r * r, window) - mu_r * mu_r)
+    return t, r, window, cov_norm, c1, c2, mu_t, mu_r, var_t, var_r
+
+
+def ssim_matrix(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
+    """``S[i, j]``: the SSIM of ``recon[j]`` against ``truth[i]`` for every pair (images ``(C, H, W)``), as
+    :func:`ssim` computes it (the mean over channels of the mean SSIM map inside the border), vectorised
+    over pairs, in float32 as scikit-image computes float32 images: it agrees with :func:`ssim` to ~1e-6."""
+    t, r, window, cov_norm, c1, c2, mu_t, mu_r, var_t, var_r = _moments(recon, truth, data_range)
     out = np.empty((len(t), len(r)))
     rows = max(1, _PAIR_BLOCK // max(1, r[0].numel() * len(r)))
     mu_r, var_r, sq_r = mu_r[None], var_r[None], mu_r[None] ** 2
@@ -105,14 +112,7 @@ def ssim_matrix(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
 def ssim_pairs(recon: Tensor, truth: Tensor, data_range: float) -> np.ndarray:
     """The SSIM of ``recon[i]`` against ``truth[i]`` for each ``i`` (:func:`ssim_matrix`'s diagonal, computed
     without the other pairs)."""
-    t = truth.detach().to("cpu", torch.float32)
-    r = recon.detach().to("cpu", torch.float32)
-    window, cov_norm = _ssim_window(*t.shape[-2:])
-    window = window.float()
-    c1, c2 = (_K1 * data_range) ** 2, (_K2 * data_range) ** 2
-    mu_t, mu_r = _filter(t, window), _filter(r, window)
-    var_t = cov_norm * (_filter(t * t, window) - mu_t * mu_t)
-    var_r = cov_norm * (_filter(r * r, window) - mu_r * mu_r)
+    t, r, window, cov_norm, c1, c2, mu_t, mu_r, var_t, var_r = _moments(recon, truth, data_range)
     cov = cov_norm * (_filter(t * r, window) - mu_t * mu_r)
     ratio = (2 * mu_t * mu_r + c1) * (2 * cov + c2) / ((mu_t ** 2 + mu_r ** 2 + c1) * (var_t + var_r + c2))
     return ratio.flatten(1).mean(1, dtype=torch.float64).numpy()
