@@ -14,7 +14,7 @@ import torch
 
 from guardfl.defenses import untouched_layers
 from guardfl.redteam import modality
-from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, fresh_noise
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, defense_leaves, fresh_noise
 from guardfl.redteam.certification import evidence
 from guardfl.redteam.config import RedTeamConfig
 
@@ -227,6 +227,26 @@ def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
             f"one model (repeats; {AUTO_REPEATS} with auto), and a server that gets more rounds divides the noise further, "
             f"so this verdict holds for {averaged}; set client.max_rounds to the budget the client keeps "
             f"(local_update(..., max_rounds=), flower RoundBudgetMod) and certify that"]
+
+
+#: defense kinds against which the red team owns no malicious-server construction adapted to them, and what
+#: is known of one (a certificate of a client defended by them against a malicious server says so)
+UNADAPTED = {
+    "sign": ("sign compression keeps which first-layer units fired, one bit per unit and round, and "
+             "bench/bench_sign_bits.py reads a face through it from those bits (SSIM 0.35-0.58 after 3 rounds of "
+             "threshold search and 4 of bits, up to 0.73, FC-2, 64 faces, no inspection; its bit models pass every "
+             "check of inspect_model, its search models are refused)"),
+}
+
+
+def unadapted_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
+    """A malicious server attacked a client whose defense has a stage the red team owns no adapted
+    construction for (``UNADAPTED``): the verdict rests on constructions that do not target it."""
+    if not any((r.get("threat") or {}).get("server") == "malicious" for r in results):
+        return []
+    kinds = sorted({leaf.kind for leaf in defense_leaves(cfg.defense)} & set(UNADAPTED))
+    return [f"no malicious-server construction of the red team adapts to {kind}, so this verdict rests on attacks that "
+            f"do not target it: {UNADAPTED[kind]}" for kind in kinds]
 
 
 def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:

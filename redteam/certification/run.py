@@ -304,7 +304,8 @@ def _judge(cfg: RedTeamConfig, attacked: _Attacked, priors: dict[int, list[dict]
     checks = judge.verdict_checks(cfg, attacked.results, lpips_available, found)
     return found, checks, judge.verdict_status(checks), (judge.evidence_warnings(cfg, found)
                                                          + judge.refusal_warnings(cfg, attacked.results, len(attacked.batches))
-                                                         + judge.budget_warnings(cfg, attacked.results))
+                                                         + judge.budget_warnings(cfg, attacked.results)
+                                                         + judge.unadapted_warnings(cfg, attacked.results))
 
 
 def _assemble_certificate(args: _Arguments, source: BatchSource, attacked: _Attacked, *, digest: str,

@@ -1,0 +1,28 @@
+"""A certificate against a malicious server says when the client's defense has a stage the red team owns no
+adapted construction for (``judge.UNADAPTED``): its verdict rests on attacks that do not target it."""
+
+from guardfl.redteam.certification.run import certify
+
+TRAP = {"name": "trap_weights", "budget": {"chains": 8, "rows": 1}, "threat": {"server": "malicious", "labels": "known"}}
+FC = {
+    "model": {"name": "fc2", "num_classes": 10, "state": "default"},
+    "data": {"source": "lfw-faces", "limit": 64},
+    "client": {"protocol": "fedsgd", "batch_size": 64, "inspect": True},
+    "aux": {"source": "lfw-faces", "offset": 64},
+    "attacks": [TRAP],
+    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1},
+    "seed": 0,
+}
+
+
+def test_sign_compression_against_a_malicious_server_is_flagged_as_unadapted(tmp_path):
+    cert = certify({**FC, "defense": {"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5}, {"kind": "sign"}]}},
+                   out=tmp_path)
+    warned = [w for w in cert.warnings if w.startswith("no malicious-server construction of the red team adapts to sign")]
+    assert len(warned) == 1 and "bench/bench_sign_bits.py" in warned[0], cert.warnings
+    assert "adapts to sign" in (tmp_path / "report.html").read_text()
+    # a defense the red team adapts to (pruning: the boost), or an honest server: no such warning
+    for cfg in ({**FC, "defense": {"kind": "gradprune", "ratio": 0.9}},
+                {**FC, "defense": {"kind": "sign"}, "client": {"protocol": "fedsgd", "batch_size": 64},
+                 "attacks": [{"name": "exclusive_neurons", "threat": {"labels": "known"}}]}):
+        assert not [w for w in certify(cfg).warnings if "adapts to" in w]
