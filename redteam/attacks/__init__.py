@@ -20,6 +20,7 @@ from guardfl.redteam.attacks.registry import ATTACKS, available, get
 from guardfl.redteam.attacks.malicious.robbing_the_fed import RobbingTheFed
 from guardfl.redteam.attacks.malicious.seer import Seer
 from guardfl.redteam.attacks.malicious.server import ServerAttack
+from guardfl.redteam.attacks.malicious.sign_bits import SignBits
 from guardfl.redteam.attacks.text.tag import TAG
 from guardfl.redteam.attacks.malicious.threshold_bins import ThresholdBins
 from guardfl.redteam.attacks.malicious.trap_weights import TrapWeights
@@ -46,6 +47,7 @@ __all__ = [
     "RobbingTheFed",
     "Seer",
     "ServerAttack",
+    "SignBits",
     "TAG",
     "ThresholdBins",
     "TrapWeights",

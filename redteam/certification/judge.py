@@ -229,24 +229,22 @@ def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
             f"(local_update(..., max_rounds=), flower RoundBudgetMod) and certify that"]
 
 
-#: defense kinds against which the red team owns no malicious-server construction adapted to them, and what
-#: is known of one (a certificate of a client defended by them against a malicious server says so)
-UNADAPTED = {
-    "sign": ("sign compression keeps which first-layer units fired, one bit per unit and round, and "
-             "bench/bench_sign_bits.py reads a face through it from those bits (SSIM 0.35-0.58 after 3 rounds of "
-             "threshold search and 4 of bits, up to 0.73, FC-2, 64 faces, no inspection; its bit models pass every "
-             "check of inspect_model, its search models are refused)"),
-}
+#: defense kind -> the malicious-server construction adapted to it (by name). A certificate of a client
+#: defended by that kind against a malicious server, in which that construction did not run (not in the plan,
+#: or not applicable to the model), says its verdict rests on attacks that do not target the defense
+ADAPTED_BY = {"sign": "sign_bits"}
 
 
 def unadapted_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
-    """A malicious server attacked a client whose defense has a stage the red team owns no adapted
-    construction for (``UNADAPTED``): the verdict rests on constructions that do not target it."""
+    """A malicious server attacked a client whose defense has a stage in ``ADAPTED_BY`` and the construction
+    adapted to it did not run: the verdict rests on constructions that do not target that stage."""
     if not any((r.get("threat") or {}).get("server") == "malicious" for r in results):
         return []
-    kinds = sorted({leaf.kind for leaf in defense_leaves(cfg.defense)} & set(UNADAPTED))
-    return [f"no malicious-server construction of the red team adapts to {kind}, so this verdict rests on attacks that "
-            f"do not target it: {UNADAPTED[kind]}" for kind in kinds]
+    ran = {r["attack"] for r in results}
+    kinds = sorted(kind for kind in {leaf.kind for leaf in defense_leaves(cfg.defense)} & set(ADAPTED_BY)
+                   if ADAPTED_BY[kind] not in ran)
+    return [f"the malicious-server construction adapted to {kind} ({ADAPTED_BY[kind]}) did not run (not in the plan, or "
+            f"not applicable to this model), so this verdict rests on attacks that do not target {kind}" for kind in kinds]
 
 
 def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:

@@ -1,5 +1,5 @@
-"""A certificate against a malicious server says when the client's defense has a stage the red team owns no
-adapted construction for (``judge.UNADAPTED``): its verdict rests on attacks that do not target it."""
+"""A certificate against a malicious server says when the client's defense has a stage whose adapted
+construction did not run (``judge.ADAPTED_BY``): its verdict rests on attacks that do not target it."""
 
 from guardfl.redteam.certification.run import certify
 
@@ -15,14 +15,16 @@ FC = {
 }
 
 
-def test_sign_compression_against_a_malicious_server_is_flagged_as_unadapted(tmp_path):
+def test_sign_compression_against_a_malicious_server_without_sign_bits_is_flagged(tmp_path):
     cert = certify({**FC, "defense": {"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.5}, {"kind": "sign"}]}},
                    out=tmp_path)
-    warned = [w for w in cert.warnings if w.startswith("no malicious-server construction of the red team adapts to sign")]
-    assert len(warned) == 1 and "bench/bench_sign_bits.py" in warned[0], cert.warnings
-    assert "adapts to sign" in (tmp_path / "report.html").read_text()
-    # a defense the red team adapts to (pruning: the boost), or an honest server: no such warning
-    for cfg in ({**FC, "defense": {"kind": "gradprune", "ratio": 0.9}},
+    warned = [w for w in cert.warnings if w.startswith("the malicious-server construction adapted to sign (sign_bits) did not run")]
+    assert len(warned) == 1, cert.warnings
+    assert "adapted to sign (sign_bits) did not run" in (tmp_path / "report.html").read_text()
+    # with sign_bits in the plan, a defense the red team adapts to (pruning: the boost), or an honest server: none
+    bits = {"name": "sign_bits", "budget": {"faces": 1, "rounds": 1, "search_rounds": 2}, "threat": {"server": "malicious"}}
+    for cfg in ({**FC, "defense": {"kind": "sign"}, "attacks": [TRAP, bits]},
+                {**FC, "defense": {"kind": "gradprune", "ratio": 0.9}},
                 {**FC, "defense": {"kind": "sign"}, "client": {"protocol": "fedsgd", "batch_size": 64},
                  "attacks": [{"name": "exclusive_neurons", "threat": {"labels": "known"}}]}):
-        assert not [w for w in certify(cfg).warnings if "adapts to" in w]
+        assert not [w for w in certify(cfg).warnings if "did not run" in w]
