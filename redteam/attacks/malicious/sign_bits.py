@@ -49,7 +49,7 @@ from guardfl.redteam.attacks.dense import TrapLayers, trap_layers
 from guardfl.redteam.attacks.malicious.server import ServerAttack, fill_batch
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
-from guardfl.redteam.client.simulate import ClientQuery
+from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
 from guardfl.redteam.threat import ThreatModel
 
 #: the window the search narrows to, in units on each side of the crossing
@@ -217,11 +217,20 @@ class SignBits(ServerAttack):
         aux = threat.aux.images.flatten(1).double().cpu()
         basis = dct_basis(shape, cfg.basis)
         layers = trap_layers(setting.model, shape)
-        reads = [self._read_face(client, setting, layers, aux, basis, gen) for _ in range(cfg.faces)]
+        reads, stopped = [], {}
+        for _ in range(cfg.faces):
+            try:
+                reads.append(self._read_face(client, setting, layers, aux, basis, gen))
+            except ModelRefused as refused:  # the faces already read are the server's: it keeps them
+                if not reads:
+                    raise
+                stopped = {"stopped": f"after {len(reads)} of {cfg.faces} faces: the client's {refused.by} refused a model "
+                                      f"({'; '.join(refused.reasons)[:200]})"}
+                break
         images = torch.stack(reads).float().clamp(*setting.input_range).view(-1, *shape)
         images = fill_batch(images, setting.num_samples, setting.input_range)
         return Reconstruction(images, torch.zeros(setting.num_samples, dtype=torch.long), 0.0, [], {
             "labels": "not restored", "faces": cfg.faces, "rounds": f"{cfg.search_rounds} of search and {cfg.rounds} of bits per face",
             "basis": f"{cfg.basis} lowest DCT functions" if 0 < cfg.basis < math.prod(shape) else "pixels",
-            "eps": cfg.eps, "malicious_model": type(setting.model).__name__})
+            "eps": cfg.eps, **stopped, "malicious_model": type(setting.model).__name__})
 

@@ -50,7 +50,7 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
     # iDLG restores ONE label (its default threat: labels inferred): not applicable to a batch of 2
     assert status["idlg"]["status"] == "not applicable" and "at most 1 sample" in status["idlg"]["reason"]
     # the malicious-server attacks: not part of the honest-server certificate that `all` makes
-    for name in ("robbing_the_fed", "fishing", "trap_weights", "seer"):
+    for name in ("robbing_the_fed", "fishing", "trap_weights", "seer", "sign_bits"):
         assert status[name]["status"] == "not applicable" and "threat.server: malicious" in status[name]["reason"]
     # TAG reconstructs text: not applicable to an image client
     assert status["tag"]["status"] == "not applicable" and "text" in status["tag"]["reason"]
@@ -58,7 +58,7 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
     assert status["exclusive_neurons"]["status"] == "not applicable"
     assert "nn.Linear on the whole flattened input" in status["exclusive_neurons"]["reason"]
     assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing", "trap_weights", "threshold_bins",
-                                                      "seer", "tag", "embedding_readout", "exclusive_neurons"}
+                                                      "seer", "sign_bits", "tag", "embedding_readout", "exclusive_neurons"}
     for line in listing:
         if line["status"] == "not applicable":
             continue

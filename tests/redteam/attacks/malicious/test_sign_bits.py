@@ -62,3 +62,13 @@ def test_a_bad_budget_is_one_line_naming_the_field(field, bad):
     with pytest.raises(Exception) as info:
         get("sign_bits", **{field: bad})
     assert field in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_a_budget_that_runs_out_leaves_the_server_the_faces_it_read():
+    x, y = load("lfw-faces")
+    torch.manual_seed(0)
+    setting = Setting(FC2(SHAPE), FedSGD(), 64, SHAPE, 10, (0.0, 1.0), {"kind": "sign"})
+    client = ClientQuery(x[:64], y[:64], {"kind": "sign"}, FedSGD(), max_rounds=20)  # two faces of 8 rounds, then refused
+    rec = get("sign_bits", seed=0, faces=4).interrogate(client, setting, ThreatModel(server="malicious", aux=(x[64:], y[64:])))
+    assert rec.info["stopped"].startswith("after 2 of 4 faces: the client's round budget refused a model")
+    assert "refused" not in rec.info and ssim_matrix(rec.inputs[:2], x[:64], 1.0).max() > 0.4
