@@ -30,8 +30,10 @@ refused: this search uses bit-like models instead).
 Not applicable without auxiliary images (the mean face, the projections' range), or on a model that is not
 ``nn.Linear`` on the whole input -> ``nn.ReLU`` -> ``nn.Linear`` (a normalisation of the units moves their
 thresholds with the batch). FedSGD only (a unit that fires in a later local step would count). A defense
-that adds noise to every entry leaves no zero, so every unit reads as fired and the reads are the mean face:
-the attack is for what keeps zeros (sign compression, no defense). Measured in
+that adds noise to every entry leaves no zero, so every unit reads as fired: the attack then returns no read
+(grey placeholders, and the reason in its ``stopped`` line) rather than the mean face pushed in a random
+direction. It is for what keeps zeros and makes no new ones (sign compression, no defense; a pruning
+zeroes fired units' entries too, which read as silent). Measured in
 docs/malicious-server.md section 23.
 """
 
@@ -157,8 +159,8 @@ class SignBits(ServerAttack):
         sent = copy.deepcopy(setting.model)
         first, k = dict(sent.named_modules())[layers.first_name], len(rows)
         with torch.no_grad():  # the first k units measure; the others stay the honest model's
-            first.weight[:k] = rows.to(first.weight.dtype)
-            first.bias[:k] = (-(thresholds + shift)).to(first.bias.dtype)
+            first.weight[:k] = rows.to(first.weight)
+            first.bias[:k] = (-(thresholds + shift)).to(first.bias)
         return client(sent).update[f"{layers.first_name}.bias"][:k].detach().cpu().double() != 0
 
     def _units(self, w: Tensor, basis: Tensor, c: Tensor, gen: torch.Generator, units: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -172,20 +174,23 @@ class SignBits(ServerAttack):
         return max(1, layers.first.out_features - round(self.config.honest * layers.first.out_features))
 
     def _search(self, client: ClientQuery, setting: Setting, layers: TrapLayers, w: Tensor, projections: Tensor,
-                basis: Tensor, c: Tensor, gen: torch.Generator) -> float:
+                basis: Tensor, c: Tensor, gen: torch.Generator) -> float | None:
         """The batch's top projection along ``w``: thresholds drawn in a window of the upper tail the
         auxiliary ``projections`` predict (``TAIL``, in their standard deviations: above the batch's fourth
         sample, so that no unit fires for more than a few samples, under the isolation check's count), moved
-        down (none fired) or up (all fired) a window at a time, else narrowed around the crossing."""
+        down (none fired) or up (all fired) a window at a time, else narrowed around the crossing. None when
+        no round was bracketed and every unit always read as fired: a defense that leaves no entry zero
+        (noise on every entry), through which there are no bits to read."""
         units = self._measuring(layers)
         mu, sd = float(projections.mean()), float(projections.std())
         lo, hi = mu + TAIL[0] * sd, mu + TAIL[1] * sd
-        h = None
+        h, silent = None, False
         for _ in range(self.config.search_rounds):
             rows, _, shift = self._units(w, basis, c, gen, units)
             t = lo + (hi - lo) * torch.rand(units, generator=gen, dtype=torch.float64)
             fired = self._fired(client, setting, layers, rows, t, shift)
             width = hi - lo
+            silent = silent or not fired.all()
             if not fired.any():
                 lo, hi = lo - width, lo
             elif fired.all():
@@ -193,15 +198,20 @@ class SignBits(ServerAttack):
             else:
                 h = crossing(t, fired)
                 lo, hi = h - width * WINDOW_UNITS / units, h + width * WINDOW_UNITS / units
-        return (lo + hi) / 2 if h is None else h
+        if h is None:
+            return (lo + hi) / 2 if silent else None
+        return h
 
     def _read_face(self, client: ClientQuery, setting: Setting, layers: TrapLayers, aux: Tensor, basis: Tensor,
-                   gen: torch.Generator) -> Tensor:
-        """One face: a random direction, the search for its top projection, the bits, the back-projection."""
+                   gen: torch.Generator) -> Tensor | None:
+        """One face: a random direction, the search for its top projection, the bits, the back-projection
+        (None: no unit was ever silent, nothing to read)."""
         c, units, d = aux.mean(0), self._measuring(layers), aux.shape[1]
         w = torch.randn(d, generator=gen, dtype=torch.float64)
         w /= w.norm()
         h = self._search(client, setting, layers, w, aux @ w, basis, c, gen)
+        if h is None:
+            return None
         estimate = torch.zeros(d, dtype=torch.float64)
         for _ in range(self.config.rounds):
             rows, u, shift = self._units(w, basis, c, gen, units)
@@ -217,17 +227,23 @@ class SignBits(ServerAttack):
         aux = threat.aux.images.flatten(1).double().cpu()
         basis = dct_basis(shape, cfg.basis)
         layers = trap_layers(setting.model, shape)
-        reads, stopped = [], {}
-        for _ in range(cfg.faces):
+        reads, stopped, tried = [], {}, 0
+        for tried in range(1, cfg.faces + 1):
             try:
-                reads.append(self._read_face(client, setting, layers, aux, basis, gen))
+                read = self._read_face(client, setting, layers, aux, basis, gen)
             except ModelRefused as refused:  # the faces already read are the server's: it keeps them
-                if not reads:
+                if tried == 1:
                     raise
-                stopped = {"stopped": f"after {len(reads)} of {cfg.faces} faces: the client's {refused.by} refused a model "
+                stopped = {"stopped": f"after {tried - 1} of {cfg.faces} faces: the client's {refused.by} refused a model "
                                       f"({'; '.join(refused.reasons)[:200]})"}
                 break
-        images = torch.stack(reads).float().clamp(*setting.input_range).view(-1, *shape)
+            if read is None:  # every unit fired in every search round: the defense leaves no zero to read
+                stopped = {"stopped": "no unit was ever silent in what the client sent (a defense that leaves no entry "
+                                      "zero, as noise on every entry does): no bits to read"}
+                break
+            reads.append(read)
+        empty = torch.zeros((0, *shape))
+        images = torch.stack(reads).float().clamp(*setting.input_range).view(-1, *shape) if reads else empty
         images = fill_batch(images, setting.num_samples, setting.input_range)
         return Reconstruction(images, torch.zeros(setting.num_samples, dtype=torch.long), 0.0, [], {
             "labels": "not restored", "faces": cfg.faces, "rounds": f"{cfg.search_rounds} of search and {cfg.rounds} of bits per face",

@@ -72,3 +72,16 @@ def test_a_budget_that_runs_out_leaves_the_server_the_faces_it_read():
     rec = get("sign_bits", seed=0, faces=4).interrogate(client, setting, ThreatModel(server="malicious", aux=(x[64:], y[64:])))
     assert rec.info["stopped"].startswith("after 2 of 4 faces: the client's round budget refused a model")
     assert "refused" not in rec.info and ssim_matrix(rec.inputs[:2], x[:64], 1.0).max() > 0.4
+
+
+def test_noise_on_every_entry_leaves_no_bits_and_no_guess_dressed_as_a_read():
+    """Gaussian noise on the update: no bias entry is ever zero, every unit reads as fired, and the attack
+    returns grey placeholders (no read) with the reason, rather than a mean face pushed in a random direction."""
+    x, y = load("lfw-faces")
+    torch.manual_seed(0)
+    defense = {"kind": "gaussian", "sigma": 0.01}
+    setting = Setting(FC2(SHAPE), FedSGD(), 64, SHAPE, 10, (0.0, 1.0), defense)
+    client = ClientQuery(x[:64], y[:64], defense, FedSGD())
+    rec = get("sign_bits", seed=0, faces=2).interrogate(client, setting, ThreatModel(server="malicious", aux=(x[64:], y[64:])))
+    assert rec.info["stopped"].startswith("no unit was ever silent") and client.queries == 4
+    assert torch.all(rec.inputs == 0.5)
