@@ -24,17 +24,23 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-FILTERED = {"trap_weights", "robbing_the_fed", "fishing", "threshold_bins"}
+
+
+def filtering() -> set[str]:
+    """The registered attacks with a ``denoise`` option."""
+    from guardfl.redteam.attacks.registry import ATTACKS
+
+    return {name for name, cls in ATTACKS.items() if "denoise" in cls.Config.model_fields}
 
 
 def variant(cfg: dict, clip: float, budget: int, seed: int, mode: str) -> dict:
     """``cfg`` with the defense's clip and seed, the client's round budget and every filtering attack's
     ``denoise`` set."""
-    out = copy.deepcopy(cfg)
+    out, names = copy.deepcopy(cfg), filtering()
     out["defense"] = {**out["defense"], "clip": clip, "seed": seed}
     out["client"] = {**out["client"], "max_rounds": budget}
     for attack in out["attacks"]:
-        if attack["name"] in FILTERED:
+        if attack["name"] in names:
             attack["budget"] = {**(attack.get("budget") or {}), "denoise": mode}
     return out
 

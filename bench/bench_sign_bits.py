@@ -25,28 +25,17 @@ model (the threshold search's rows are one direction repeated: the parallel-rows
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
 from guardfl.inspect import inspect_model
+from guardfl.redteam.attacks.malicious.sign_bits import back_projection, dct_basis
 from guardfl.redteam.client.simulate import ClientQuery, FedSGD
 from guardfl.redteam.modality.image.data import load
 from guardfl.redteam.modality.image.metrics import ssim_matrix
 from guardfl.redteam.modality.image.models import FC2
 
 SHAPE, D, UNITS = (1, 25, 25), 625, 256
-
-
-def dct_basis(m: int) -> torch.Tensor:
-    """The ``m`` lowest-frequency 2-D DCT-II functions of a 25 x 25 image, as columns (``D x m``)."""
-    n = SHAPE[-1]
-    k = torch.arange(n, dtype=torch.float64)
-    c = torch.cos(math.pi * (k[None, :] + 0.5) * k[:, None] / n)
-    c[0] /= math.sqrt(2)
-    c *= math.sqrt(2 / n)
-    pairs = sorted(((i, j) for i in range(n) for j in range(n)), key=lambda p: (p[0] + p[1], p))[:m]
-    return torch.stack([torch.outer(c[i], c[j]).flatten() for i, j in pairs], 1)
 
 
 class Server:
@@ -84,8 +73,7 @@ class Server:
         for _ in range(rounds):
             u = torch.randn(UNITS, basis.shape[1], generator=self.gen, dtype=torch.float64) @ basis.T
             u = u - (u @ w)[:, None] * w[None, :]
-            signs = self.fired(w[None, :] + eps * u, -(h + eps * (u @ c)) + 1e-9).double() * 2 - 1
-            est += (signs[:, None] * u).sum(0)
+            est += back_projection(u, self.fired(w[None, :] + eps * u, -(h + eps * (u @ c)) + 1e-9))
         return est
 
 
@@ -109,7 +97,7 @@ def main() -> None:
     c = aux.flatten(1).double().mean(0)
     print(f"{'basis':<8} {'rounds':>6} {'to top':>7} {'best':>6} {'top?':>5}  inspection (search model / bit model)")
     for spec in args.bases:
-        basis = torch.eye(D, dtype=torch.float64) if spec == "pixel" else dct_basis(int(spec.split(":")[1]))
+        basis = dct_basis(SHAPE, 0 if spec == "pixel" else int(spec.split(":")[1]))
         for rounds in args.rounds:
             server = Server(ClientQuery(private, labels, {"kind": "sign"}, FedSGD()), gen, honest)
             w = torch.randn(D, generator=gen, dtype=torch.float64)

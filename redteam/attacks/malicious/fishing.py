@@ -171,9 +171,7 @@ class FishingConfig(OptimisationConfig):
     #: class fishing's model sent this many times and the updates averaged (``server.query_averaged``);
     #: "auto": 16 against a known defense that draws fresh noise, else 1 (feature fishing's queries: once each)
     repeats: Repeats = "auto"
-    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
-    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
-    denoise: Denoise = "auto"
+    denoise: Denoise = "auto"  # the filter of its reads (``server.Denoise``)
     #: class fishing disguised against inspect_model's classifier checks (no zeroed rows, no bias gap; see
     #: ``fishing_model``); class fishing only (feature fishing's one-weight classifier cannot be disguised)
     disguise: bool = False

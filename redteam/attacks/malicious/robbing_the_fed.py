@@ -207,9 +207,7 @@ class RobbingTheFedConfig(AttackConfig):
     #: the imprint sent this many times and the updates averaged (``server.query_averaged``); "auto": 16
     #: against a known defense that draws fresh noise, else 1
     repeats: Repeats = "auto"
-    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
-    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
-    denoise: Denoise = "auto"
+    denoise: Denoise = "auto"  # the filter of its reads (``server.Denoise``)
 
     @field_validator("boost")
     @classmethod

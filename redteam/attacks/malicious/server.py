@@ -187,9 +187,10 @@ Repeats = Annotated[Literal["auto"] | int, BeforeValidator(check_repeats),
                     Field(json_schema_extra={"allowed": f"'auto' or an integer in [1, {MAX_REPEATS}]"})]
 
 
-#: an attack's ``denoise`` option (the attacks that read images linearly from the update): its reads
-#: through the filters a server calibrates on its auxiliary images (``attacks.denoise``); "auto": unless the
-#: server knows a defense that draws no fresh noise
+#: an attack's ``denoise`` option (the attacks that read images linearly from the update, one field type for
+#: every attack that has it): its reads through the filters a server calibrates on its auxiliary images
+#: (``attacks.denoise``); "auto": unless the server knows a defense that draws no fresh noise; "on"; "off"
+#: (the raw reads)
 Denoise = Annotated[Literal["auto", "on", "off"], Field(json_schema_extra={"allowed": "'auto', 'on' or 'off'"})]
 
 

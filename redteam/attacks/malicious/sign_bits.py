@@ -227,14 +227,14 @@ class SignBits(ServerAttack):
         aux = threat.aux.images.flatten(1).double().cpu()
         basis = dct_basis(shape, cfg.basis)
         layers = trap_layers(setting.model, shape)
-        reads, stopped, tried = [], {}, 0
-        for tried in range(1, cfg.faces + 1):
+        reads, stopped = [], {}
+        for _ in range(cfg.faces):
             try:
                 read = self._read_face(client, setting, layers, aux, basis, gen)
             except ModelRefused as refused:  # the faces already read are the server's: it keeps them
-                if tried == 1:
+                if not reads:
                     raise
-                stopped = {"stopped": f"after {tried - 1} of {cfg.faces} faces: the client's {refused.by} refused a model "
+                stopped = {"stopped": f"after {len(reads)} of {cfg.faces} faces: the client's {refused.by} refused a model "
                                       f"({'; '.join(refused.reasons)[:200]})"}
                 break
             if read is None:  # every unit fired in every search round: the defense leaves no zero to read

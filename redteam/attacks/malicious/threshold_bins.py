@@ -103,9 +103,7 @@ class ThresholdBinsConfig(AttackConfig):
     #: directions, against the history's meets: 1 face exactly, none without; the ends take slots the
     #: bins' partial reads had: 49 past SSIM 0.4 against 55)
     box_ends: bool = False
-    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
-    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
-    denoise: Denoise = "auto"
+    denoise: Denoise = "auto"  # the filter of its reads (``server.Denoise``)
 
 
 def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:

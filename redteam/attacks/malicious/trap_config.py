@@ -56,9 +56,7 @@ class TrapWeightsConfig(AttackConfig):
     #: round shrinks by the square root; "auto": ``server.AUTO_REPEATS`` against a known defense that draws
     #: fresh noise (``server.FRESH_NOISE``), else 1
     repeats: Repeats = "auto"
-    #: its reads through the filters the server calibrates on its auxiliary images (``attacks.denoise``):
-    #: "auto" unless the server knows a defense that draws no fresh noise; "on"; "off" (the raw reads)
-    denoise: Denoise = "auto"
+    denoise: Denoise = "auto"  # the filter of its reads (``server.Denoise``)
     min_mass: float = Field(default=1e-6, ge=0, lt=1, json_schema_extra={"allowed": "in [0, 1)"})
     #: after the bins, read the samples the sent model's first-layer units hold alone, checked against that
     #: model and peeled (``exclusive_neurons.read_checked``; FedSGD, no normalisation before the ReLU)
