@@ -83,13 +83,37 @@ def _measured(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[di
 
 def sample_leaks(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None,
                   ) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """(batch, image) -> every (attack, metric) that reconstructed that private sample past its limit."""
+    """(batch, image) -> every (attack, metric) that reconstructed that private sample past its limit.
+    An attack's read counts against one image at most (``_one_image_per_read``)."""
     leaks: dict[tuple[int, int], list[dict[str, Any]]] = {
         (r["batch"], p["index"]): [] for r in results if r.get("metrics") for p in r["metrics"]["per_image"]}
+    hits: dict[tuple[int, int], list[tuple[str, float, float]]] = {}
     for r, p, metric, limit, excess in _measured(cfg, results, priors):
         if excess > 0:
-            leaks[(r["batch"], p["index"])].append({"attack": r["attack"], "metric": metric, "value": p[metric], "limit": limit})
+            hits.setdefault((id(r), p["index"]), []).append((metric, limit, excess))
+    for r in results:
+        for p in _one_image_per_read(cfg, r, hits):
+            leaks[(r["batch"], p["index"])] += [{"attack": r["attack"], "metric": metric, "value": p[metric], "limit": limit}
+                                                for metric, limit, _ in hits[(id(r), p["index"])]]
     return leaks
+
+
+def _one_image_per_read(cfg: RedTeamConfig, r: dict, hits: dict[tuple[int, int], list]) -> list[dict]:
+    """The rows of result ``r`` whose leaks count: of the rows past a limit that copy the same read (an
+    attack's read repeated to the batch size, ``metrics.first_copies``), only the one it leaks most (the most
+    metrics past their limits, then the furthest past on the modality's main metric). One picture is not
+    many people's: a face-like read passes a limit against several faces that look alike."""
+    main = modality.of(cfg).recovery.metric
+    best: dict[Any, tuple[tuple[int, float], dict]] = {}
+    for p in (r.get("metrics") or {}).get("per_image", []):
+        found = hits.get((id(r), p["index"]))
+        if not found:
+            continue
+        key = (len(found), max((excess for metric, _, excess in found if metric == main), default=0.0))
+        read = p.get("read", ("row", p["index"]))
+        if read not in best or key > best[read][0]:
+            best[read] = (key, p)
+    return [p for _, p in best.values()]
 
 
 def worst_images(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None) -> list[dict]:

@@ -27,13 +27,16 @@ def measure(cfg: RedTeamConfig, reconstruction, inputs: torch.Tensor, labels: to
 
 def recovered(m: dict, cfg: RedTeamConfig) -> dict[str, Any] | None:
     """How many private samples came back past the main threshold (the fraction a reviewer reads): SSIM for
-    images, ROUGE-1 for text; "exact": SSIM >= 0.95, or every token right (``Modality.recovery``)."""
+    images, ROUGE-1 for text; "exact": SSIM >= 0.95, or every token right (``Modality.recovery``). Each of
+    the attack's reads counts once, however many copies of it were matched."""
     rec = modality.of(cfg).recovery
     metric, limit = rec.metric, getattr(cfg.certify, rec.threshold)
     if limit is None:
         return None
-    above = sum(1 for p in m["per_image"] if p.get(metric) is not None and p[metric] > limit)
-    exact = sum(1 for p in m["per_image"] if p.get(rec.exact_metric) is not None and p[rec.exact_metric] >= rec.exact_at)
+    rows = m["per_image"]  # a read repeated to the batch size counts once (the ``read`` it copies)
+    above = len({p.get("read", ("row", p["index"])) for p in rows if p.get(metric) is not None and p[metric] > limit})
+    exact = len({p.get("read", ("row", p["index"])) for p in rows
+                 if p.get(rec.exact_metric) is not None and p[rec.exact_metric] >= rec.exact_at})
     return {f"above_max_{metric}": above, "exact": exact, "of": len(m["per_image"]),
             "fraction": above / max(1, len(m["per_image"]))}
 

@@ -10,6 +10,7 @@ from guardfl.cli import main
 from guardfl.redteam.certification import judge
 from guardfl.redteam.certification.run import certify
 from guardfl.redteam.certification.plan import plan_attacks, resolve_strength
+from guardfl.redteam.certification.measure import recovered as measure_recovered
 from guardfl.redteam.attacks import ATTACKS, AttackFailed, LearnedInversion, Setting
 from guardfl.redteam.client.simulate import FedSGD, simulate_client
 from guardfl.redteam.config import load_config
@@ -147,3 +148,26 @@ def test_prior_margin_lets_a_reconstruction_match_the_prior_but_not_beat_it():
     assert leaked(0.54, None)                                         # no aux: absolute threshold
     (worst,) = judge.worst_images(cfg, [row(0.56)], priors)
     assert worst["exceeds"] and worst["where"]["threshold_here"] == pytest.approx(0.55)
+
+
+def test_a_read_repeated_to_the_batch_counts_against_one_image():
+    """``fill_batch`` copies of one face-like read are matched to several faces; the read counts once,
+    against the image it leaks most, and a distinct read still counts on its own."""
+    cfg = load_config({"certify": {"max_ssim": 0.4, "prior_margin": 0.05}})
+    per_image = [{"index": 0, "read": 0, "ssim": 0.45}, {"index": 1, "read": 0, "ssim": 0.72},
+                 {"index": 2, "read": 0, "ssim": 0.5}, {"index": 3, "read": 3, "ssim": 0.6},
+                 {"index": 4, "read": 0, "ssim": 0.1}]
+    result = {"batch": 0, "attack": "a", "metrics": {"per_image": per_image, "summary": {}}}
+    leaks = judge.sample_leaks(cfg, [result], None)
+    assert sorted(i for (_, i), hits in leaks.items() if hits) == [1, 3]
+    found = judge.leak_evidence(cfg, [result], None, {})
+    assert found["leak_rate"]["leaked"] == 2 and found["per_attack"]["a"]["leaked"] == 2
+    # another attack's read of the same faces counts on its own
+    other = {**result, "attack": "b", "metrics": {"per_image": [{**p, "read": 7} for p in per_image], "summary": {}}}
+    assert sorted(i for (_, i), hits in judge.sample_leaks(cfg, [result, other], None).items() if hits) == [1, 3]
+    # rows without a read (text, older records) are each their own
+    plain = {**result, "metrics": {"per_image": [{k: v for k, v in p.items() if k != "read"} for p in per_image],
+                                   "summary": {}}}
+    assert sum(1 for hits in judge.sample_leaks(cfg, [plain], None).values() if hits) == 4
+    cfg_rec = load_config({"certify": {"max_ssim": 0.4}})
+    assert measure_recovered({"per_image": per_image}, cfg_rec)["above_max_ssim"] == 2

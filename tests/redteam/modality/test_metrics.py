@@ -113,3 +113,15 @@ def test_matching_keeps_as_many_exact_pairs_as_any_one_to_one_assignment(n, k, s
     exact = lambda perm: sum(s[i, perm[i]] >= 0.95 for i in range(n))  # noqa: E731
     best = maximum_bipartite_matching(csr_matrix(s >= 0.95), perm_type="column")
     assert exact(metrics.match(recon, truth, exact_ssim=0.95)) == int((best >= 0).sum()) >= exact(metrics.match(recon, truth))
+
+
+def test_each_row_names_the_read_it_copies(faces):
+    from guardfl.redteam.attacks.malicious.server import fill_batch
+
+    reads = faces[:3]
+    filled = fill_batch(reads, 8, (0.0, 1.0))  # the attack's 3 reads repeated to 8
+    assert metrics.first_copies(filled) == [0, 1, 2, 0, 1, 2, 0, 1]
+    out = metrics.evaluate(filled, faces[:8])
+    assert {r["read"] for r in out["per_image"]} == {0, 1, 2}
+    assert all(r["read"] == metrics.first_copies(filled)[r["matched"]] for r in out["per_image"])
+    assert metrics.first_copies(faces[:4]) == [0, 1, 2, 3]  # distinct reads are their own
