@@ -34,9 +34,12 @@ Not applicable: a model that is not ``nn.Linear -> nn.ReLU -> ... -> nn.Linear``
 first layer on the whole flattened input (a convolution, a normalisation, which couples the units or the
 batch, or an activation written as a function rather than a module, which the probe cannot see), FedAvg
 (the bins are differences of single gradients), no auxiliary data. Adapted to a pruning (``read_bin``: an
-entry zero in either update is no reading; GradPrune 0.9 on 32 faces: 9-11 exact, 3-6 before). Not adapted
-to noise: fresh noise in each query lands in the differences (noise repeated in every query would cancel
-there: a client must not reuse a seed across rounds; docs/malicious-server.md section 17). Adapted to a client
+entry zero in either update is no reading; GradPrune 0.9 on 32 faces: 9-11 exact, 3-6 before). Adapted
+to noise by averaging only: fresh noise in each query lands in the differences, so each threshold's model is
+sent ``repeats`` times and its updates averaged (``query_averaged``; "auto": 16 rounds against a known
+defense that draws fresh noise, or the client's round budget shared by the thresholds; 2026-11-29); noise
+repeated in every query would cancel there: a client must not reuse a seed across rounds;
+docs/malicious-server.md section 17). Adapted to a client
 that limits what differences of its updates read (``inspect_model(..., history=)``): a refused threshold is
 skipped and the next one sent, so the accepted thresholds make wider bins (of two or more samples, which the
 client's count reads nothing from), each still read as one image (partial reads, measured by the
@@ -62,7 +65,8 @@ from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruct
 from guardfl.redteam.attacks.dense import run_order, trap_layers
 from guardfl.redteam.attacks.malicious.bin_lines import bin_hull, box_ends, crossings
 from guardfl.redteam.attacks.malicious.fishing import classifier
-from guardfl.redteam.attacks.malicious.server import Denoise, ServerAttack, fill_batch, server_labels
+from guardfl.redteam.attacks.malicious.server import (Denoise, Repeats, ServerAttack, defense_known, fill_batch, query_averaged,
+                                                    repeats_for, repeats_line, server_labels)
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
@@ -104,6 +108,9 @@ class ThresholdBinsConfig(AttackConfig):
     #: bins' partial reads had: 49 past SSIM 0.4 against 55)
     box_ends: bool = False
     denoise: Denoise = "auto"  # the filter of its reads (``server.Denoise``)
+    #: rounds of each threshold's model, averaged (``server.query_averaged``); "auto": against a known defense
+    #: that draws fresh noise, ``AUTO_REPEATS``, or the client's round budget shared by every query
+    repeats: Repeats = "auto"
 
 
 def lifted(layer: nn.Linear, inputs: Tensor, stds: float = LIFT_STDS) -> Tensor:
@@ -299,6 +306,9 @@ class ThresholdBins(ServerAttack):
         queries = c_.queries or setting.num_samples + 1
         lift = {name: bias for (name, _), bias in zip(chain[:-1], biases)}
         sweeps, sent, obs, refused = [], None, None, None
+        known, budget = defense_known(setting, threat), client.max_rounds
+        share = None if budget is None else max(1, budget // (c_.directions * queries))  # every query its rounds
+        repeats, fewest = repeats_for(known, c_.repeats, share), None
         for _ in range(c_.directions):
             a = torch.randn(head.in_features, generator=gen, dtype=torch.float64)
             if c_.directions > 1:  # every unit's coefficient of one size: no unit where another term dominates
@@ -309,7 +319,8 @@ class ThresholdBins(ServerAttack):
             for t in thresholds_of(points, queries).tolist():
                 sent = binned_model(setting.model, lift, head_name, a, c, t, c_.gain, c_.slope, spread_rows)
                 try:
-                    obs = client(sent)
+                    obs, answered = query_averaged(client, sent, repeats)
+                    fewest = answered if fewest is None else min(fewest, answered)
                 except ModelRefused as err:  # adaptive to a client that limits differences of its updates: skip
                     refused = err            # the threshold, keep the next (a wider bin between the accepted ones)
                     continue
@@ -324,4 +335,5 @@ class ThresholdBins(ServerAttack):
             "labels": source, "bins": c_.directions * (queries - 1), "empty_bins": empty, "candidates": len(images),
             "crossings": crossed, "layer": first_name, "refused_thresholds": c_.directions * queries - sum(map(len, sweeps)),
             "lifted": len(biases), "lifted_share": c_.lifted, "gain": c_.gain, "slope": c_.slope, "directions": c_.directions,
-            "spread": c_.spread, "malicious_model": sent})
+            "spread": c_.spread, "repeats": repeats_line(repeats, known, fewest, share) + " per threshold",
+            "malicious_model": sent})

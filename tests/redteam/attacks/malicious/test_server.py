@@ -65,7 +65,7 @@ def test_the_traps_and_the_imprint_are_sent_again_against_known_noise_and_say_so
     assert unknown.queries == 1 and rec.info["repeats"].startswith("1 (no fresh noise")
 
 
-@pytest.mark.parametrize("attack", ["trap_weights", "seer", "robbing_the_fed", "fishing"])
+@pytest.mark.parametrize("attack", ["trap_weights", "seer", "robbing_the_fed", "fishing", "threshold_bins"])
 @pytest.mark.parametrize("bad", [0, 1025, 2.5, True, "many"])
 def test_a_bad_repeats_is_one_line_naming_the_field(attack, bad):
     with pytest.raises(Exception) as info:
