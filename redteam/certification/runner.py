@@ -7,6 +7,7 @@ Any error of the attack is an ``AttackFailed`` (the run fails), never a skipped 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any, Mapping
@@ -16,7 +17,8 @@ import torch
 from guardfl.errors import GuardflError
 from guardfl.inspect import inspect_model
 from guardfl.redteam import attacks as attack_registry
-from guardfl.redteam.attacks.analytic.encoded import attack_view, decode, public_set
+from guardfl.redteam.attacks.analytic.encoded import attack_view, decode, encoding_of, public_set
+from guardfl.redteam.attacks.malicious import encoded_rounds
 from guardfl.redteam.attacks.base import AttackFailed, PreparedCache, Setting
 from guardfl.redteam.attacks.malicious.server import ServerAttack, refused_reconstruction
 from guardfl.redteam.auxdata import AuxData
@@ -123,10 +125,9 @@ class AttackRunner:
             kept = [k for k, why in enumerate(refusals) if not why]
             views, recs = [None] * len(items), [refused_reconstruction(self.setting, why) if why else None for why in refusals]
             sent, done = [items[k] for k in kept], []
-            if sent and isinstance(attack, ServerAttack):
-                # a malicious server queries each client with models of its own making
-                done = [attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seeds[k])
-                        for k, (obs, x, y) in zip(kept, sent)]
+            if sent and isinstance(attack, ServerAttack):  # models of the server's own making; reads of encodings decoded
+                done, seen = self._interrogate(attack, sent, threat, [seeds[k] for k in kept], known)
+                views = [seen[kept.index(k)] if k in kept else None for k in range(len(items))]
             elif sent and attack.capabilities.inverts_encodings:  # answers with the private images of an encoding client
                 done = attack.reconstruct_many([obs for obs, _, _ in sent], threat, [seeds[k] for k in kept])
             elif sent:
@@ -144,7 +145,7 @@ class AttackRunner:
                 record: dict[str, Any] = {
                     "job": record_name(b, i, plan), "batch": b, "attack": plan.name, "threat": plan.threat.as_config(),
                     "budget": {k: v for k, v in {**budget, "seed": seed}.items() if k != "progress"}}
-                if encodings is not None:
+                if encodings is not None and not isinstance(attack, ServerAttack):  # a query's encodings are its round's
                     record["encodings"] = encoding_metrics(encodings, obs, view)
                 record["recovered"] = recovered(m, self.cfg)
                 info = {k: (type(v).__name__ if isinstance(v, torch.nn.Module) else str(v)) for k, v in rec.info.items()}
@@ -159,6 +160,29 @@ class AttackRunner:
         except Exception as err:
             raise AttackFailed(f"attack {plan.name} failed on {where}: {type(err).__name__}: {err}") from err
         return out
+
+    def _interrogate(self, attack: ServerAttack, sent: list, threat, seeds: list, known: bool,
+                     ) -> tuple[list, list[Observation | None]]:
+        """A malicious server's queries of each batch's client, and the view its reads are decoded with (None:
+        not decoded). Against an input encoding the server knows (MixUp, InstaHide) what its constructions
+        read are the encodings the client trained on in that round: it reads them in the encodings' range
+        (InstaHide's signs flip, [-m, m]), designs its models on its own images encoded the same way, collects
+        the reads of many rounds (fresh encodings each) and demixes them as an honest attack's reconstructions
+        are (``decode``; ``attacks.malicious.encoded_rounds``), never compared raw with the private images."""
+        done, views = [], []
+        for (obs, x, y), seed in zip(sent, seeds):
+            view = attack_view(obs, known)  # the observation itself without a known encoding
+            if view is obs:
+                done.append(attack.interrogate(self._client_query(obs, x, y), self.setting, threat, seed))
+                views.append(None)
+                continue
+            setting = dataclasses.replace(self.setting, input_range=view.input_range)
+            enc = encoding_of(obs, known)
+            coded = threat.with_aux(encoded_rounds.encoded_aux(threat.aux, enc, obs.num_classes, self.cfg.seed))
+            done.append(encoded_rounds.collect(attack, self._client_query(obs, x, y), setting, coded, seed,
+                                               encoded_rounds.rounds_for(self.cfg.client.max_rounds)))
+            views.append(view)
+        return done, views
 
     def public_set(self) -> torch.Tensor:
         """Inter-InstaHide's public set, as the defense's configuration names it (read once per runner): what

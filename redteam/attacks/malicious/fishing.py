@@ -199,6 +199,7 @@ class Fishing(ServerAttack):
     """Wen et al. 2022, class fishing: isolate one class's gradient, then Inverting Gradients on it."""
 
     name = "fishing"
+    one_round_reads = False  # a label query, then its target (class) or a bisection (feature): rounds combined
     Config = FishingConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious",
                                 threat=frozenset({"labels", "defense", "fedavg"}))  # its inner IG runs with bn: none

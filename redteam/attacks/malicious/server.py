@@ -33,6 +33,20 @@ from guardfl.redteam.threat import ThreatModel
 class ServerAttack(Attack):
     """Base of the attacks that send the client a modified model (see the module docstring)."""
 
+    #: whether the attack's reads come from one round's update (its model may be sent again and averaged):
+    #: False for an attack that combines different rounds' updates (differences, bits), which read nothing
+    #: of a client whose inputs are encoded afresh every round (``encoded_rounds``)
+    one_round_reads: bool = True
+
+    @classmethod
+    def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
+        reason = super().applicable(setting, threat)
+        if reason is None and not cls.one_round_reads and (threat or ThreatModel()).defense == "known" \
+                and any(leaf.kind in ENCODINGS for leaf in defense_leaves(setting.defense_config)):
+            return ("its reads combine the updates of several rounds, and this client encodes its inputs afresh "
+                    "every round (MixUp / InstaHide): the one-round constructions read its encodings instead")
+        return reason
+
     def interrogate(self, client: ClientQuery, setting: Setting, threat: ThreatModel | None = None,
                     seed: int | None = None) -> Reconstruction:
         """Attack one client (its private batch, behind ``client``) by sending it models of the attack's
@@ -163,6 +177,8 @@ FRESH_NOISE = frozenset({"gaussian", "laplace", "outpost", "dpsgd", "graddefense
 #: the repeats ``repeats: auto`` sends against such a known defense: 16 rounds of one model, the noise a
 #: quarter of one round's (a client answers far more rounds than this in a deployment)
 AUTO_REPEATS = 16
+#: the defenses that encode the client's inputs afresh every round (``encoded_rounds``)
+ENCODINGS = frozenset({"mixup", "instahide"})
 #: the allowed range of an attack's ``repeats`` (above the leak history's default of 256 rounds a batch)
 MAX_REPEATS = 1024
 

@@ -132,6 +132,7 @@ class SignBits(ServerAttack):
     """Faces read from which first-layer units fired: a malicious server against sign compression."""
 
     name = "sign_bits"
+    one_round_reads = False  # one bit per unit and round: not through a fresh encoding each round
     Config = SignBitsConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious", needs_aux=True,
                                 threat=frozenset())  # reads no label and adapts to no defense setting: it reads zeros

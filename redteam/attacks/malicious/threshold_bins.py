@@ -276,6 +276,7 @@ class ThresholdBins(ServerAttack):
     """The honest first layer lifted to fire for every sample; the classifier bins the batch over queries."""
 
     name = "threshold_bins"
+    one_round_reads = False  # differences of consecutive thresholds' updates: nothing through fresh encodings
     Config = ThresholdBinsConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious", needs_aux=True,
                                 threat=frozenset({"labels"}))

@@ -334,7 +334,10 @@ class TrapWeights(ServerAttack):
         layers = first_dense(observation.model, tuple(observation.input_shape), list(observation.update))
         if not self.config.peel or isinstance(layers, str):
             return images, 0
-        choices = torch.unique(labels) if source == "known" else torch.arange(observation.num_classes)
+        if source == "known":  # the classes in the batch (an encoding client's soft labels: those with any mass)
+            choices = torch.unique(labels) if labels.dim() == 1 else torch.nonzero(labels.sum(0) > 0).flatten()
+        else:
+            choices = torch.arange(observation.num_classes)
         checked = read_checked(observation, layers, choices.to(observation.update[layers.first_name + ".weight"].device),
                                1e-3, self.config.min_mass, 64).samples
         if not checked.shape[0]:
