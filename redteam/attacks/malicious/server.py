@@ -219,11 +219,12 @@ def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | 
     """How many times the server sends its model: ``repeats`` as given, or for "auto", against a defense
     (``config``, as the server knows it: None when unknown) with a stage in ``FRESH_NOISE``, every round of
     the client's round budget (``budget``: ``client.max_rounds``, the client's configuration the server knows;
-    at most ``MAX_REPEATS``), or ``AUTO_REPEATS`` when the client sets none; else 1."""
+    at most ``MAX_REPEATS``), or ``AUTO_REPEATS`` when the client sets none; else 1, and 1 against an input
+    encoding (its rounds are collected instead, ``encoded_rounds``)."""
     if repeats != "auto":
         return int(repeats)
-    if not fresh_noise(config):
-        return 1
+    if not fresh_noise(config) or any(leaf.kind in ENCODINGS for leaf in defense_leaves(config)):
+        return 1  # no noise to average; or fresh encodings every round, which the rounds would mix (encoded_rounds)
     return AUTO_REPEATS if budget is None else min(int(budget), MAX_REPEATS)
 
 

@@ -6,7 +6,7 @@ import torch
 
 from guardfl.redteam.attacks import Setting, get
 from guardfl.redteam.attacks.malicious import encoded_rounds
-from guardfl.redteam.attacks.malicious.server import MAX_REPEATS, fill_batch
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, MAX_REPEATS, fill_batch, repeats_for
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import FedSGD
 from guardfl.redteam.modality.image.data import lfw_faces
@@ -26,6 +26,9 @@ def faces():
 def test_rounds_are_sixteen_or_the_clients_budget():
     assert encoded_rounds.rounds_for(None) == encoded_rounds.ENCODED_ROUNDS == 16
     assert encoded_rounds.rounds_for(4) == 4 and encoded_rounds.rounds_for(10**6) == MAX_REPEATS
+    # noise on top of an encoding: each round's reads are of other encodings, so rounds are collected, not averaged
+    stack = {"kind": "stack", "defenses": [INSTAHIDE, {"kind": "gaussian", "sigma": 0.01}]}
+    assert repeats_for(stack, "auto") == 1 and repeats_for({"kind": "gaussian", "sigma": 0.01}, "auto") == AUTO_REPEATS
 
 
 def test_the_server_encodes_its_own_images_with_its_own_randomness(faces):
