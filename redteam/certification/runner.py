@@ -179,9 +179,11 @@ class AttackRunner:
             setting = dataclasses.replace(self.setting, input_range=view.input_range)
             enc = encoding_of(obs, known)
             coded = threat.with_aux(encoded_rounds.encoded_aux(threat.aux, enc, obs.num_classes, self.cfg.seed))
-            done.append(encoded_rounds.collect(attack, self._client_query(obs, x, y), setting, coded, seed,
-                                               encoded_rounds.rounds_for(self.cfg.client.max_rounds)))
-            views.append(view)
+            rec = encoded_rounds.collect(attack, self._client_query(obs, x, y), setting, coded, seed,
+                                         encoded_rounds.rounds_for(self.cfg.client.max_rounds))
+            refused = rec.info.get("refused")  # nothing sent: the grey guess of the private images, not decoded
+            done.append(refused_reconstruction(self.setting, [refused], rec.info) if refused else rec)
+            views.append(None if refused else view)
         return done, views
 
     def public_set(self) -> torch.Tensor:

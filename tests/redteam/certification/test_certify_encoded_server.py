@@ -31,3 +31,14 @@ def test_mixup_soft_labels_and_a_round_budget():
     (record,) = cert.results
     assert record["info"]["encoded_rounds"].endswith("over 4 rounds of fresh encodings of the batch")
     assert cert.status == "NOT CERTIFIED" and record["recovered"]["above_max_ssim"] >= 10
+
+
+def test_a_refused_construction_is_nothing_sent_and_not_decoded():
+    """The inspecting client refuses the imprint block at once: the record is the grey guess of the private
+    images (in their range, not the encodings'), with the reason, and no decoding line."""
+    cfg = _config({"kind": "instahide", "k": 4, "max_coeff": 0.65}, inspect=True)
+    cfg["attacks"] = [{"name": "robbing_the_fed", "threat": {"server": "malicious", "labels": "known"}}]
+    cert = certify(cfg)
+    (record,) = cert.results
+    assert record["info"]["refused"].startswith("architecture") and "decode" not in record["info"]
+    assert record["recovered"]["above_max_ssim"] == 0
