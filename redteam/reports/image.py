@@ -43,14 +43,26 @@ def grid(rows: list[torch.Tensor], max_cols: int = 16, marked: set[tuple[int, in
     return canvas
 
 
+def closest_run(runs: list[dict], i: int) -> tuple[dict, dict] | None:
+    """Of an attack's runs on one batch (certificate records), the one whose reconstruction is closest to
+    private sample ``i`` (the highest SSIM; the first run on a tie) and its per-image row; None without one."""
+    found = [(p["ssim"] if p.get("ssim") is not None else -2.0, -n, r, p)
+             for n, r in enumerate(runs) for p in r["metrics"]["per_image"] if p["index"] == i]
+    return None if not found else max(found, key=lambda f: f[:2])[2:]
+
+
 def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]]:
     """Every attacked sample at a glance: pictures of up to ``per_picture`` samples (columns), the
     originals in the first row and one row per attack, a red frame where that attack leaked the sample.
-    Returns (caption, PNG) pairs."""
+    An attack run several times (different budgets) shows, for each sample, its run closest to it (the
+    highest SSIM: the one that leaked it, where one did), not its last run's. Returns (caption, PNG) pairs."""
     attacks = sorted({r["attack"] for r in cert.results if cert.reconstructions.get(r["job"]) is not None})
     leaked = {(row["batch"], row["image"], hit["attack"]) for row in cert.evidence.get("leaked_samples", []) for hit in row["by"]}
     samples = [(b, i) for b, x in sorted(cert.originals.items()) for i in range(len(x))]
-    by_job = {(r["batch"], r["attack"]): r for r in cert.results}
+    runs: dict[tuple[int, str], list[dict]] = {}  # an attack run several times (budgets): each sample's closest run
+    for r in cert.results:
+        if cert.reconstructions.get(r["job"]) is not None and r.get("metrics"):
+            runs.setdefault((r["batch"], r["attack"]), []).append(r)
     pictures = []
     for lo in range(0, len(samples), per_picture):
         chunk = samples[lo : lo + per_picture]
@@ -59,13 +71,12 @@ def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]
         for a, attack in enumerate(attacks, 1):
             cells = []
             for j, (b, i) in enumerate(chunk):
-                r = by_job.get((b, attack))
-                rec = cert.reconstructions.get(r["job"]) if r else None
-                if rec is None:
+                found = closest_run(runs.get((b, attack), []), i)
+                if found is None:
                     cells.append(torch.ones_like(rows[0][j]))
                     continue
-                matched = next((p["matched"] for p in r["metrics"]["per_image"] if p["index"] == i), i)
-                cells.append(rec[matched])
+                r, p = found
+                cells.append(cert.reconstructions[r["job"]][p["matched"]])
                 if (b, i, attack) in leaked:
                     marked.add((a, j))
             rows.append(torch.stack(cells))
@@ -75,7 +86,7 @@ def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]
 
 
 def overview_html(cert: Certificate) -> str:
-    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions; a red frame: that attack leaked the sample.</p>"
+    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions (an attack run more than once: its run closest to each sample); a red frame: that attack leaked the sample.</p>"
             + "".join(f"<p class=legend>{html.escape(caption)}</p>{img_tag(png, caption)}" for caption, png in overview(cert)))
 
 
