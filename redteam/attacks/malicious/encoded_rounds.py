@@ -31,7 +31,7 @@ from torch import Tensor
 
 from guardfl.defenses import DefenseConfig, from_config
 from guardfl.redteam.attacks.base import Reconstruction
-from guardfl.redteam.attacks.malicious.server import MAX_REPEATS, ServerAttack
+from guardfl.redteam.attacks.malicious.server import MAX_REPEATS, ServerAttack, fill_batch
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.auxdata import AuxData
 from guardfl.redteam.client.simulate import ClientQuery
@@ -85,6 +85,8 @@ def collect(attack: ServerAttack, client: ClientQuery, setting: Setting, threat:
     found = torch.cat(reads)
     if not len(found):  # no read in any round: the grey guess of the first
         return first
+    if len(found) < setting.num_samples:  # fewer encodings than images: repeated, as every attack's reads are
+        found = fill_batch(found, setting.num_samples, setting.input_range)
     info = {**first.info, "labels": "not restored (the reads are encodings)", "queries": client.queries,
             "rounds_answered": getattr(client, "answered", client.queries),
             "encoded_rounds": f"{len(found)} encodings read over {done} rounds of fresh encodings of the batch"

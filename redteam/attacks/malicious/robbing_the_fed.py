@@ -54,7 +54,7 @@ from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from guardfl.defenses import DefenseConfig
-from guardfl.redteam.attacks.base import AttackConfig, Capabilities, Reconstruction
+from guardfl.redteam.attacks.base import DECODING_THREAT, AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.malicious.server import (Denoise, Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
@@ -231,7 +231,7 @@ class RobbingTheFed(ServerAttack):
     name = "robbing_the_fed"
     Config = RobbingTheFedConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd", "fedavg"}), server="malicious",
-                                threat=frozenset({"labels", "defense"}))  # aux data; the defense sizes pad: auto; never bn/fedavg
+                                threat=frozenset({"labels", "defense"}) | DECODING_THREAT)  # aux data; the defense sizes pad: auto; never bn/fedavg
     budgets = {"quick": {}, "paper": {}}
     paper_budget = "Fowl et al. 2022: analytic (one query); bins a few times the batch size"
 

@@ -58,7 +58,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from guardfl.defenses import DefenseConfig
-from guardfl.redteam.attacks.base import AttackConfig, AttackFailed, Capabilities, Reconstruction
+from guardfl.redteam.attacks.base import DECODING_THREAT, AttackConfig, AttackFailed, Capabilities, Reconstruction
 from guardfl.redteam.attacks.compute import progress_bar
 from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_adapt import (BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale,
@@ -131,7 +131,7 @@ class Seer(ServerAttack):
     name = "seer"
     Config = SeerConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd"}), server="malicious", needs_aux=True, prepares=True,
-                                threat=frozenset({"labels", "defense"}))  # labels: restored or granted with the image
+                                threat=frozenset({"labels", "defense"}) | DECODING_THREAT)  # labels: restored or granted with the image
     budgets = {"quick": {"steps": 1500, "lr": 1e-3, "adapt_steps": 400},
                "paper": {"steps": 100_000, "lr": 1e-4, "adapt_steps": 10_000}}
     paper_budget = "Garov et al. 2024 (SEER train_rel.sh): 1000 epochs x 1000 batches, Adam 1e-4, gradients accumulated over 10"

@@ -128,7 +128,7 @@ from torch import Tensor, nn
 
 from guardfl.redteam.attacks.analytic import exclusive
 from guardfl.redteam.attacks.analytic.exclusive_neurons import SAME, first_dense, read_checked
-from guardfl.redteam.attacks.base import Capabilities, Reconstruction
+from guardfl.redteam.attacks.base import DECODING_THREAT, Capabilities, Reconstruction
 from guardfl.redteam.attacks.dense import TrapLayers, trap_layers  # noqa: F401 - re-exported
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
@@ -227,7 +227,7 @@ class TrapWeights(ServerAttack):
     name = "trap_weights"
     Config = TrapWeightsConfig
     capabilities = Capabilities(protocols=frozenset({"fedsgd", "fedavg"}), server="malicious",
-                                threat=frozenset({"labels", "defense"}))  # aux data; the defense sizes boost: auto; never bn/fedavg
+                                threat=frozenset({"labels", "defense"}) | DECODING_THREAT)  # aux data; the defense sizes boost: auto; never bn/fedavg
     budgets = {"quick": {}, "paper": {}}
     paper_budget = "analytic (one query), as Robbing the Fed; chains of U / chains bins"
 
