@@ -280,6 +280,8 @@ def repeats_line(repeats: int, config: DefenseConfig | dict | None, answered: in
     of the ``repeats`` asked; None: all of them; ``budget``: the client's round budget, ``client.max_rounds``)."""
     answered = repeats if answered is None else answered
     noisy = bool(fresh_noise(config))
+    if repeats <= 1 and any(leaf.kind in ENCODINGS for leaf in defense_leaves(config)):
+        return "1 (the client encodes its inputs afresh every round: the rounds are collected, not averaged)"
     if repeats <= 1:
         if noisy and budget == 1:
             return "1 (the client answers one round: client.max_rounds is 1)"

@@ -56,3 +56,18 @@ def test_inter_instahide_reads_have_their_known_public_partners_subtracted():
     (record,) = cert.results
     assert record["info"]["decode"].startswith("public partners identified in the known public set (64 images)")
     assert cert.status == "NOT CERTIFIED" and record["recovered"]["above_max_ssim"] >= 5
+
+
+def test_fedavg_and_an_encoding_under_noise_are_read_the_same_way():
+    """FedAvg (every local step its own encodings) and InstaHide stacked under Gaussian noise: the rounds are
+    collected, never averaged (each round's reads are of other encodings), and decoded."""
+    cfg = _config({"kind": "instahide", "k": 4, "max_coeff": 0.65})
+    cfg["client"] = {"protocol": "fedavg", "batch_size": 8, "epochs": 1, "lr": 0.1, "samples": 8}
+    (record,) = certify(cfg).results
+    assert record["info"]["encoded_rounds"].endswith("over 16 rounds of fresh encodings of the batch")
+    assert record["info"]["decode"].startswith("blind demixing of")
+    noisy = _config({"kind": "stack", "defenses": [{"kind": "instahide", "k": 4, "max_coeff": 0.65},
+                                                   {"kind": "gaussian", "sigma": 0.001}]})
+    (record,) = certify(noisy).results
+    assert record["info"]["repeats"].startswith("1 (the client encodes its inputs afresh every round")
+    assert "over 16 rounds" in record["info"]["encoded_rounds"]
