@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    # Ray renices its workers (the ClientApps) to 15. On a 2-core host with any other busy process at nice 0
+    # they got ~3% of a core: round 1 never finished in 10 minutes (26 s otherwise). The clients are the work.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # Ray's worker processes import the apps by module name
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
     sys.path.insert(0, str(HERE))

@@ -41,6 +41,9 @@ class Ray:
         local = address in (None, "local")  # a new local instance ('local': even where RAY_ADDRESS is set)
         if local:
             kwargs["num_cpus"] = workers
+            # Ray renices its workers to 15: on a small busy host (2 cores, any other process at nice 0) they got
+            # ~3% of a core and a run stalled for minutes. Here the workers are the work.
+            os.environ.setdefault("RAY_worker_niceness", "0")
         if address is not None:
             kwargs["address"] = address
         self._owned = not ray.is_initialized()

@@ -17,15 +17,22 @@ pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _text(out) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("flower")
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples/flower/run.py"), "--rounds", "3", "--clients", "4", "--cpus", "2",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env=env,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "examples/flower/run.py"), "--rounds", "3", "--clients", "4", "--cpus", "2",
+             "--out", str(out)],
+            capture_output=True, text=True, timeout=600, env=env,
+        )
+    except subprocess.TimeoutExpired as err:  # say where it stood (a CI run once stalled in round 1: Ray's nice 15)
+        pytest.fail(f"the simulation ran past 600 s; its last output:\n{_text(err.stdout)[-2000:]}{_text(err.stderr)[-4000:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "rounds.png").stat().st_size > 1000
     return json.loads((out / "results.json").read_text())
