@@ -14,9 +14,10 @@ import torch
 
 from guardfl.defenses import untouched_layers
 from guardfl.redteam import modality
-from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, defense_leaves, fresh_noise
+from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, fresh_noise
 from guardfl.redteam.certification import evidence
 from guardfl.redteam.config import RedTeamConfig
+from guardfl.redteam.threat import defense_kinds
 
 
 def defense_warnings(defense: dict | None, model: torch.nn.Module) -> list[str]:
@@ -265,7 +266,7 @@ def unadapted_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
     if not any((r.get("threat") or {}).get("server") == "malicious" for r in results):
         return []
     ran = {r["attack"] for r in results}
-    kinds = sorted(kind for kind in {leaf.kind for leaf in defense_leaves(cfg.defense)} & set(ADAPTED_BY)
+    kinds = sorted(kind for kind in {leaf.kind for leaf in defense_kinds(cfg.defense)} & set(ADAPTED_BY)
                    if ADAPTED_BY[kind] not in ran)
     return [f"the malicious-server construction adapted to {kind} ({ADAPTED_BY[kind]}) did not run (not in the plan, or "
             f"not applicable to this model), so this verdict rests on attacks that do not target {kind}" for kind in kinds]

@@ -57,11 +57,11 @@ from guardfl.defenses import DefenseConfig
 from guardfl.redteam.attacks.base import DECODING_THREAT, AttackConfig, Capabilities, Reconstruction
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.attacks.registry import register
-from guardfl.redteam.attacks.malicious.server import (Denoise, Repeats, ServerAttack, defense_known, defense_leaves, fill_batch,
+from guardfl.redteam.attacks.malicious.server import (Denoise, Repeats, ServerAttack, defense_known, fill_batch,
                                                     pruning_stages, query_averaged, repeats_for, repeats_line, server_labels)
 from guardfl.redteam.client.simulate import ClientQuery
 from guardfl.redteam.modality.image.data import MAX_TENSOR_BYTES, gib, memory_bound
-from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.threat import ThreatModel, defense_kinds
 
 PREFIX = "imprint_block"
 
@@ -149,7 +149,7 @@ def boost_for(defense_config: DefenseConfig | dict | None) -> float:
     """``NOISE_BOOST`` when the defense adds noise whose scale does not follow the gradient's (Gaussian,
     Laplace, Outpost), else 1 (pruning, sign, DP-SGD's per-sample clipping: a larger gradient buys
     nothing there)."""
-    kinds = {leaf.kind for leaf in defense_leaves(defense_config)}
+    kinds = {leaf.kind for leaf in defense_kinds(defense_config)}
     return NOISE_BOOST if kinds & {"gaussian", "laplace", "outpost"} else 1.0
 
 

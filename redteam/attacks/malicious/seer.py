@@ -64,14 +64,14 @@ from guardfl.redteam.attacks.dense import trap_layers
 from guardfl.redteam.attacks.malicious.seer_adapt import (BOOSTS, NOISE_KINDS, adapt, defended_held_out, rescale,
                                                          surrogate)
 from guardfl.redteam.attacks.malicious.seer_training import PROPERTIES, Decoder, augment, held_out, seer_loss
-from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, averaged_defense, defense_known, defense_leaves, fill_batch,
+from guardfl.redteam.attacks.malicious.server import (Repeats, ServerAttack, averaged_defense, defense_known, fill_batch,
                                                     query_averaged, repeats_for, repeats_line, server_labels)
 from guardfl.redteam.attacks.malicious.trap_fit import passes, shadows
 from guardfl.redteam.attacks.registry import register
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused
 from guardfl.redteam.client.transmit import TransmitSimulator
-from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.threat import ThreatModel, defense_kinds
 
 #: held-out batches the preparation is measured on
 HELD_OUT_DRAWS = 30
@@ -268,7 +268,7 @@ class Seer(ServerAttack):
         the simulated defense (the jointly trained decoder), and the best is sent."""
         sent = copy.deepcopy(setting.model)
         sent.load_state_dict(chosen["model"])
-        noisy = sorted({leaf.kind for leaf in defense_leaves(defense)} & NOISE_KINDS)
+        noisy = sorted({leaf.kind for leaf in defense_kinds(defense)} & NOISE_KINDS)
         c = self.config
         if c.boost == "auto" and not noisy:
             return sent, 1.0, ("none (1): " + ("the client's defense is unknown to the server" if setting.defense_config is not None

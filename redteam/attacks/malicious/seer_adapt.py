@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from guardfl.ops.selection import prune_count
 from guardfl.redteam.attacks.malicious.seer_training import Decoder, augment, property_scores
-from guardfl.redteam.attacks.malicious.server import defense_leaves
 from guardfl.redteam.client.transmit import TransmitSimulator
 from guardfl.redteam.modality.image.metrics import ssim
+from guardfl.redteam.threat import defense_kinds
 
 
 def first_layer_updates(sim: TransmitSimulator, x: Tensor, y: Tensor, weight: str) -> Tensor:
@@ -138,7 +138,7 @@ def surrogate(defense: Any) -> tuple[Callable[[Tensor], Tensor], str] | None:
       server's own draws, never the client's."""
     stages, names = [], []
     draws = torch.Generator().manual_seed(0x5EE2)
-    for leaf in defense_leaves(defense):
+    for leaf in defense_kinds(defense):
         if leaf.kind in ("gradprune", "outpost") and (ratio := leaf.ratio if leaf.kind == "gradprune" else leaf.prune) > 0:
             stages.append(lambda g, r=ratio: g * keep_largest(g.detach(), r))
             names.append(f"{leaf.kind} {ratio:g} (the mask of the largest entries)")

@@ -24,10 +24,11 @@ from guardfl.defenses import DefenseConfig, parse_config
 from guardfl.redteam.attacks.base import Attack, NotApplicable, Reconstruction
 from guardfl.redteam.attacks.compute import exact_float32, resolve_device
 from guardfl.redteam.attacks.denoise import CALIBRATION_IMAGES, Calibration, calibration_for, denoise
+from guardfl.redteam.attacks.known_defense import known_defense
 from guardfl.redteam.attacks.labels import infer_labels
 from guardfl.redteam.attacks.setting import Setting
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
-from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.threat import ThreatModel, defense_kinds
 
 
 class ServerAttack(Attack):
@@ -42,7 +43,7 @@ class ServerAttack(Attack):
     def applicable(cls, setting: Setting, threat: ThreatModel | None = None) -> str | None:
         reason = super().applicable(setting, threat)
         if reason is None and not cls.one_round_reads and (threat or ThreatModel()).defense == "known" \
-                and any(leaf.kind in ENCODINGS for leaf in defense_leaves(setting.defense_config)):
+                and encodes_inputs(setting.defense_config):
             return ("its reads combine the updates of several rounds, and this client encodes its inputs afresh "
                     "every round (MixUp / InstaHide): the one-round constructions read its encodings instead")
         return reason
@@ -152,18 +153,12 @@ def fill_batch(images: torch.Tensor, samples: int, input_range: tuple[float, flo
     return images.repeat(reps, *([1] * (images.dim() - 1)))[:samples]
 
 
-def defense_leaves(config: DefenseConfig | dict | None) -> list[DefenseConfig]:
-    """The stages of the client's defense (a stack's members, or the one defense; none without one), as
-    an attack that knows the defense's configuration adapts to them."""
-    return [] if not config else parse_config(config).leaves()
-
-
 def pruning_stages(config: DefenseConfig | dict | None) -> list[tuple[float, str]]:
     """``(ratio, scope)`` of every stage of the client's defense that zeroes the smallest entries: GradPrune
     (its ``scope``: ``layer`` or ``global``) and Outpost (its ``prune``, per layer); stages that prune nothing
     left out."""
     stages = []
-    for leaf in defense_leaves(config):
+    for leaf in defense_kinds(config):
         if leaf.kind == "gradprune":
             stages.append((float(leaf.ratio), leaf.scope))
         elif leaf.kind == "outpost" and leaf.prune > 0:
@@ -177,8 +172,6 @@ FRESH_NOISE = frozenset({"gaussian", "laplace", "outpost", "dpsgd", "graddefense
 #: the repeats ``repeats: auto`` sends against such a known defense: 16 rounds of one model, the noise a
 #: quarter of one round's (a client answers far more rounds than this in a deployment)
 AUTO_REPEATS = 16
-#: the defenses that encode the client's inputs afresh every round (``encoded_rounds``)
-ENCODINGS = frozenset({"mixup", "instahide"})
 #: the allowed range of an attack's ``repeats`` (above the leak history's default of 256 rounds a batch)
 MAX_REPEATS = 1024
 
@@ -186,7 +179,14 @@ MAX_REPEATS = 1024
 def fresh_noise(config: DefenseConfig | dict | None) -> list[str]:
     """The kinds of ``config``'s stages (as the server knows it; None: none) that draw fresh noise every
     round (``FRESH_NOISE``), sorted: what averaging repeated rounds shrinks."""
-    return sorted({leaf.kind for leaf in defense_leaves(config)} & FRESH_NOISE)
+    return sorted({leaf.kind for leaf in defense_kinds(config)} & FRESH_NOISE)
+
+
+def encodes_inputs(config: DefenseConfig | dict | None) -> bool:
+    """Whether ``config`` (as the server knows it; None: none) has a stage that encodes the client's inputs
+    afresh every round (MixUp, InstaHide: ``known_defense``'s encodings): its rounds are collected and
+    demixed (``encoded_rounds``), never averaged."""
+    return known_defense(config).encoding is not None
 
 
 def check_repeats(value):
@@ -223,7 +223,7 @@ def repeats_for(config: DefenseConfig | dict | None, repeats: Literal["auto"] | 
     encoding (its rounds are collected instead, ``encoded_rounds``)."""
     if repeats != "auto":
         return int(repeats)
-    if not fresh_noise(config) or any(leaf.kind in ENCODINGS for leaf in defense_leaves(config)):
+    if not fresh_noise(config) or encodes_inputs(config):
         return 1  # no noise to average; or fresh encodings every round, which the rounds would mix (encoded_rounds)
     return AUTO_REPEATS if budget is None else min(int(budget), MAX_REPEATS)
 
@@ -280,7 +280,7 @@ def repeats_line(repeats: int, config: DefenseConfig | dict | None, answered: in
     of the ``repeats`` asked; None: all of them; ``budget``: the client's round budget, ``client.max_rounds``)."""
     answered = repeats if answered is None else answered
     noisy = bool(fresh_noise(config))
-    if repeats <= 1 and any(leaf.kind in ENCODINGS for leaf in defense_leaves(config)):
+    if repeats <= 1 and encodes_inputs(config):
         return "1 (the client encodes its inputs afresh every round: the rounds are collected, not averaged)"
     if repeats <= 1:
         if noisy and budget == 1:

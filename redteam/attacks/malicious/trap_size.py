@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from guardfl.defenses import DefenseConfig
 from guardfl.ops.selection import prune_count
-from guardfl.redteam.attacks.malicious.server import defense_leaves, pruning_stages
+from guardfl.redteam.attacks.malicious.server import pruning_stages
+from guardfl.redteam.threat import defense_kinds
 
 #: the boost "auto" uses against a known pruning or noise defense (see ``TrapWeightsConfig.boost``): the
 #: value the shipped configs' boosted traps use
@@ -29,7 +30,7 @@ def boost_for(defense_config: DefenseConfig | dict | None) -> float:
     """``TRAP_BOOST`` when the client's defense (any stage of a stack) prunes the update by magnitude
     (GradPrune, Outpost) or adds noise of a scale that does not follow the gradient's (Gaussian, Laplace,
     Outpost), else 1 (sign compression keeps no magnitude; DP-SGD clips each sample's gradient first)."""
-    kinds = {leaf.kind for leaf in defense_leaves(defense_config)}
+    kinds = {leaf.kind for leaf in defense_kinds(defense_config)}
     return TRAP_BOOST if kinds & {"gradprune", "outpost", "gaussian", "laplace"} else 1.0
 
 

@@ -143,10 +143,10 @@ from guardfl.redteam.attacks.malicious.trap_fit import TrapPlan, fit
 from guardfl.redteam.attacks.malicious.trap_cuts import cuts_for, norm_cuts_for
 from guardfl.redteam.attacks.malicious.trap_size import TRAP_BOOST, auto_rows, boost_for  # noqa: F401 - TRAP_BOOST re-exported
 from guardfl.redteam.attacks.malicious.robbing_the_fed import bin_differences, candidates
-from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_known, defense_leaves, fill_batch, query_averaged,
+from guardfl.redteam.attacks.malicious.server import (ServerAttack, defense_known, fill_batch, query_averaged,
                                                     repeats_for, repeats_line, server_labels)
 from guardfl.redteam.client.simulate import ClientQuery, ModelRefused, Observation
-from guardfl.redteam.threat import ThreatModel
+from guardfl.redteam.threat import ThreatModel, defense_kinds
 
 
 def craft(model: nn.Module, layers: TrapLayers, input_shape: tuple[int, ...],
@@ -285,7 +285,7 @@ class TrapWeights(ServerAttack):
         return TrapPlan(layers, None if threat.aux is None else threat.aux.images, known,
                         (boost_for(setting.defense_config) if known else 1.0) if c.boost == "auto" else float(c.boost),
                         c.scales == "equal" or (c.scales == "auto" and setting.protocol.name == "fedavg"),
-                        known and any(leaf.kind == "outpost" for leaf in defense_leaves(setting.defense_config)))
+                        known and any(leaf.kind == "outpost" for leaf in defense_kinds(setting.defense_config)))
 
     def build(self, plan: TrapPlan, chains: int, rows: int | None, client: ClientQuery, setting: Setting,
               threat: ThreatModel, gen: torch.Generator, columns: int | None = None) -> tuple[Trap, dict]:

@@ -5,8 +5,8 @@ import torch
 
 from guardfl.redteam.attacks import Setting, get
 from guardfl.errors import ConfigError
-from guardfl.redteam.attacks.malicious.server import (AUTO_REPEATS, MAX_REPEATS, averaged_defense, query_averaged, repeats_for,
-                                                      repeats_line)
+from guardfl.redteam.attacks.malicious.server import (AUTO_REPEATS, MAX_REPEATS, averaged_defense, encodes_inputs, query_averaged,
+                                                      repeats_for, repeats_line)
 from guardfl.redteam.client.simulate import ClientQuery, FedSGD, ModelRefused
 from guardfl.redteam.modality.image.models import FC2
 from guardfl.redteam.threat import ThreatModel
@@ -30,6 +30,14 @@ def test_auto_repeats_only_against_fresh_noise_the_server_knows():
     assert repeats_line(1, {"kind": "sign"}).startswith("1 (no fresh noise") and "4 times smaller" in repeats_line(16, None)
     assert repeats_line(1, {"kind": "gaussian", "sigma": 0.1}).startswith("1 (set by repeats; the defense draws fresh noise")
     assert repeats_line(16, None, 5).endswith("16 asked, the client refused round 6")
+
+
+def test_an_encoding_at_any_depth_of_a_stack_is_collected_not_averaged():
+    mixup = {"kind": "mixup", "k": 2}
+    noisy = {"kind": "stack", "defenses": [{"kind": "stack", "defenses": [mixup]}, {"kind": "gaussian", "sigma": 0.1}]}
+    assert encodes_inputs(mixup) and encodes_inputs({"kind": "instahide", "k": 2}) and encodes_inputs(noisy)
+    assert not encodes_inputs({"kind": "gaussian", "sigma": 0.1}) and not encodes_inputs(None)
+    assert repeats_for(noisy, "auto") == 1 and repeats_line(1, noisy).startswith("1 (the client encodes its inputs")
 
 
 def test_the_average_of_repeated_rounds_keeps_the_gradient_and_shrinks_the_noise_by_the_root():
