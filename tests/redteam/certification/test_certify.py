@@ -139,10 +139,18 @@ def test_every_shipped_config_is_valid():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name, code", [("default.yaml", 0), ("no-defense.yaml", 1), ("cpa-fc2-b64.yaml", 1), ("cpa-fc2-b64-defended.yaml", 0),
-                                        ("huang2021-instahide-cpu.yaml", 0), ("huang2021-mixup-cpu.yaml", 1), ("dpsgd-eps8.yaml", 0)])
-def test_shipped_default_certifies_and_no_defense_does_not(tmp_path, name, code):
-    assert main(["redteam", "--config", str(ROOT / "configs" / name), "--out", str(tmp_path), "--quiet"]) == code
+@pytest.mark.parametrize("name, code", [("default.yaml", 1), ("no-defense.yaml", 1), ("cpa-fc2-b64.yaml", 1), ("cpa-fc2-b64-defended.yaml", 0),
+                                        ("huang2021-instahide-cpu.yaml", 1), ("huang2021-mixup-cpu.yaml", 1), ("dpsgd-eps8.yaml", 1)])
+def test_the_shipped_configs_verdicts(tmp_path, name, code):
+    """The README's verdicts: the default does not certify (Outpost's paper defaults: 1 of 30 faces past its
+    limit; unseeded, as shipped, 3 of 4 runs on 2026-11-29, so its defense is seeded here: one fixed draw);
+    the InstaHide and DP-SGD configs attack too few samples for their claim (INSUFFICIENT EVIDENCE, exit 1)."""
+    config = yaml.safe_load((ROOT / "configs" / name).read_text())
+    if config.get("defense"):
+        config["defense"] = {**config["defense"], "seed": 0}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == code
 
 
 def test_the_certificate_warns_about_layers_the_defense_never_changes(tmp_path, capsys):

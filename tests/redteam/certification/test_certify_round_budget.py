@@ -12,7 +12,9 @@ FC = {
     "model": {"name": "fc2", "num_classes": 10, "state": "default"},
     "data": {"source": "lfw-faces", "limit": 64},
     "client": {"protocol": "fedsgd", "batch_size": 64, "inspect": True},
-    "defense": {"kind": "gaussian", "sigma": 0.01, "clip": 0.1},
+    # seeded: one fixed draw. Unseeded (OS entropy, as deployed) the 16-round run certified in 3 of 160 runs
+    # (one face either side of its limit: a certificate near its limit is a draw, docs section 24)
+    "defense": {"kind": "gaussian", "sigma": 0.01, "clip": 0.1, "seed": 0},
     "aux": {"source": "lfw-faces", "offset": 64},
     "attacks": [TRAP],
     "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1},
@@ -22,8 +24,9 @@ FC = {
 
 def test_clipped_noise_holds_for_the_rounds_the_budget_allows_and_not_past_them(tmp_path):
     """Single-row traps through Gaussian noise 0.01 clipped to 0.1 (FC-2, 64 faces), their reads filtered
-    (``denoise: auto``): sent 16 times and averaged they read faces past SSIM 0.4 (measured 5, worst 0.55);
-    a client whose budget is one round sends one update of each, and the same traps read none (2026-11-29;
+    (``denoise: auto``): sent 16 times and averaged they read a face past SSIM 0.4 (seeds 0-7: 1 face, worst
+    0.47-0.65; seed 0 0.58); a client whose budget is one round sends one update of each, and the same traps
+    read none (worst 0.23-0.32; seed 0 0.23) (2026-11-29;
     clipped to 0.3, one round was enough to read one face past its limit once the reads were filtered)."""
     bins = {"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}
     one = certify({**FC, "client": {**FC["client"], "max_rounds": 1}, "attacks": [TRAP, bins]}, out=tmp_path)
