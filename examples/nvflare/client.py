@@ -59,6 +59,7 @@ def main() -> None:
         if flare.is_train():
             out = site.train(input_model)
             out.metrics = {**(out.metrics or {}), "accuracy": global_acc}
+            out.meta = {**(out.meta or {}), "site": site.name}  # for the server's audit (audit.py: who sent it)
             print(f"{site.name} round {input_model.current_round}: global accuracy {global_acc:.3f}, "
                   f"train loss {out.metrics['train_loss']:.3f}")
             flare.send(out)
