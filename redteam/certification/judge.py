@@ -259,17 +259,40 @@ def budget_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
 #: or not applicable to the model), says its verdict rests on attacks that do not target the defense
 ADAPTED_BY = {"sign": "sign_bits"}
 
+#: the client's checks of a received model (``client.<field>``) -> the malicious-server constructions built
+#: to pass them (any one that ran will do): the disguised traps, fishing and SEER pass the inspection
+#: (README's check table); only the threshold bins pass a leak limit, which refuses every other construction
+#: and the honest model's own leak
+CHECKS_ADAPTED_BY = {
+    "inspect": ("trap_weights", "fishing", "seer", "threshold_bins"),
+    "inspect_leak_limit": ("threshold_bins",),
+}
+
+
+def _checks_on(client) -> list[str]:
+    """The client's checks in ``CHECKS_ADAPTED_BY`` that it runs (a leak limit only with the inspection)."""
+    if not client.inspect:
+        return []
+    return ["inspect"] + (["inspect_leak_limit"] if client.inspect_leak_limit is not None else [])
+
 
 def unadapted_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
-    """A malicious server attacked a client whose defense has a stage in ``ADAPTED_BY`` and the construction
-    adapted to it did not run: the verdict rests on constructions that do not target that stage."""
+    """A malicious server attacked a client whose defense has a stage in ``ADAPTED_BY``, or that runs a check
+    in ``CHECKS_ADAPTED_BY``, and no construction adapted to it ran: the verdict rests on constructions that
+    do not target that stage, or that the check was built to refuse."""
     if not any((r.get("threat") or {}).get("server") == "malicious" for r in results):
         return []
     ran = {r["attack"] for r in results}
     kinds = sorted(kind for kind in {leaf.kind for leaf in defense_kinds(cfg.defense)} & set(ADAPTED_BY)
                    if ADAPTED_BY[kind] not in ran)
-    return [f"the malicious-server construction adapted to {kind} ({ADAPTED_BY[kind]}) did not run (not in the plan, or "
-            f"not applicable to this model), so this verdict rests on attacks that do not target {kind}" for kind in kinds]
+    out = [f"the malicious-server construction adapted to {kind} ({ADAPTED_BY[kind]}) did not run (not in the plan, or "
+           f"not applicable to this model), so this verdict rests on attacks that do not target {kind}" for kind in kinds]
+    for check in _checks_on(cfg.client):
+        if not ran & set(CHECKS_ADAPTED_BY[check]):
+            out.append(f"the client runs client.{check} and no malicious-server construction built to pass it "
+                       f"({' / '.join(CHECKS_ADAPTED_BY[check])}) ran (not in the plan, or not applicable to this model), "
+                       f"so this verdict rests on constructions the check was built to refuse")
+    return out
 
 
 def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:

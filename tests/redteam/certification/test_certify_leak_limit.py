@@ -34,6 +34,9 @@ def test_the_limit_refuses_the_honest_models_own_leak_and_the_certificate_says_t
     inspection = result.client["inspection"]
     assert inspection["leak_limit"] == 0 and "leak_limit" in inspection["checks"]
     assert "refused the honest global model" in (tmp_path / "report.html").read_text()
+    # the green rests on a trap the limit was built to refuse: the construction that passes it did not run
+    (unadapted,) = [w for w in result.warnings if "no malicious-server construction built to pass it" in w]
+    assert unadapted.startswith("the client runs client.inspect_leak_limit and no") and "(threshold_bins)" in unadapted
 
 
 def test_without_a_limit_the_honest_model_is_not_refused():
@@ -46,6 +49,9 @@ def test_without_a_limit_the_honest_model_is_not_refused():
     honest = next(r for r in result.results if r["attack"] == "exclusive_neurons")
     assert "refused" not in honest["info"] and honest["recovered"]["exact"] >= 8
     assert not [w for w in result.warnings if "honest global model" in w]
+    # an inspecting client met by the published imprint alone: none of the disguised constructions ran
+    (unadapted,) = [w for w in result.warnings if "no malicious-server construction built to pass it" in w]
+    assert unadapted.startswith("the client runs client.inspect and no") and "trap_weights / fishing / seer" in unadapted
     assert result.client["inspection"]["not_run"][1].startswith("leak_limit (an absolute limit")
 
 
@@ -71,6 +77,7 @@ def test_a_limit_per_update_does_not_hold_against_a_server_that_lifts_every_unit
     (bins,) = result.results
     assert "refused" not in bins["info"] and bins["info"]["refused_queries"] == "0" and bins["info"]["queries"] == "65"
     assert bins["recovered"]["exact"] >= 5  # 14 of 64 faces exactly
+    assert not [w for w in result.warnings if "built to pass it" in w]  # the construction adapted to both checks ran
 
 
 def test_a_limit_with_the_clients_history_refuses_the_differences_that_isolate_but_partial_reads_remain():
