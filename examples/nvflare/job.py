@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(HERE))  # task.py, audit.py
+    # each site's script runs in a process of its own, and finds task.py there
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
     import torch
     from nvflare.app_opt.pt.recipes.fedavg import FedAvgRecipe
     from nvflare.client.config import TransferType
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     train_args = f"--lr {args.lr} --epochs {args.epochs} --samples {args.samples} --defense {args.defense}"
     recipe = FedAvgRecipe(name="guardfl_nvflare", model=Net(), min_clients=args.sites, num_rounds=args.rounds,
                           train_script=str(HERE / "client.py"), train_args=train_args,
+                          # a process per site: the simulator runs its sites as threads of one process, and the
+                          # in-process Client API is one context per process (flare.init() of the second site
+                          # returned the first's): in two CI runs both sites trained as one site on its data
+                          launch_external_process=True, command=f"{sys.executable} -u",
                           params_transfer_type=TransferType.DIFF if args.transfer == "DIFF" else TransferType.FULL)
     if args.update_prune > 0:
         add_update_filter(recipe, GuardUpdateFilter({"kind": "gradprune", "ratio": args.update_prune}), tasks=["train"])
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe.add_server_input_filter(UpdateAudit(str(audit_path), lr=args.lr), tasks=["train"])
 
     start = time.perf_counter()
-    env = SimEnv(num_clients=args.sites, num_threads=args.sites, workspace_root=str(out / "workspace"))
+    env = SimEnv(num_clients=args.sites, num_threads=1, workspace_root=str(out / "workspace"))
     try:
         workspace = Path(recipe.run(env).get_result())
     except RuntimeError as err:  # a site refused a round (see its log), or the run failed
