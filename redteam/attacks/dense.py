@@ -61,7 +61,7 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...],
     d = math.prod(input_shape)
     if len(layers) < 3 or not isinstance(layers[0], nn.Linear) or layers[0].in_features != d:
         first = type(layers[0]).__name__ if layers else "none"
-        return (f"trap weights need a first layer that is an nn.Linear on the whole flattened input ({d} features); "
+        return (f"a dense-layer construction needs a first layer that is an nn.Linear on the whole flattened input ({d} features); "
                 f"this model's first layer is {first}")
     norm = layers[1] if isinstance(layers[1], normalising) else None
     if norm is not None:
@@ -71,7 +71,7 @@ def trap_layers(model: nn.Module, input_shape: tuple[int, ...],
         layers = [layers[0], *layers[2:]]
     first, relu, second = layers[0], layers[1], layers[2] if len(layers) > 2 else None
     if not isinstance(relu, nn.ReLU) or not isinstance(second, nn.Linear) or second.in_features != first.out_features:
-        return "trap weights need nn.Linear -> (nn.BatchNorm1d ->) nn.ReLU -> nn.Linear reading all of the first layer's units"
+        return "a dense-layer construction needs nn.Linear -> (nn.BatchNorm1d ->) nn.ReLU -> nn.Linear reading all of the first layer's units"
     return TrapLayers(names[id(first)], first, names[id(second)], second,
                       None if norm is None else names[id(norm)], norm)
 
@@ -87,6 +87,6 @@ def _norm_refusal(norm: nn.Module, units: int) -> str | None:
     if (isinstance(norm, nn.LayerNorm) and tuple(norm.normalized_shape) == (units,) and units >= 8
             and norm.weight is not None and norm.bias is not None):
         return None
-    return (f"the first layer's units go through {type(norm).__name__}: trap weights need an affine nn.BatchNorm1d of all "
+    return (f"the first layer's units go through {type(norm).__name__}: a dense-layer construction needs an affine nn.BatchNorm1d of all "
             "of them, an affine nn.GroupNorm of groups of 3 or more, a nn.LayerNorm over 8 or more of them with a weight "
             "and a bias (the cut-offs go in its bias), or none")

@@ -85,7 +85,7 @@ def first_dense(model: nn.Module, input_shape: tuple[int, ...], names: list[str]
     """The first linear layer (going straight into a ReLU) whose weight and bias are updated, or why not."""
     layers = trap_layers(model, input_shape)
     if isinstance(layers, str):
-        return layers.replace("trap weights need", "reading exclusive units needs")
+        return layers.replace("a dense-layer construction needs", "reading exclusive units needs")
     if layers.norm is not None:
         return (f"the first layer's units go through {type(layers.norm).__name__} before the ReLU, which mixes every "
                 "sample's (or unit's) gradient into each unit: no unit is exclusive to one sample")
