@@ -7,6 +7,7 @@ team certifies it as deployed (``configs/nvflare-example.yaml``, ``target.nvflar
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -18,13 +19,14 @@ class Site:
     """One site's model, private data and guarded trainer (its DP accountant / round counter live here)."""
 
     def __init__(self, site: str, *, lr: float = 0.02, epochs: int = 1, samples: int = 128, batch_size: int = 16,
-                 defense: str = "sign", inspect: bool = False, model: str = "cnn", dataset: str = "synthetic") -> None:
+                 defense: str = "sign", inspect: bool = False, model: str = "cnn", dataset: str = "synthetic",
+                 state_path: str | None = None) -> None:
         self.name = site
         self.loader = site_loader(site_index(site), samples, batch_size, dataset=dataset)
         self.model = make_model(model)
         self.trainer = GuardedTrainer(self.model, lambda params: torch.optim.SGD(params, lr=lr),
                                       None if defense == "none" else defense,  # a guardfl kind or a .yaml path
-                                      epochs=epochs, inspect=inspect)
+                                      epochs=epochs, inspect=inspect, state_path=state_path)
 
     def train(self, input_model):
         return self.trainer.train(input_model, self.loader)
@@ -47,8 +49,11 @@ def main() -> None:
     args = p.parse_args()
 
     flare.init()
-    site = Site(flare.get_site_name(), lr=args.lr, epochs=args.epochs, samples=args.samples, defense=args.defense,
-                inspect=args.inspect)
+    name = flare.get_site_name()
+    # the simulator starts this script anew every round (job.py): the site's ClientState (round counter, DP
+    # accountant, round budget) lives in a file in its workspace, not in the process
+    site = Site(name, lr=args.lr, epochs=args.epochs, samples=args.samples, defense=args.defense,
+                inspect=args.inspect, state_path=os.path.abspath(f"guardfl-state-{name}.json"))
     x_test, y_test = test_data()
     while flare.is_running():
         input_model = flare.receive()
