@@ -329,6 +329,10 @@ def test_example_job_on_the_simulator(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     audit = results["audit"]
     assert len(audit) == 4 and {a["site"] for a in audit} == {"site-1", "site-2"}
+    # two sites, two data partitions: each round's two updates differ (in one process both sites trained as
+    # site-1 on its data, the Client API being one context per process)
+    for r in (0, 1):
+        assert len({a["guardfl"]["norm_before"] for a in audit if a["round"] == r}) == 2, audit
     for a in audit:
         assert a["return_code"] == "OK" and a["kind"] == "WEIGHT_DIFF"
         assert a["zero_fraction"] >= 0.89 and a["lr_multiple_fraction"] == 1.0
