@@ -32,9 +32,9 @@ class UpdateAudit(Filter):
                   "return_code": shareable.get_return_code()}
         if record["return_code"] == ReturnCode.OK:
             dxo = from_shareable(shareable)
-            # the simulator's peer context can name the site that spoke last, not the sender (a CI run's server
-            # log: "got result from client site-1" under peer=site-2, and all four results audited as site-2),
-            # so the name the site's script put in the meta comes first
+            # the name the site's script put in the meta comes first: the simulator's peer context named one site
+            # for all four results when the sites ran in one process (a CI run's server log: "got result from
+            # client site-1" under peer=site-2)
             record["site"] = dxo.get_meta_prop("site") or record["site"]
             record["kind"] = str(getattr(dxo.data_kind, "value", dxo.data_kind))
             if dxo.data_kind == DataKind.WEIGHT_DIFF:
