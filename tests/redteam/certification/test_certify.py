@@ -12,6 +12,7 @@ from guardfl.cli import main
 from guardfl.redteam.certification.run import certify
 from guardfl.redteam.config import load_config
 from tests.claims import LOOSE_CLAIM
+from tests.seeding import seeded
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -146,8 +147,7 @@ def test_the_shipped_configs_verdicts(tmp_path, name, code):
     limit; unseeded, as shipped, 3 of 4 runs on 2026-11-29, so its defense is seeded here: one fixed draw);
     the InstaHide and DP-SGD configs attack too few samples for their claim (INSUFFICIENT EVIDENCE, exit 1)."""
     config = yaml.safe_load((ROOT / "configs" / name).read_text())
-    if config.get("defense"):
-        config["defense"] = {**config["defense"], "seed": 0}
+    config["defense"] = seeded(config.get("defense"))
     path = tmp_path / name
     path.write_text(yaml.safe_dump(config))
     assert main(["redteam", "--config", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == code

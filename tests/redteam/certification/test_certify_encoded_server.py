@@ -2,16 +2,15 @@
 constructions read encodings, over many rounds, and the certificate judges them demixed, never raw."""
 
 from guardfl.redteam.certification.run import certify
+from tests.seeding import seeded
 
 
 def _config(defense: dict, **client) -> dict:
     """FC-2 on 32 faces against ``trap_weights``; the defense seeded (a deployed encoding draws from OS entropy:
     one CI run read 4 faces past 0.4 where these runs read 11; a test takes one fixed draw)."""
-    seeded = {**defense, "seed": 0} if defense.get("kind") != "stack" else {
-        **defense, "defenses": [{**d, "seed": 0} for d in defense["defenses"]]}
     return {"model": {"name": "fc2", "num_classes": 10, "state": "default"},
             "data": {"source": "lfw-faces", "limit": 32}, "client": {"protocol": "fedsgd", "batch_size": 32, **client},
-            "defense": seeded, "aux": {"source": "lfw-faces", "offset": 64},
+            "defense": seeded(defense), "aux": {"source": "lfw-faces", "offset": 64},
             "attacks": [{"name": "trap_weights", "threat": {"server": "malicious", "labels": "known"}}],
             "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1}, "seed": 0}
 

@@ -8,6 +8,7 @@ import yaml
 
 from guardfl.cli import main
 from guardfl.redteam.certification.run import certify
+from tests.seeding import seeded
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -17,7 +18,7 @@ def _seeded(name: str, seed: int = 0) -> dict:
     near its limit is a draw (``malicious-adaptive-gn-dpsgd.yaml``: one CI run of about ten NOT CERTIFIED,
     docs/malicious-server.md section 24); a test of the pipeline takes one fixed draw."""
     cfg = yaml.safe_load((CONFIGS / name).read_text())
-    cfg["defense"] = {**cfg["defense"], "seed": seed}
+    cfg["defense"] = seeded(cfg["defense"], seed)
     return cfg
 
 
