@@ -34,13 +34,21 @@ def standardiser(feats: Tensor, enabled: bool) -> tuple[Tensor, Tensor]:
     return mu, torch.where(sd > 1e-12, sd, torch.ones_like(sd))
 
 
+def _fused_ok(net: nn.Module) -> bool:
+    """Whether the fused Adam kernel serves ``net``'s parameters (float CPU or CUDA tensors)."""
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in net.parameters())
+
+
 def train_inverter(net: nn.Module, feats: Tensor, targets: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
                    redraw: Callable[[], tuple[Tensor, Tensor]] | None, *, mu: Tensor, sd: Tensor, epochs: int,
                    batch: int, lr: float, lr_drop_at: float, refresh_every: int, gen: torch.Generator,
                    progress: bool, name: str, metric: str) -> tuple[list[float], int]:
     """Train ``net`` on ``(feats - mu) / sd -> targets``; ``redraw`` (None: a deterministic defense) gives a
     fresh training draw. Returns the mean training loss per epoch and the number of draws used."""
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    # fused: one pass over each parameter per step (the inverter's first layer holds millions of weights: the
+    # per-tensor loop spent 44% of the default config's preparation in Adam; fused 7.6x faster, same maths up
+    # to float32 rounding, bench/bench_lti.py)
+    opt = torch.optim.Adam(net.parameters(), lr=lr, fused=_fused_ok(net))
     drop = max(1, int(round(lr_drop_at * epochs)))
     bar = progress_bar(progress, epochs, f"{name}: training")
     losses, draws = [], 1
