@@ -123,33 +123,60 @@ class RayJobs:
             on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None]) -> None:
         """``workers.run_parallel``'s contract on Ray: ``prepared(i)`` (a resumed run's states, else
         None: a preparation task runs first), ``on_prepared`` and ``on_done`` called in this process as
-        results arrive; the first error cancels the rest and is raised here."""
-        from guardfl.redteam.runtime.ray_connection import Ray, _sigint_deferred
+        results arrive; the first error cancels the rest and is raised here. One round of a :meth:`session`."""
+        with self.session(workers=workers, device=device) as rounds:
+            rounds.run(context, jobs, threads=threads, app_dir=app_dir, prepared=prepared, on_prepared=on_prepared,
+                       on_done=on_done)
+
+    @contextlib.contextmanager
+    def session(self, *, workers: int, device: torch.device):
+        """A connection kept for a whole run (the sequential rule's rounds: a local instance is started
+        once, not per round); yields an object whose ``run(context, jobs, ...)`` runs one round (its own
+        context in the store: the round's batches)."""
+        from guardfl.redteam.runtime.ray_connection import Ray
 
         started = time.perf_counter()
         stats = self.stats = RayStats()  # this run's
         connection = Ray(workers, self.address)
-        ray = connection._ray
-        gpus = (self.gpus_per_job or 1.0) if device.type == "cuda" else 0
-        resources = {"num_cpus": threads, "num_gpus": gpus, "max_retries": self.max_retries, "retry_exceptions": False}
-        driver = _Driver(ray, stats, _sigint_deferred, context, resources, threads, app_dir)
+        stats.start_seconds = time.perf_counter() - started  # connecting, or starting the local instance
+        rounds = _Rounds(self, connection, stats, device)
         try:
-            with _sigint_deferred():
-                self.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
-            tick = time.perf_counter()
-            stats.start_seconds = tick - started
-            remote = ray.remote(_ray_task)
-            _feasible(ray, threads, gpus)
-            driver.submit_first(remote, jobs, prepared)
-            tick = driver.collect(tick, on_prepared, on_done, self.max_retries)
-            stats.driver_seconds += time.perf_counter() - tick
+            yield rounds
         finally:
-            connection._refs.update({ref: None for ref in driver.running})  # cancelled on a cluster; a local instance stops
+            connection._refs.update({ref: None for ref in rounds.running})  # cancelled on a cluster; a local instance stops
             t_stop = time.perf_counter()
             connection.close()
             stats.stop_seconds = time.perf_counter() - t_stop
             stats.driver_seconds -= stats.callback_seconds  # reported apart
             stats.wall_seconds = time.perf_counter() - started
+
+
+class _Rounds:
+    """The rounds of one :meth:`RayJobs.session`: each a driver over its own context."""
+
+    def __init__(self, jobs: RayJobs, connection, stats: RayStats, device: torch.device) -> None:
+        self.jobs, self.connection, self.stats, self.device = jobs, connection, stats, device
+        self.running: dict[Any, tuple[str, Any]] = {}
+
+    def run(self, context: RunContext, jobs: list[Job], *, threads: int, app_dir: str | None,
+            prepared: Callable[[int], dict[str, Any] | None],
+            on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
+            on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None]) -> None:
+        from guardfl.redteam.runtime.ray_connection import _sigint_deferred
+
+        ray, stats = self.connection._ray, self.stats
+        gpus = (self.jobs.gpus_per_job or 1.0) if self.device.type == "cuda" else 0
+        resources = {"num_cpus": threads, "num_gpus": gpus, "max_retries": self.jobs.max_retries, "retry_exceptions": False}
+        driver = _Driver(ray, stats, _sigint_deferred, context, resources, threads, app_dir)
+        self.running = driver.running
+        with _sigint_deferred():
+            self.jobs.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
+        tick = time.perf_counter()
+        remote = ray.remote(_ray_task)
+        _feasible(ray, threads, gpus)
+        driver.submit_first(remote, jobs, prepared)
+        tick = driver.collect(tick, on_prepared, on_done, self.jobs.max_retries)
+        stats.driver_seconds += time.perf_counter() - tick
 
 
 class _Driver:

@@ -149,6 +149,11 @@ def _worker_main(conn, app_dir: str | None, threads: int) -> None:
             return
         if task is None:
             return
+        if task[0] == "batches":  # a new round's batches: no reply (its tasks follow on the same pipe)
+            if context is not None:
+                with contextlib.suppress(Exception):  # one that does not load fails its jobs (KeyError)
+                    context.batches.update(pickle.loads(task[1]))
+            continue
         try:
             if broken is not None:
                 raise broken
@@ -284,27 +289,65 @@ def run_parallel(
     on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
     on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None],
 ) -> None:
-    """Run ``jobs`` in ``workers`` processes. ``prepared(i)``: plan i's prepared states when the main
-    process has them (a resumed run), else None (a preparation task runs first). ``on_prepared(i, states,
-    info)`` and ``on_done(job, result)`` are called in the main process as results arrive. The first error
-    cancels the rest and is raised here.
+    """Run ``jobs`` in ``workers`` processes (one :class:`WorkerPool` round). ``prepared(i)``: plan i's
+    prepared states when the main process has them (a resumed run), else None (a preparation task runs
+    first). ``on_prepared(i, states, info)`` and ``on_done(job, result)`` are called in the main process as
+    results arrive. The first error cancels the rest and is raised here.
 
     A worker that dies, at any point (starting, loading the run, running a job, idle), raises
     :class:`WorkerError` naming the worker, its job and its exit signal; the others are ended and the main
     process never waits on a dead one (every wait includes each worker's exit sentinel). Workers ignore
     SIGINT: a Ctrl-C is the main process's ``KeyboardInterrupt``, which ends them too."""
-    import multiprocessing
-    from multiprocessing.connection import wait as wait_for
+    batches, bare = context.batches, RunContext(context.runner, context.plans, {})
+    with WorkerPool(bare, workers=workers, threads=threads, app_dir=app_dir) as pool:
+        pool.run(jobs, batches, prepared=prepared, on_prepared=on_prepared, on_done=on_done)
 
-    mp = multiprocessing.get_context("spawn")
-    payload = pickle.dumps(context)
-    states, waiting, queue = _first_queue(jobs, prepared)
-    pool: list[_Worker] = []
-    clean = False
-    try:
-        _start_pool(pool, mp, workers, app_dir, threads, payload)
+
+class WorkerPool:
+    """``workers`` spawned processes kept for a whole run: the run's context (without batches) is sent
+    once, when the first round needs the pool; each round sends its new batches, then its jobs
+    (:meth:`run`). The sequential rule attacks round after round, and a pool per round would pay the
+    workers' start (importing torch, loading the run) every time. Used as a context manager: leaving it
+    ends the workers (with a grace period when every round finished cleanly)."""
+
+    def __init__(self, context: RunContext, *, workers: int, threads: int, app_dir: str | None) -> None:
+        self.context, self.workers, self.threads, self.app_dir = context, workers, threads, app_dir
+        self.pool: list[_Worker] = []
+        self.clean = True
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        clean = self.clean and exc[0] is None
+        for worker in self.pool:
+            worker.stop(grace=10 if clean else 0)
+        self.pool = []
+
+    def run(self, jobs: list[Job], batches: dict[int, tuple], *, prepared: Callable[[int], dict[str, Any] | None],
+            on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
+            on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None]) -> None:
+        """One round: ``batches`` (b -> observation, inputs, labels) sent to every worker, then ``jobs``
+        (``run_parallel``'s contract)."""
+        import multiprocessing
+        from multiprocessing.connection import wait as wait_for
+
+        self.clean = False
+        self.context.batches.update(batches)  # the pickle of a pool started now carries them
+        if not self.pool:
+            mp = multiprocessing.get_context("spawn")
+            _start_pool(self.pool, mp, self.workers, self.app_dir, self.threads, pickle.dumps(self.context))
+        else:
+            payload = pickle.dumps(batches)
+            for worker in self.pool:
+                try:
+                    worker.conn.send(("batches", payload))  # read before the round's tasks (one pipe, in order)
+                except OSError:
+                    raise worker.died() from None
+        states, waiting, queue = _first_queue(jobs, prepared)
+        pool = self.pool
         while queue or any(w.task for w in pool):
-            _hand_out(pool, queue, states, context)
+            _hand_out(pool, queue, states, self.context)
             listening = _listening(pool)
             ready = wait_for(list(listening), timeout=30)
             # messages first: a worker that sent its result and then died is reported after it is recorded
@@ -313,10 +356,7 @@ def run_parallel(
             for worker in pool:  # a death its sentinel has not shown yet
                 if worker.process.exitcode is not None:
                     raise worker.died()
-        clean = True
-    finally:
-        for worker in pool:
-            worker.stop(grace=10 if clean else 0)
+        self.clean = True
 
 
 def _first_queue(jobs: list[Job], prepared: Callable[[int], dict[str, Any] | None],
