@@ -185,7 +185,7 @@ def redteam_config(batch: int, defense: dict | None, batches: int, device: str) 
         "attacks": "all",
         "strength": "auto",
         "device": device,
-        "certify": {"max_ssim": 0.4, "batches": batches},
+        "certify": {"max_ssim": 0.4, "max_updates": batches},
         "seed": 0,
     }
 

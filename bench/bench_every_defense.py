@@ -85,7 +85,7 @@ def config(batch: int, defense: dict | None, targets: int, aux: Path, pop: Path)
         "defense": defense,
         "attacks": "all",
         "strength": "quick",
-        "certify": {"max_ssim": 0.4, "max_leak_rate": 0.35, "batches": max(1, targets // batch)},
+        "certify": {"max_ssim": 0.4, "max_leak_rate": 0.35, "max_updates": max(1, targets // batch)},
         "seed": 0,
     }
 

@@ -44,7 +44,7 @@ OUT = ROOT / "bench" / "results"
 def config(batches: int, iterations: int) -> dict[str, Any]:
     return {"model": {"name": "lenet", "state": "wide-init"}, "client": {"batch_size": 1},
             "attacks": [{"name": "dlg", "budget": {"iterations": iterations}}],
-            "certify": {"max_ssim": 0.5, "batches": batches}, "strength": "quick"}
+            "certify": {"max_ssim": 0.5, "max_updates": batches}, "strength": "quick"}
 
 
 def _untimed(cert) -> str:

@@ -74,7 +74,7 @@ def config(args) -> dict:
             "client": {"protocol": "fedsgd", "batch_size": 1, "dataset_size": 500},
             "attacks": ["idlg", {"name": "inverting_gradients", "budget": {"restarts": 1, "iterations": args.ig_iterations}}],
             "strength": "quick",
-            "certify": {"max_ssim": 0.4, "max_leak_rate": 0.3, "confidence": 0.9, "batches": args.batches},
+            "certify": {"max_ssim": 0.4, "max_leak_rate": 0.3, "confidence": 0.9, "max_updates": args.batches},
             "seed": 0,
         },
         "axes": [

@@ -82,15 +82,33 @@ class RedTeamConfig(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _enough_batches(self) -> "RedTeamConfig":
-        """``certify.batches: null`` becomes the fewest client updates whose samples can support the claim
-        (no leak among them): the resolved number is what the certificate and the config hash show."""
-        if self.certify.batches is None:
-            from guardfl.redteam.certification.evidence import samples_needed
+    def _a_threshold_of_its_modality(self) -> "RedTeamConfig":
+        """A threshold of the data's own modality (an image client with only text thresholds would judge
+        nothing: every sample would pass, and a claim would certify vacuously)."""
+        fields = [name for name, _ in modality.for_source(self.data.source).thresholds.values()]
+        if self.certify.max_label_acc is None and all(getattr(self.certify, f) is None for f in fields):
+            kind = modality.for_source(self.data.source).name
+            raise ValueError(f"certify: no threshold of this {kind} client is set; allowed: at least one of "
+                             f"{', '.join(fields + ['max_label_acc'])}")
+        return self
 
-            needed = samples_needed(self.certify.max_leak_rate, self.certify.confidence)
-            resolved = self.certify.model_copy(update={"batches": -(-needed // self.client.n)})
-            object.__setattr__(self, "certify", resolved)  # frozen model: resolved once, while validating
+    @model_validator(mode="after")
+    def _budget(self) -> "RedTeamConfig":
+        """``certify.max_updates`` resolved: from ``max_samples`` (``ceil(max_samples / client.n)``, the smaller
+        when both are set), else twice the fewest leak-free updates that certify the strictest claim
+        (``sequential.zero_leak_updates``): the resolved number is what the certificate shows."""
+        c = self.certify
+        budget = c.max_updates
+        if c.max_samples is not None:
+            from_samples = -(-c.max_samples // self.client.n)
+            budget = from_samples if budget is None else min(budget, from_samples)
+        if budget is None:
+            from guardfl.redteam.certification.sequential import zero_leak_updates
+
+            claims = [r for r in (c.max_leak_rate, c.max_reid_rate) if r is not None]
+            budget = min(100_000, 2 * (zero_leak_updates(min(claims), 1 - c.confidence) or 50_000))
+        if budget != c.max_updates:
+            object.__setattr__(self, "certify", c.model_copy(update={"max_updates": budget}))  # frozen: once, here
         return self
 
     @model_validator(mode="after")
@@ -193,9 +211,14 @@ class RedTeamConfig(StrictModel):
     def digest(self, strength: str | None = None) -> str:
         """A hash of the settings that determine the results (resume refuses a different config);
         ``strength``: the resolved strength (an 'auto' config resolves by device)."""
-        payload = self.model_dump(mode="json", exclude={"device"})
+        payload = self.model_dump(mode="json", exclude={"device": True, "certify": {f: True for f in BUDGET_FIELDS}})
         payload["strength"] = strength or self.strength
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+#: the sequential rule's budget (``certify``): how far a run may go, never what one update's attack gives; left
+#: out of the config's hash, so that ``--resume`` can give a run more updates or time
+BUDGET_FIELDS = ("max_updates", "max_samples", "max_seconds")
 
 
 def load_config(source: str | Path | dict) -> RedTeamConfig:

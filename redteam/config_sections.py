@@ -311,12 +311,26 @@ class CertifySection(StrictModel):
     max_rouge1: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     max_rouge2: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     max_token_acc: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
-    #: client updates attacked (each with ``client.n`` private samples); null: as many as the claim needs
-    #: with no leak (``evidence.samples_needed``: 59 samples for 5% at 95%)
-    batches: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (enough for the claim) or an integer in [1, 100000]"})
-    #: the population claim: certified only when the one-sided ``confidence`` upper bound (Clopper-Pearson)
-    #: on the share of samples some attack reconstructs past a threshold is below ``max_leak_rate``
-    max_leak_rate: float = Field(default=0.05, gt=0, lt=1, json_schema_extra={"allowed": "a rate in (0, 1)"})
+    #: the budget of the sequential rule (``certification.sequential``): updates are attacked round after round
+    #: until every claim is decided at ``confidence``, or until one of these runs out (then INCONCLUSIVE).
+    #: ``max_updates``: client updates attacked at most (each with ``client.n`` private samples); null: twice
+    #: the fewest leak-free updates that certify the strictest claim (76 for 10% at 95%), or ``max_samples``'
+    #: count. ``max_samples``: the same budget in private samples (``ceil(max_samples / client.n)`` updates;
+    #: the smaller of the two when both are set). ``max_seconds``: no new round starts after this long (a
+    #: budget that depends on the machine: the certificate says when it stopped a run). None of them enters
+    #: the config's hash: ``--resume`` can give a run more.
+    max_updates: int | None = Field(default=None, ge=1, le=100_000,
+                                    json_schema_extra={"allowed": "null or an integer in [1, 100000]"})
+    max_samples: int | None = Field(default=None, ge=1, le=10_000_000,
+                                    json_schema_extra={"allowed": "null or an integer in [1, 10000000]"})
+    max_seconds: float | None = Field(default=None, gt=0, le=30 * 24 * 3600,
+                                      json_schema_extra={"allowed": "null or finite, in (0, 2592000] (seconds)"})
+    #: the population claim: the deployment's leak rate (the mean share of an update's private samples that
+    #: some attack reconstructs past a threshold) is below ``max_leak_rate``; null: no such claim
+    max_leak_rate: float | None = Field(default=0.05, gt=0, lt=1, json_schema_extra={"allowed": "null or a rate in (0, 1)"})
+    #: the re-identification claim: the mean share of an update's private samples the attacker names
+    #: correctly among ``reid`` candidates (``certification.reid``) is below ``max_reid_rate``; null: no claim
+    max_reid_rate: float | None = Field(default=None, gt=0, lt=1, json_schema_extra={"allowed": "null or a rate in (0, 1)"})
     confidence: float = Field(default=0.95, ge=0.5, lt=1, json_schema_extra={"allowed": "a probability in [0.5, 1)"})
     lpips_weights: str | None = None
     #: with auxiliary data the attacker's prior guess (the mean auxiliary image, no update used) can
@@ -324,6 +338,21 @@ class CertifySection(StrictModel):
     #: max_ssim / max_psnr only if it also beats that prior on the image by more than this margin.
     #: null: absolute thresholds only.
     prior_margin: float | None = Field(default=0.05, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "batches" in value:
+            raise ValueError("batches: renamed max_updates (the most client updates attacked: the sequential rule "
+                             "stops earlier once the verdict is decided); allowed: max_updates: null or an integer in "
+                             "[1, 100000]")
+        return value
+
+    @model_validator(mode="after")
+    def _a_claim(self) -> "CertifySection":
+        if self.max_leak_rate is None and self.max_reid_rate is None:
+            raise ValueError("max_leak_rate / max_reid_rate: give at least one claim (a rate in (0, 1))")
+        return self
 
     @model_validator(mode="after")
     def _some_threshold(self) -> "CertifySection":

@@ -99,9 +99,10 @@ class BatchSource:
         self._cache: dict[int, tuple[Observation, torch.Tensor, torch.Tensor]] = {}
         self._runs: dict[int, dict[str, Any]] = {}
         self.x_all = self.y_all = None
-        #: the population the certificate speaks for, and the drawn samples (indices into x_all)
-        self.population: dict[str, Any] = {}
-        self.drawn: list[int] = []
+        #: the population the certificate speaks for (None: a target that brings its own data), and each
+        #: update's drawn samples (indices into x_all), drawn when the update is first observed
+        self._population: Population | None = None
+        self.updates: dict[int, list[int]] = {}
         self._open(aux)
 
     def _open(self, aux: AuxData | None) -> None:
@@ -120,7 +121,7 @@ class BatchSource:
             self._load_data(m, task=getattr(model, "task", None))
             in_shape = tuple(self.x_all.shape[1:])
             if aux is not None:
-                aux.check_disjoint(self.x_all[self.drawn])
+                aux.check_disjoint(self.x_all)  # the whole population: any update may draw any of it
         self.model = model if model is not None else build_model(cfg.model.name, in_shape, cfg.model.num_classes)
         set_model_state(self.model, cfg.model.state, seed=cfg.seed)
         if self.target is not None:
@@ -128,23 +129,35 @@ class BatchSource:
 
     def _load_data(self, m: modality.Modality, task: str | None = None) -> None:
         """The population (the data section's samples from ``offset``, ``limit`` of them; a text model's
-        sequences for its ``task``) and the ``batches x n`` private samples drawn from it at random
+        sequences for its ``task``), from which every update draws its ``n`` private samples at random
         (``sampling``)."""
         cfg = self.cfg
         d = cfg.data
         n = cfg.client.n
-        need = cfg.certify.batches * n
         self.x_all, self.y_all, index = read_section(m, d, d.limit, num_classes=cfg.model.num_classes, task=task,
                                                      seq_len=d.seq_len, tokenizer=d.tokenizer)
         population = Population(d.source, d.offset, len(self.x_all), d.path, d.shuffle, tuple(index))
-        if population.size < need:
-            raise ConfigError(f"data: {d.source} has {population.size} images from offset {d.offset}"
-                              f"{f' (limit {d.limit})' if d.limit else ''}; certify.batches={cfg.certify.batches} x "
-                              f"{n} samples needs {need} distinct ones (fewer batches, or a larger population)")
+        if population.size < n:
+            raise ConfigError(f"data: {d.source} has {population.size} {m.units} from offset {d.offset}"
+                              f"{f' (limit {d.limit})' if d.limit else ''}; one client update of {n} samples needs "
+                              f"{n} distinct ones (a smaller client, or a larger population)")
         if m.class_labels and int(self.y_all.max()) >= cfg.model.num_classes:
             raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has label {int(self.y_all.max())}")
-        self.drawn = population.draw(need, cfg.seed)
-        self.population = population.describe(self.drawn, cfg.seed)
+        self._population = population
+
+    @property
+    def population(self) -> dict[str, Any]:
+        """The certificate's ``population`` entry (empty for a target that brings its own data): what the
+        claim is about, and each attacked update's samples."""
+        if self._population is None:
+            return {}
+        return self._population.describe(self.updates, self.cfg.seed)
+
+    def drawn(self, b: int) -> list[int]:
+        """Update ``b``'s samples: indices into the population (``Population.draw_update``)."""
+        if b not in self.updates:
+            self.updates[b] = self._population.draw_update(b, self.cfg.client.n, self.cfg.seed)
+        return self.updates[b]
 
     def _load_client(self):
         t = self.target
@@ -156,8 +169,7 @@ class BatchSource:
         return load_object(t.train_fn, "target.train_fn")
 
     def _private(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = self.cfg.client.n
-        rows = self.drawn[b * n : (b + 1) * n]
+        rows = self.drawn(b)
         return self.x_all[rows], self.y_all[rows]
 
     def batch(self, b: int) -> tuple[Observation, torch.Tensor, torch.Tensor]:
@@ -166,6 +178,8 @@ class BatchSource:
         name = f"observation-b{b}.pt"
         saved = self.state.load_tensors(name) if self.state is not None else None
         if saved is not None:
+            if self._population is not None:
+                self.drawn(b)  # the certificate lists every attacked update's samples
             self._runs[b] = saved["run"]
             self._cache[b] = (unpack_observation(saved["observation"], self.model), saved["inputs"], saved["labels"])
             return self._cache[b]

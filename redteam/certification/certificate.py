@@ -38,7 +38,7 @@ class Certificate:
     priors: dict[str, Any] = field(default_factory=dict)
     #: sha256 of every file the run read, by config field (``fingerprint``): what was certified
     inputs: dict[str, str] = field(default_factory=dict)
-    #: CERTIFIED, NOT CERTIFIED or INSUFFICIENT EVIDENCE (too few samples for the claim, none leaked)
+    #: CERTIFIED, NOT CERTIFIED or INCONCLUSIVE (no claim refuted, not every claim certified, within the budget)
     status: str = ""
     #: the population the claim is about (source, offset, size) and the samples drawn from it
     population: dict[str, Any] = field(default_factory=dict)

@@ -1,35 +1,73 @@
-"""How sure a certificate is: the leak rate of a population from the private samples the red team attacked.
+"""How sure a certificate is: the verdicts, and each claim's evidence from the client updates attacked.
 
-A red-team run attacks ``n`` private samples drawn at random from a stated population; ``k`` of them leak
-(some attack reconstructs them past a threshold). The claim a reviewer signs off is about the population,
-not the ``n`` samples: "fewer than ``max_leak_rate`` of the population's samples leak, at ``confidence``".
-The exact (Clopper-Pearson) one-sided upper confidence bound on a binomial proportion supports it:
+A red-team run attacks client updates drawn independently from the deployment (``sampling``): each gives
+the share of its private samples that leaked (some attack reconstructed them past a threshold) or were
+re-identified (``reid``). A claim a reviewer signs off is about the deployment, not the updates attacked:
+"the mean share of an update's samples that leak is below ``max_leak_rate``, at ``confidence``". The
+update is the unit: samples of one update share one draw of the client's randomness and one attack run,
+so their leaks are correlated; the per-update share is a bounded mean whatever that correlation is.
 
-    upper(k, n) = the p with P[Binomial(n, p) <= k] = 1 - confidence   (1 when k = n),
+Each claim is decided by the sequential rule (``sequential.decide``: anytime-valid, so the run may stop as
+soon as it is decided): CERTIFIED when the bound on the rate is below the claim (a false one with
+probability at most ``1 - confidence``), NOT CERTIFIED when the data show the claim false (a true claim
+refuted with probability at most ``1 - confidence``, shared among the claims: Bonferroni), INCONCLUSIVE
+when the budget ran out first (it says how many more updates would most likely decide). A certificate is
+CERTIFIED when every claim is, NOT CERTIFIED when any is refuted (or another requirement fails),
+INCONCLUSIVE otherwise. Only CERTIFIED is green.
 
-the ``confidence`` quantile of Beta(k + 1, n - k). With 0 of n it is ``1 - (1 - confidence)^(1/n)``, about
-3/n at 95% (the "rule of three"). The verdict rule: certified only when ``upper(k, n) < max_leak_rate``.
-
-Pure functions; ``certify`` applies them. Assumptions, stated in every certificate: samples are drawn
-independently from the population (guardfl draws without replacement from a finite population, for which
-the binomial bound is conservative), and samples that share a client update (batch size B > 1) are
-counted one by one, although their leaks are correlated (one update, one attack run): the bound is then
-optimistic, and the per-update figure (``upper(k_updates, updates)``) is reported beside it.
+The exact fixed-sample (Clopper-Pearson) bound below is the rule certificates used before the sequential
+one: valid only when the sample size is fixed in advance and looked at once; ``bench_sequential`` measures
+how it errs when peeked at after every round.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from scipy.special import betaincinv
 
-#: the verdicts a certificate can carry
-CERTIFIED, NOT_CERTIFIED, INSUFFICIENT = "CERTIFIED", "NOT CERTIFIED", "INSUFFICIENT EVIDENCE"
+from guardfl.redteam.certification import sequential
+
+#: the verdicts a certificate can carry (the CLI's exit status: 0, 1, 3)
+CERTIFIED, NOT_CERTIFIED, INCONCLUSIVE = "CERTIFIED", "NOT CERTIFIED", "INCONCLUSIVE"
+VERDICTS = (CERTIFIED, NOT_CERTIFIED, INCONCLUSIVE)
+#: a claim the config does not make (``max_leak_rate: null``): its figures are reported, nothing is decided
+NO_CLAIM = "no claim"
+_STATUS = {sequential.CERTIFIED: CERTIFIED, sequential.REFUTED: NOT_CERTIFIED, sequential.UNDECIDED: INCONCLUSIVE}
+
+
+def claim_evidence(per_update: Sequence[float], max_rate: float | None, confidence: float, refute_alpha: float, *,
+                   per_update_samples: int, leaked: int, what: str, seed: int = 0) -> dict[str, Any]:
+    """One claim (``what``: 'leak' or 're-identification') from the attacked updates' shares
+    ``per_update``: the sequential decision, the anytime confidence bounds on the rate, the samples
+    behind it, and, when undecided, how many more updates would most likely decide
+    (``sequential.more_needed``) and the fewest leak-free updates that could certify it at all."""
+    alpha = 1 - confidence
+    xs = list(per_update)
+    n = len(xs)
+    out: dict[str, Any] = {
+        "unit": "update", "samples_per_update": per_update_samples, "updates": n, "samples": n * per_update_samples,
+        "leaked": leaked, "observed_rate": (sum(xs) / n) if n else None, "per_update": xs, "confidence": confidence,
+        "max_rate": max_rate, "upper_bound": sequential.upper_bound(xs, alpha), "lower_bound": sequential.lower_bound(xs, refute_alpha),
+        "alpha_certify": alpha, "alpha_refute": refute_alpha,
+    }
+    if max_rate is None:
+        out.update(status=NO_CLAIM, rule=f"no claim on the {what} rate (its figures are information)")
+        return out
+    d = sequential.decide(xs, max_rate, alpha, refute_alpha)
+    out.update(status=_STATUS[d.status], e_certify=d.e_certify, e_refute=d.e_refute,
+               updates_needed_without_leaks=sequential.zero_leak_updates(max_rate, alpha),
+               rule=(f"anytime-valid (mixture of bets): certified when the {confidence:.0%} upper bound on the mean "
+                     f"{what} share of an update is below {max_rate:g}; not certified when the lower bound "
+                     f"(level {refute_alpha:.3g}) is above it"))
+    out["more_updates"] = sequential.more_needed(xs, max_rate, alpha, refute_alpha, seed=seed) \
+        if d.status == sequential.UNDECIDED else None
+    return out
 
 
 def upper_bound(k: int, n: int, confidence: float) -> float:
-    """The exact one-sided upper ``confidence`` bound on the rate of an event seen ``k`` times in ``n``
+    """The fixed-sample rule: the exact one-sided upper ``confidence`` bound on the rate of an event seen ``k`` times in ``n``
     independent trials (Clopper-Pearson). 1.0 with no trials or when every trial was an event."""
     _check(k, n, confidence)
     if n == 0 or k >= n:
@@ -62,45 +100,6 @@ def samples_needed(max_rate: float, confidence: float, leaks: int = 0, limit: in
         else:
             lo = mid + 1
     return hi
-
-
-def leak_rate(k: int, n: int, max_rate: float, confidence: float) -> dict[str, Any]:
-    """The population claim from ``k`` leaks among ``n`` samples: the bound, the verdict it supports, and
-    how many samples would be needed.
-
-    ``status``: CERTIFIED when the bound is below ``max_rate``; INSUFFICIENT EVIDENCE when nothing leaked
-    but ``n`` is too small for any result to certify (``samples_needed`` says how many would); NOT
-    CERTIFIED when samples leaked and the bound does not rule out the rate (``samples_needed`` is then
-    the sample size at which the same observed leak rate would certify, None when it is at or above the
-    rate)."""
-    bound = upper_bound(k, n, confidence)
-    zero_needed = samples_needed(max_rate, confidence, 0)
-    if bound < max_rate:
-        status, needed = CERTIFIED, None
-    elif k == 0:
-        status, needed = INSUFFICIENT, zero_needed
-    else:
-        status, needed = NOT_CERTIFIED, _needed_at_rate(k / n, max_rate, confidence)
-    return {
-        "samples": n, "leaked": k, "observed_rate": k / n if n else None, "upper_bound": bound,
-        "confidence": confidence, "max_leak_rate": max_rate, "status": status,
-        "samples_needed": needed, "samples_needed_without_leaks": zero_needed,
-        "rule": f"certified when the one-sided {confidence:.0%} Clopper-Pearson upper bound on the leak rate is "
-                f"below {max_rate:g}",
-    }
-
-
-def _needed_at_rate(rate: float, max_rate: float, confidence: float, limit: int = 1_000_000) -> int | None:
-    """The fewest samples at which ``round(rate * n)`` leaks would certify (None when ``rate`` is not
-    below ``max_rate``: no sample size certifies a population that leaks at the rate)."""
-    if rate >= max_rate:
-        return None
-    n = samples_needed(max_rate, confidence, 0)
-    while n <= limit:
-        if upper_bound(round(rate * n), n, confidence) < max_rate:
-            return n
-        n = max(n + 1, int(n * 1.05))
-    return None
 
 
 def _check(k: int, n: int, confidence: float) -> None:

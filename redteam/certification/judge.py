@@ -15,7 +15,7 @@ import torch
 from guardfl.defenses import untouched_layers
 from guardfl.redteam import modality
 from guardfl.redteam.attacks.malicious.server import AUTO_REPEATS, fresh_noise
-from guardfl.redteam.certification import evidence
+from guardfl.redteam.certification import evidence, sequential
 from guardfl.redteam.config import RedTeamConfig
 from guardfl.redteam.threat import defense_kinds
 
@@ -139,22 +139,63 @@ def worst_images(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list
     return rows
 
 
+def _per_update(keys: list[tuple[int, int]], hit) -> tuple[list[int], list[float]]:
+    """The attacked updates in order and, for each, the share of its samples for which ``hit((b, i))``."""
+    by: dict[int, list[bool]] = {}
+    for key in keys:
+        by.setdefault(key[0], []).append(bool(hit(key)))
+    updates = sorted(by)
+    return updates, [sum(by[b]) / len(by[b]) for b in updates]
+
+
+def milestones(cfg: RedTeamConfig) -> tuple[int, ...]:
+    """The fewest leak-free updates that certify each claim (``sequential.zero_leak_updates``): rounds end
+    there too, so a clean deployment stops as soon as it can."""
+    alpha = 1 - cfg.certify.confidence
+    return tuple(sorted({sequential.zero_leak_updates(r, alpha) or 0
+                         for r in (cfg.certify.max_leak_rate, cfg.certify.max_reid_rate) if r is not None}))
+
+
+def claims_made(cfg: RedTeamConfig) -> int:
+    """How many claims the config makes (the refute side's level is shared among them: Bonferroni)."""
+    return sum(r is not None for r in (cfg.certify.max_leak_rate, cfg.certify.max_reid_rate))
+
+
 def leak_evidence(cfg: RedTeamConfig, results: list[dict], priors: dict[int, list[dict]] | None,
-              labels: dict[int, torch.Tensor]) -> dict[str, Any]:
-    """The population claim (``evidence.leak_rate``) from the per-sample leaks, and its breakdowns: per
-    attack (and per metric within it), per class of the private samples, per client update."""
+                  labels: dict[int, torch.Tensor], reid: dict[int, dict] | None = None) -> dict[str, Any]:
+    """The claims (``evidence.claim_evidence``: the leak rate, and the re-identification rate when ``reid``
+    holds each update's ``reid.identify``), from the per-sample leaks, and their breakdowns: per attack (and
+    per metric within it), per class of the private samples. The unit is the client update: each claim's
+    statistic is the share of an update's samples that leaked (were re-identified)."""
     c = cfg.certify
+    alpha = 1 - c.confidence
+    refute_alpha = alpha / max(1, claims_made(cfg))
     leaks = sample_leaks(cfg, results, priors)
     samples = sorted(leaks)
     leaked = [key for key in samples if leaks[key]]
-    out: dict[str, Any] = {"leak_rate": evidence.leak_rate(len(leaked), len(samples), c.max_leak_rate, c.confidence)}
+    n = cfg.client.n
+    _, shares = _per_update(samples, lambda key: leaks[key])
+    out: dict[str, Any] = {"unit": "update", "samples_per_update": n,
+                           "leak_rate": evidence.claim_evidence(shares, c.max_leak_rate, c.confidence, refute_alpha,
+                                                                per_update_samples=n, leaked=len(leaked), what="leak",
+                                                                seed=cfg.seed)}
+    if reid:
+        hits = {(b, i): bool(row["reidentified"][i]) for b, row in reid.items() for i in range(len(row["reidentified"]))}
+        keys = sorted(hits)
+        _, reid_shares = _per_update(keys, lambda key: hits[key])
+        out["reid_rate"] = evidence.claim_evidence(reid_shares, c.max_reid_rate, c.confidence, refute_alpha,
+                                                   per_update_samples=n, leaked=sum(hits.values()),
+                                                   what="re-identification", seed=cfg.seed + 1)
+        out["reid_rate"]["per_attack"] = _reid_per_attack(reid)
+        out["reid_rate"]["per_batch"] = {str(b): {"named": row["named"], "reidentified": row["reidentified"]}
+                                         for b, row in sorted(reid.items())}
     per_attack: dict[str, Any] = {}
     for attack in sorted({r["attack"] for r in results if r.get("metrics")}):
-        hits = [{h["metric"] for h in leaks[key] if h["attack"] == attack} for key in samples]
-        k = sum(1 for metrics_hit in hits if metrics_hit)
+        hits_a = [{h["metric"] for h in leaks[key] if h["attack"] == attack} for key in samples]
+        k = sum(1 for metrics_hit in hits_a if metrics_hit)
         per_attack[attack] = {"leaked": k, "of": len(samples),
-                              "by_metric": {m: sum(m in mh for mh in hits) for m in _image_limits(cfg, None)},
-                              "upper_bound": evidence.upper_bound(k, len(samples), c.confidence)}
+                              "by_metric": {m: sum(m in mh for mh in hits_a) for m in _image_limits(cfg, None)},
+                              "upper_bound": sequential.upper_bound([float(bool(h)) for h in hits_a], alpha)}
     out["per_attack"] = per_attack
     classes: dict[int, list[tuple[int, int]]] = {}
     for b, i in samples:  # a classifier's classes (a causal LM's targets are its text: no classes)
@@ -164,31 +205,56 @@ def leak_evidence(cfg: RedTeamConfig, results: list[dict], priors: dict[int, lis
     for label, keys in classes.items():
         k = sum(1 for key in keys if leaks[key])
         per_class.append({"class": label, "samples": len(keys), "leaked": k, "observed_rate": k / len(keys),
-                          "upper_bound": evidence.upper_bound(k, len(keys), c.confidence)})
+                          "upper_bound": sequential.upper_bound([float(bool(leaks[key])) for key in keys], alpha)})
     out["per_class"] = sorted(per_class, key=lambda row: (-row["observed_rate"], row["class"]))
-    updates = sorted({b for b, _ in samples})
-    leaked_updates = sorted({b for b, _ in leaked})
-    out["per_update"] = {"updates": len(updates), "leaked": len(leaked_updates),
-                         "upper_bound": evidence.upper_bound(len(leaked_updates), len(updates), c.confidence)}
+    out["breakdowns"] = ("per attack and per class: samples counted one by one, with the same anytime bound: "
+                         "information beside the claims, which count updates")
     out["leaked_samples"] = [{"batch": b, "image": i, "by": leaks[(b, i)]} for b, i in leaked]
     return out
 
 
+def _reid_per_attack(reid: dict[int, dict]) -> dict[str, Any]:
+    """Per attack and similarity: how often the true sample was the nearest candidate (rank 1), and the
+    median rank (a diagnostic: for a batch, each sample's best rank over the attack's reconstructions)."""
+    import statistics
+
+    ranks: dict[str, dict[str, list[int]]] = {}
+    for row in reid.values():
+        for attack, by in row["ranks"].items():
+            for sim, values in by.items():
+                ranks.setdefault(attack, {}).setdefault(sim, []).extend(values)
+    return {attack: {sim: {"rank1": sum(v == 1 for v in values), "of": len(values), "median_rank": statistics.median(values)}
+                     for sim, values in by.items()} for attack, by in sorted(ranks.items())}
+
+
+def _claim_check(metric: str, rate: dict[str, Any]) -> dict[str, Any]:
+    """A claim as one of the verdict's checks, with the note the CLI prints."""
+    what = "leaked (some attack past a threshold)" if metric == "leak_rate" else "re-identified among the candidates"
+    note = (f"{rate['leaked']} of {rate['samples']} private samples {what} in {rate['updates']} update(s); mean share "
+            f"{0 if rate['observed_rate'] is None else rate['observed_rate']:.3g}, {rate['confidence']:.0%} bounds "
+            f"[{rate['lower_bound']:.3g}, {rate['upper_bound']:.3g}]")
+    more = rate.get("more_updates") or {}
+    if rate["status"] == evidence.INCONCLUSIVE:
+        note += (f"; undecided: about {more['more']} more update(s) would most likely decide"
+                 if more.get("more") else f"; undecided: {more.get('note', '')}")
+        if rate["updates_needed_without_leaks"] and rate["updates"] < rate["updates_needed_without_leaks"]:
+            note += f" (no fewer than {rate['updates_needed_without_leaks']} leak-free updates can certify it)"
+    return {"metric": metric, "threshold": rate["max_rate"], "rule": f"upper bound < {rate['max_rate']:g}",
+            "worst": rate["upper_bound"], "lower": rate["lower_bound"], "status": rate["status"],
+            "passed": rate["status"] == evidence.CERTIFIED, "note": note}
+
+
+#: the checks that are claims (decided by the sequential rule), in the order the certificate lists them
+CLAIMS = ("leak_rate", "reid_rate")
+
+
 def verdict_checks(cfg: RedTeamConfig, results: list[dict], lpips_available: bool, found: dict[str, Any]) -> list[dict]:
-    """What the verdict requires: the leak rate (the population claim), the label accuracy (per update,
-    worst case), LPIPS being measurable when it is a threshold, and at least one attack having run."""
+    """What the verdict requires: the claims (leak rate; re-identification rate), the label accuracy (per
+    update, worst case), LPIPS being measurable when it is a threshold, and at least one attack having run."""
     c = cfg.certify
     ran = [r for r in results if r.get("metrics")]
-    rate = found["leak_rate"]
-    note = (f"{rate['leaked']} of {rate['samples']} private samples leaked (some attack past a threshold); "
-            f"{rate['confidence']:.0%} upper bound {rate['upper_bound']:.3g}")
-    if rate["status"] == evidence.INSUFFICIENT:
-        note += f"; too few samples for the claim: {rate['samples_needed']} without a leak would support it"
-    elif rate["status"] == evidence.NOT_CERTIFIED and rate["samples_needed"]:
-        note += f"; at this observed rate about {rate['samples_needed']} samples could support the claim"
-    checks = [{"metric": "leak_rate", "threshold": c.max_leak_rate, "rule": f"upper bound < {c.max_leak_rate:g}",
-               "worst": rate["upper_bound"], "status": rate["status"], "passed": rate["status"] == evidence.CERTIFIED,
-               "note": note}]
+    checks = [_claim_check(name, found[name]) for name in CLAIMS
+              if name in found and found[name]["status"] != evidence.NO_CLAIM]
     if c.max_label_acc is not None:
         accs = [(r["metrics"]["summary"].get("label_acc"), r) for r in ran]
         accs = [(a, r) for a, r in accs if a is not None]
@@ -208,12 +274,23 @@ def verdict_checks(cfg: RedTeamConfig, results: list[dict], lpips_available: boo
 
 
 def verdict_status(checks: list[dict]) -> str:
-    """The verdict: the leak rate's (CERTIFIED / NOT CERTIFIED / INSUFFICIENT EVIDENCE) unless another
-    requirement failed (then NOT CERTIFIED)."""
-    if not all(ch["passed"] for ch in checks if ch["metric"] != "leak_rate"):
+    """The verdict: NOT CERTIFIED when a requirement that is not a claim failed or a claim was refuted;
+    CERTIFIED when every claim is; INCONCLUSIVE otherwise (a claim undecided within the budget)."""
+    if not all(ch["passed"] for ch in checks if ch["metric"] not in CLAIMS):
         return evidence.NOT_CERTIFIED
-    return next(ch["status"] for ch in checks if ch["metric"] == "leak_rate")
+    statuses = [ch["status"] for ch in checks if ch["metric"] in CLAIMS]
+    if evidence.NOT_CERTIFIED in statuses:
+        return evidence.NOT_CERTIFIED
+    if statuses and all(st == evidence.CERTIFIED for st in statuses):
+        return evidence.CERTIFIED
+    return evidence.INCONCLUSIVE
 
+
+def decided(cfg: RedTeamConfig, found: dict[str, Any]) -> bool:
+    """Whether the run can stop: a claim refuted (the verdict cannot become CERTIFIED) or every claim
+    certified. Requirements that are not claims (label accuracy, LPIPS) are judged at the end."""
+    statuses = [found[name]["status"] for name in CLAIMS if name in found and found[name]["status"] != evidence.NO_CLAIM]
+    return evidence.NOT_CERTIFIED in statuses or (bool(statuses) and all(s == evidence.CERTIFIED for s in statuses))
 
 
 def refusal_warnings(cfg: RedTeamConfig, results: list[dict], batches: int) -> list[str]:
@@ -295,18 +372,20 @@ def unadapted_warnings(cfg: RedTeamConfig, results: list[dict]) -> list[str]:
     return out
 
 
-def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any]) -> list[str]:
-    """What a reviewer must know about the strength of the population claim."""
+def evidence_warnings(cfg: RedTeamConfig, found: dict[str, Any], stop: dict[str, Any]) -> list[str]:
+    """What a reviewer must know about the strength of the claims: a budget too small to certify any
+    claim even without a leak, and a run that a time budget stopped."""
     out = []
-    rate = found["leak_rate"]
-    if rate["status"] == evidence.INSUFFICIENT:
-        per = cfg.client.n
-        out.append(f"{rate['samples']} samples cannot support a leak rate below {rate['max_leak_rate']:g} at "
-                   f"{rate['confidence']:.0%} confidence even with no leak: {rate['samples_needed']} samples are needed "
-                   f"(certify.batches: {-(-rate['samples_needed'] // per)} at {per} sample(s) per update, or null)")
-    if cfg.client.n > 1:
-        upd = found["per_update"]
-        out.append(f"each client update holds {cfg.client.n} samples, whose leaks are correlated (one update, one attack "
-                   f"run): the per-sample bound is optimistic; per update, {upd['leaked']} of {upd['updates']} leaked, "
-                   f"upper bound {upd['upper_bound']:.3g}")
+    for name in CLAIMS:
+        rate = found.get(name)
+        if not rate or rate["status"] == evidence.NO_CLAIM:
+            continue
+        need = rate.get("updates_needed_without_leaks")
+        if need and cfg.certify.max_updates < need:
+            out.append(f"certify.max_updates {cfg.certify.max_updates} cannot support the {name.replace('_', ' ')} claim "
+                       f"(below {rate['max_rate']:g} at {rate['confidence']:.0%}) even with no leak: at least {need} "
+                       f"updates are needed; the verdict can only be NOT CERTIFIED or INCONCLUSIVE")
+    if stop.get("reason") == "max_seconds":
+        out.append(f"the time budget (certify.max_seconds: {cfg.certify.max_seconds:g}) stopped the run after "
+                   f"{stop['updates']} update(s): on a faster machine the same config attacks more")
     return out

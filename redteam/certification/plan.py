@@ -83,25 +83,24 @@ def plan_attacks(cfg: RedTeamConfig, setting: Setting, strength: str, aux: AuxDa
     return plans, listing
 
 def with_samples(cfg: RedTeamConfig, samples: int | None) -> tuple[RedTeamConfig, list[str]]:
-    """``cfg`` attacking about ``samples`` private samples (``certify.batches = ceil(samples / n)``), and
-    the warning the certificate then carries; ``cfg`` unchanged for None."""
+    """``cfg`` attacking at most about ``samples`` private samples (``certify.max_updates = ceil(samples /
+    n)``: a budget, as ``certify.max_samples``), and the warning the certificate then carries; ``cfg``
+    unchanged for None."""
     if samples is None:
         return cfg, []
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise ConfigError(f"samples: expected an integer >= 1 (got {samples!r})")
-    configured = cfg.certify.batches * cfg.client.n
-    batches = -(-samples // cfg.client.n)
-    # a typed copy; only what reads certify.batches is checked again: the field's bounds and the section's
-    # own validators (RedTeamConfig's _enough_batches fills a null count only, and nothing else reads it)
+    configured = cfg.certify.max_updates * cfg.client.n
+    updates = -(-samples // cfg.client.n)
     certify = cfg.certify.model_copy()
     try:
-        type(certify).__pydantic_validator__.validate_assignment(certify, "batches", batches)
+        type(certify).__pydantic_validator__.validate_assignment(certify, "max_updates", updates)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, "config.certify", type(certify))) from None
-    weaker = "fewer samples than the config's, so a weaker claim" if batches * cfg.client.n < configured else "not the config's count"
+    smaller = "a smaller budget than the config's" if updates * cfg.client.n < configured else "not the config's budget"
     return cfg.model_copy(update={"certify": certify}), [
-        f"the sample count was set on the command line (--samples {samples}: {batches * cfg.client.n} samples; the "
-        f"config asks for {configured}): {weaker}"]
+        f"the budget was set on the command line (--samples {samples}: at most {updates * cfg.client.n} samples; the "
+        f"config allows {configured}): {smaller}"]
 
 
 #: private batches per job for attacks that reconstruct many client updates in one batched optimisation
@@ -109,16 +108,18 @@ def with_samples(cfg: RedTeamConfig, samples: int | None) -> tuple[RedTeamConfig
 CHUNK = 16
 
 
-def plan_jobs(plans: list[AttackSection], batches: int, attacks: Mapping[str, type] | None = None) -> list[Job]:
-    """One job per (chunk of private batches, attack): chunks of ``CHUNK`` consecutive batches for the
-    attacks that batch samples natively, single batches for the others."""
+def plan_jobs(plans: list[AttackSection], batches: int | range, attacks: Mapping[str, type] | None = None) -> list[Job]:
+    """One job per (chunk of private batches, attack) for the batches ``batches`` (a count from 0, or a
+    round's range): chunks of ``CHUNK`` consecutive batches of the range for the attacks that batch samples
+    natively, single batches for the others."""
     attacks = attack_registry.ATTACKS if attacks is None else attacks
+    span = range(batches) if isinstance(batches, int) else batches
     jobs = []
     for i, plan in enumerate(plans):
         cls = attacks[plan.name]
         size = CHUNK if cls.capabilities.batches_samples else 1
-        for lo in range(0, batches, size):
-            bs = tuple(range(lo, min(batches, lo + size)))
+        for lo in range(span.start, span.stop, size):
+            bs = tuple(range(lo, min(span.stop, lo + size)))
             label = f"b{bs[0]}" if len(bs) == 1 else f"b{bs[0]}-{bs[-1]}"
             jobs.append(Job(f"{label}-{i}-{plan.name}", bs, i, cls.capabilities.prepares))
     return jobs
@@ -133,6 +134,20 @@ def max_threads() -> int:
     """The most ``threads`` (per job) and ``workers`` a run accepts: ``THREADS_PER_CORE`` x the cores
     available to this process."""
     return THREADS_PER_CORE * available_cores()
+
+
+def round_ends(budget: int, milestones: tuple[int, ...] = ()) -> list[int]:
+    """Where the sequential rule's rounds end (update counts), up to ``budget``: after 4, 8, 16 and 32
+    updates, then every ``CHUNK``: short rounds first (a leaking client is refuted within a few updates),
+    chunks of the batched attacks' size later; and at each of ``milestones`` (the fewest leak-free updates
+    that certify each claim: a clean deployment stops there, not at the next round's end). Fixed by the
+    config alone, never by workers or timing, so a run and its resume attack the same rounds."""
+    ends = {e for e in (4, 8, 16, 32) if e < budget} | {m for m in milestones if 0 < m < budget}
+    e = 32 + CHUNK
+    while e < budget:
+        ends.add(e)
+        e += CHUNK
+    return sorted(ends) + [budget]
 
 
 def record_name(b: int, i: int, plan: AttackSection) -> str:

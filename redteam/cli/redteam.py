@@ -1,6 +1,9 @@
-"""``guardfl redteam --config PATH``: exit 0 certified, 1 not certified, 2 invalid config or failure.
+"""``guardfl redteam --config PATH``: exit 0 CERTIFIED, 1 NOT CERTIFIED, 3 INCONCLUSIVE, 2 invalid config
+or failure (no verdict).
 
-Exit 0 means exactly: a certificate was written under ``--out`` and it says CERTIFIED. Everything else
+Exit 0 means exactly: a certificate was written under ``--out`` and it says CERTIFIED. INCONCLUSIVE (3):
+the claims were neither certified nor refuted within the budget; the certificate says how many more
+updates would most likely decide, and ``--resume`` adds them. Everything else
 (a bad config, an attack that failed, a worker process that died, user code that raised or called
 ``sys.exit``: 2; Ctrl-C: 130; SIGTERM: 143) exits non-zero with one line on stderr, and a failed run leaves
 no verdict in ``--out``.
@@ -18,11 +21,14 @@ from guardfl.redteam.cli.common import guarded, positive_int
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "redteam", help="attack a defended client and certify its settings",
-        description="Attack a defended client and certify its settings: the private samples attacked are "
-                    "drawn at random from the configured data, and the verdict is a population claim (the leak rate's "
-                    "one-sided confidence bound below certify.max_leak_rate). Exit status: 0 a certificate was "
-                    "written and says CERTIFIED; 1 NOT CERTIFIED or INSUFFICIENT EVIDENCE; 2 the run failed (no verdict; "
-                    "after a worker process died, continue with --resume); 130 interrupted; 143 terminated (SIGTERM). "
+        description="Attack a defended client and certify its settings: client updates are drawn at random from "
+                    "the configured data and attacked round after round until the config's claims (leak rate below "
+                    "certify.max_leak_rate, re-identification rate below certify.max_reid_rate) are decided by an "
+                    "anytime-valid rule at certify.confidence, or the budget (certify.max_updates / max_samples / "
+                    "max_seconds) runs out. Exit status: 0 a certificate was written and says CERTIFIED; 1 NOT "
+                    "CERTIFIED; 3 INCONCLUSIVE (undecided within the budget: --resume adds the updates the certificate "
+                    "says would most likely decide); 2 the run failed (no verdict; after a worker process died, continue "
+                    "with --resume); 130 interrupted; 143 terminated (SIGTERM). "
                     "A config that names code (model.name or target.* as 'module:callable') imports and runs "
                     "that code: treat such configs as scripts.")
     p.add_argument("--config", required=True,
@@ -32,7 +38,11 @@ def add_parser(sub) -> None:
     p.add_argument("--strength", choices=["auto", "quick", "paper"], default=None,
                    help="attack budgets: quick (fits 2 CPU cores), paper (published budgets), auto (paper on a GPU); "
                         "overrides the config's")
-    p.add_argument("--resume", action="store_true", help="continue a killed run: finished attacks are kept")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a killed run (finished attacks are kept), or give a run that ended INCONCLUSIVE at "
+                        "its budget the updates its certificate says would most likely decide")
+    p.add_argument("--more", type=positive_int("--more"), default=None, metavar="N",
+                   help="with --resume of an INCONCLUSIVE run: N more updates instead of the certificate's estimate")
     p.add_argument("--workers", type=positive_int("--workers", bounded=True), default=None,
                    help="processes running attacks side by side, at most 4 x the cores available (default: the cores "
                         "available to this process on a CPU, 1 on a GPU); the certificate does not depend on it")
@@ -46,9 +56,8 @@ def add_parser(sub) -> None:
                    help="intra-op threads per attack, at most 4 x the cores available (default: 1 for small models, "
                         "robust on a busy machine; the worker's share of the cores for large ones)")
     p.add_argument("--samples", type=positive_int("--samples"), default=None,
-                   help="attack about N private samples instead of the config's certify.batches (a quick look: the "
-                        "certificate says the claim rests on the override; too few for the claim gives INSUFFICIENT "
-                        "EVIDENCE, exit 1)")
+                   help="attack at most about N private samples (overrides certify.max_updates / max_samples; the "
+                        "certificate says the budget was overridden)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -73,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_job is not None and args.ray_address is None:
         print("error: --gpus-per-job: only with --ray-address", file=sys.stderr)
         return 2
+    if args.more is not None and not args.resume:
+        print("error: --more: only with --resume (more updates for a run that ended INCONCLUSIVE)", file=sys.stderr)
+        return 2
 
     def call():
         backend = None
@@ -82,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             backend = RayJobs(args.ray_address, gpus_per_job=args.gpus_per_job)
         return certify(args.config, out=args.out, device=args.device, resume=args.resume, progress=not args.quiet,
                        strength=args.strength, workers=args.workers, threads=args.threads, samples=args.samples,
-                       backend=backend)
+                       backend=backend, more=args.more)
 
     cert, failed = guarded(call, args.debug, "verdict")
     if failed is not None:
@@ -92,7 +104,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _print_summary(cert)
     print(f"{cert.verdict}  ({cert.wall_time_s:.0f}s, strength {cert.strength})  report: {args.out}/report.html")
-    return 0 if cert.certified else 1
+    return exit_status(cert.verdict)
+
+
+#: the command's exit status by verdict: only CERTIFIED is 0
+EXIT_STATUS = {"CERTIFIED": 0, "NOT CERTIFIED": 1, "INCONCLUSIVE": 3}
+
+
+def exit_status(verdict: str) -> int:
+    """0 CERTIFIED, 1 NOT CERTIFIED, 3 INCONCLUSIVE (2 is a failed run: no verdict)."""
+    return EXIT_STATUS[verdict]
 
 
 def _print_summary(cert) -> None:
@@ -100,10 +121,16 @@ def _print_summary(cert) -> None:
     inspection, the warnings and the attacks not run or run once."""
     from guardfl.redteam.reports.certificate import inspection_line, rounds_line
 
+    stop = (cert.evidence or {}).get("stop") or {}
+    if stop:
+        why = {"decided": "decided", "budget": "budget reached", "max_seconds": "time budget reached"}.get(stop["reason"], stop["reason"])
+        print(f"  [info] {stop['updates']} client update(s) of {cert.config['client'].get('batch_size')} sample(s) "
+              f"attacked, at most {stop['budget']} ({why}); the unit of every claim is the update")
     for c in cert.checks:
         status = "pass" if c["passed"] else "FAIL"
-        if c["metric"] == "leak_rate":
-            print(f"  [{status}] leak rate: {c['note']} (rule: {c['rule']})")
+        if c["metric"] in ("leak_rate", "reid_rate"):
+            status = {"CERTIFIED": "pass", "NOT CERTIFIED": "FAIL"}.get(c["status"], "open")
+            print(f"  [{status}] {c['metric'].replace('_', ' ')}: {c['status']}: {c['note']} (rule: {c['rule']})")
             continue
         worst = c.get("worst")
         worst = f"{worst:.3f}" if isinstance(worst, float) else worst

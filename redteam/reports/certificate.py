@@ -12,10 +12,10 @@ from typing import Callable
 from guardfl.redteam import modality
 from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam.reports import image as report_image
+from guardfl.redteam.reports.claims import claims_html
 from guardfl.redteam.reports import text as report_text
 from guardfl.redteam.reports.page import document, fmt, json_pre, verdict_colour, warnings_html
 from guardfl.redteam.runtime.files import atomic_write
-from guardfl.redteam.certification.evidence import INSUFFICIENT, NOT_CERTIFIED
 from guardfl.redteam.certification.judge import rounds_averaged
 
 #: the certificate page's own CSS: the pictures' pixels shown as they are
@@ -84,7 +84,7 @@ def _leaked_item(row: dict) -> str:
 
 
 def _evidence_html(cert: Certificate) -> str:
-    """The population claim: what was sampled from what, how many leaked, the bound, per attack and class."""
+    """The claims (``claims``), what was sampled from what, and the breakdowns: per attack and per class."""
     ev, pop = cert.evidence, cert.population
     rate = ev.get("leak_rate")
     if not rate:
@@ -92,19 +92,12 @@ def _evidence_html(cert: Certificate) -> str:
     if pop:
         source = f"{html.escape(str(pop['source']))}{' (' + html.escape(str(pop['path'])) + ')' if pop.get('path') else ''}"
         unit = modality.of(cert.config).units
-        population = (f"{rate['samples']} private samples drawn uniformly at random (seed {pop['seed']}) from a population "
-                      f"of {pop['size']} {unit}: {source} from index {pop['offset']}"
+        population = (f"{pop.get('updates', '?')} client updates, each {rate['samples_per_update']} distinct private "
+                      f"sample(s) drawn uniformly at random (seed {pop['seed']}; {pop.get('distinct', '?')} distinct over "
+                      f"the run) from a population of {pop['size']} {unit}: {source} from index {pop['offset']}"
                       f"{' of its order shuffled by seed ' + str(pop['shuffle']) if pop.get('shuffle') is not None else ''}.")
     else:
         population = f"{rate['samples']} private samples: the data of the user's client (the red team did not draw them)."
-    claim = (f"<b>{rate['leaked']} of {rate['samples']}</b> samples leaked (some attack reconstructed them past a threshold). "
-             f"With {rate['confidence']:.0%} confidence the population's leak rate is below "
-             f"<b>{rate['upper_bound']:.3g}</b> (one-sided Clopper-Pearson bound); the claim asks for below "
-             f"{rate['max_leak_rate']:g}: <b>{html.escape(rate['status'])}</b>.")
-    if rate["status"] == INSUFFICIENT:
-        claim += f" Nothing leaked, but {rate['samples']} samples cannot support the claim: {rate['samples_needed']} are needed."
-    elif rate["status"] == NOT_CERTIFIED and rate.get("samples_needed"):
-        claim += f" At the observed rate, about {rate['samples_needed']} samples could support it."
     attacks = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{a['leaked']} of {a['of']}</td><td>{fmt(a['upper_bound'])}</td>"
         f"<td>{html.escape(', '.join(f'{m}: {k}' for m, k in a['by_metric'].items()))}</td></tr>"
@@ -119,7 +112,8 @@ def _evidence_html(cert: Certificate) -> str:
     class_note = ("Classes that leaked, most first: " + ", ".join(f"{c['class']} ({c['leaked']}/{c['samples']})" for c in leaky)
                   if leaky else "No class leaked.") + " Per-class bounds rest on few samples each: read them as a pointer, not a claim."
     leaked = "".join(_leaked_item(row) for row in ev.get("leaked_samples", []))
-    return (f"<h2>Population claim</h2><p>{population}</p><p class=claim>{claim}</p><p class=legend>{html.escape(rate['rule'])}.</p>"
+    return (f"{claims_html(cert)}<p>{population}</p>"
+            f"<h3>Per attack</h3><p class=legend>{html.escape(ev.get('breakdowns', ''))}.</p>"
             f"<table><tr><th>attack</th><th>samples leaked</th><th>{rate['confidence']:.0%} upper bound</th><th>past each threshold</th></tr>{attacks}</table>"
             f"<h3>Per class</h3><p>{html.escape(class_note)}</p>"
             f"<table><tr><th>class</th><th>leaked</th><th>observed rate</th><th>upper bound</th></tr>{classes}</table>"
@@ -243,10 +237,15 @@ def _malicious_html(cert: Certificate) -> str:
 
 
 def _checks_html(cert: Certificate) -> str:
+    def result(c: dict) -> tuple[str, str]:  # a claim says its own status; an undecided one is neither
+        if "status" in c:
+            return {"CERTIFIED": "pass", "NOT CERTIFIED": "fail"}.get(c["status"], "open"), c["status"]
+        return ("pass", "pass") if c["passed"] else ("fail", "FAIL")
+
     checks = "".join(
-        f"<tr class={'pass' if c['passed'] else 'fail'}><td>{html.escape(c['metric'])}</td><td>{html.escape(c.get('rule', ''))}</td>"
+        f"<tr class={result(c)[0]}><td>{html.escape(c['metric'])}</td><td>{html.escape(c.get('rule', ''))}</td>"
         f"<td>{fmt(c.get('worst'))}</td><td>{html.escape(json.dumps(c['where'])) if c.get('where') else ''}</td>"
-        f"<td>{'pass' if c['passed'] else 'FAIL'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
+        f"<td>{html.escape(result(c)[1])}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
         for c in cert.checks
     )
     return ("<h2>Requirements of the verdict</h2>\n"

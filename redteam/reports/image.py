@@ -80,13 +80,30 @@ def overview(cert: Certificate, per_picture: int = 16) -> list[tuple[str, bytes]
                 if (b, i, attack) in leaked:
                     marked.add((a, j))
             rows.append(torch.stack(cells))
-        caption = f"samples {lo + 1}-{lo + len(chunk)} (batches {chunk[0][0]}-{chunk[-1][0]}); rows: original / {' / '.join(attacks)}"
+        names = list(attacks)
+        per_batch = ((cert.evidence.get("reid_rate") or {}).get("per_batch")) or {}
+        if per_batch:  # the attacker's answer: the candidate it named (red: the right one, re-identified)
+            cells, row_index = [], len(rows)
+            for j, (b, i) in enumerate(chunk):
+                named, hit = cert.reconstructions.get(f"b{b}-named"), per_batch.get(str(b), {}).get("reidentified", [])
+                if named is not None and len(named) == len(cert.originals[b]) == 1:
+                    cells.append(named[0])
+                elif named is not None and i < len(hit) and hit[i]:
+                    cells.append(cert.originals[b][i])
+                else:
+                    cells.append(torch.full_like(rows[0][j], 0.85))
+                if i < len(hit) and hit[i]:
+                    marked.add((row_index, j))
+            rows.append(torch.stack(cells))
+            names.append("attacker's answer (named face)")
+        caption = f"samples {lo + 1}-{lo + len(chunk)} (batches {chunk[0][0]}-{chunk[-1][0]}); rows: original / {' / '.join(names)}"
         pictures.append((caption, png_bytes(grid(rows, max_cols=per_picture, marked=marked))))
     return pictures
 
 
 def overview_html(cert: Certificate) -> str:
-    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions (an attack run more than once: its run closest to each sample); a red frame: that attack leaked the sample.</p>"
+    return ("<h3>Every attacked sample</h3><p class=legend>Matched reconstructions (an attack run more than once: its run closest to each sample); a red frame: that attack leaked the sample. "
+            "With re-identification, the last row is the attacker's answer (the gallery face it named), framed red when it named the right one.</p>"
             + "".join(f"<p class=legend>{html.escape(caption)}</p>{img_tag(png, caption)}" for caption, png in overview(cert)))
 
 

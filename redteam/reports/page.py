@@ -11,11 +11,11 @@ from typing import Any
 
 from PIL import Image
 
-from guardfl.redteam.certification.evidence import CERTIFIED, INSUFFICIENT
+from guardfl.redteam.certification.evidence import CERTIFIED, INCONCLUSIVE
 
 PASS_COLOUR, FAIL_COLOUR = "#1b7f3b", "#b3261e"
 #: the banner's colour per verdict (anything else, NOT CERTIFIED included: ``FAIL_COLOUR``)
-VERDICT_COLOURS = {CERTIFIED: PASS_COLOUR, INSUFFICIENT: "#9a6700"}
+VERDICT_COLOURS = {CERTIFIED: PASS_COLOUR, INCONCLUSIVE: "#9a6700"}
 
 #: the CSS of every page; ``{colour}`` is the banner's
 STYLE = """body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}

@@ -159,7 +159,7 @@ def _summary_html(result, data: dict[str, Any]) -> str:
     """What the sweep asked and how it ran: the claim per point, the utility task, how many settings."""
     certify = result.plan.base["certify"]
     return f"""<p>Which defense setting costs the least accuracy and still certifies: every point is a full red-team run
-({html.escape(str(certify['batches']))} client update(s), claim: leak rate below {certify['max_leak_rate']:g} at
+(at most {html.escape(str(certify['max_updates']))} client update(s), decided sequentially; claim: leak rate below {certify['max_leak_rate']:g} at
 {certify['confidence']:.0%} confidence) and a training run of the utility task
 (<code>{html.escape(result.plan.config.utility.source)}</code>, {result.plan.config.utility.epochs} epoch(s), held-out accuracy).
 Evaluated {data['evaluations']} of {data['grid_size']} settings{' (autotune: bisection per monotone axis)' if data['autotune'] else ''};

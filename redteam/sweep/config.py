@@ -2,7 +2,7 @@
 settings to try (axes), and the utility task that prices each setting.
 
     base: default.yaml            # a red-team config (path relative to this file) or a mapping
-    override: {certify: {batches: 8}}   # deep-merged into the base (optional)
+    override: {certify: {max_updates: 8}}   # deep-merged into the base (optional)
     axes:
       - defense: {kind: gradprune}      # the template; ``param`` is filled in per point
         param: ratio                    # a dotted path into the template (``defenses.1.sigma`` in a stack)

@@ -78,7 +78,7 @@ def sweep(config: str | Path | dict, *, out: str | Path = "sweep-out", backend: 
                          bad, runner.describe(), time.time() - started, warnings, plot_metric(plan.base))
     if not any(p["certified"] for p in evaluated):
         result.warnings.append("no evaluated setting certifies: strengthen the axes (or check the claim: "
-                               f"{plan.base['certify']['batches']} update(s) attacked per point)")
+                               f"at most {plan.base['certify']['max_updates']} update(s) attacked per point)")
     _write(result, out_dir)
     return result
 
@@ -281,7 +281,8 @@ def summarize(cert) -> dict[str, Any]:
     """What a sweep keeps of a certificate."""
     rate = cert.evidence["leak_rate"]
     return {"verdict": cert.verdict, "certified": cert.certified,
-            "leak_rate": {k: rate[k] for k in ("leaked", "samples", "upper_bound", "max_leak_rate", "confidence", "status")},
+            "leak_rate": {**{k: rate[k] for k in ("leaked", "samples", "updates", "upper_bound", "lower_bound", "confidence",
+                                                  "status")}, "max_leak_rate": rate["max_rate"]},
             "worst": {w["metric"]: w["worst"] for w in cert.worst},
             "per_attack": {a: {"leaked": v["leaked"], "of": v["of"]} for a, v in cert.evidence["per_attack"].items()},
             "failed_checks": [c["metric"] for c in cert.checks if not c["passed"]],

@@ -21,7 +21,7 @@ TINY = {
     "data": {"limit": 1},  # face 0, which DLG recovers in 40 iterations
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 40}}],
-    "certify": {"max_ssim": 0.5, "batches": 1, **LOOSE_CLAIM},
+    "certify": {"max_ssim": 0.5, "max_updates": 2, **LOOSE_CLAIM},
 }
 
 
@@ -43,12 +43,13 @@ def test_outputs_hold_what_a_reviewer_needs(tmp_path):
     cert = json.loads((tmp_path / "o" / "certificate.json").read_text())
     assert cert["verdict"] == "NOT CERTIFIED" and cert["certified"] is False
     (check,) = cert["checks"]
-    assert check["metric"] == "leak_rate" and check["status"] == "NOT CERTIFIED" and "1 of 1" in check["note"]
-    assert cert["evidence"]["leak_rate"]["leaked"] == 1 and cert["evidence"]["per_attack"]["dlg"]["leaked"] == 1
+    assert check["metric"] == "leak_rate" and check["status"] == "NOT CERTIFIED" and "2 of 2" in check["note"]
+    assert cert["evidence"]["leak_rate"]["leaked"] == 2 and cert["evidence"]["per_attack"]["dlg"]["leaked"] == 2
+    assert cert["evidence"]["unit"] == "update" and cert["evidence"]["stop"]["reason"] in ("decided", "budget")
     (worst,) = cert["worst"]
     assert worst["metric"] == "ssim" and worst["worst"] > 0.5 and worst["where"]["attack"] == "dlg" and worst["exceeds"]
-    (result,) = cert["results"]
-    assert result["metrics"]["per_image"][0]["ssim"] == worst["worst"]
+    result = cert["results"][worst["where"]["batch"]]
+    assert len(cert["results"]) == 2 and result["metrics"]["per_image"][0]["ssim"] == worst["worst"]
     assert cert["population"]["source"] == "lfw-faces" and cert["population"]["size"] == 1
     assert result["budget"]["iterations"] == 40 and result["threat"]["labels"] == "inferred"
     assert cert["config_hash"] and cert["environment"]["torch"] and cert["wall_time_s"] > 0
@@ -58,7 +59,8 @@ def test_outputs_hold_what_a_reviewer_needs(tmp_path):
 
 
 def test_resume_keeps_finished_attacks_and_repeats_none(tmp_path, kill_attack_at, count_attack_runs):
-    cfg = {**TINY, "attacks": [{"name": "dlg", "budget": {"iterations": 20}}, {"name": "idlg", "budget": {"iterations": 20}}]}
+    cfg = {**TINY, "attacks": [{"name": "dlg", "budget": {"iterations": 20}}, {"name": "idlg", "budget": {"iterations": 20}}],
+           "certify": {**TINY["certify"], "max_updates": 1}}  # one update: the verdict is not what this tests
     path = _write(tmp_path, cfg)
     attacks = kill_attack_at(2)  # the run is killed while the second attack starts
     with pytest.raises(KeyboardInterrupt):
@@ -156,7 +158,7 @@ def test_the_shipped_configs_verdicts(tmp_path, name, code):
 def test_the_certificate_warns_about_layers_the_defense_never_changes(tmp_path, capsys):
     """Soteria perturbs only the FC layer's gradient: the conv layers reach the attacker as if undefended,
     and the certificate, the report and the CLI say so; a defense that reaches every layer says nothing."""
-    cfg = {**TINY, "defense": {"kind": "soteria", "prune": 0.5}, "certify": {"max_ssim": 0.99, "batches": 1, **LOOSE_CLAIM}}
+    cfg = {**TINY, "defense": {"kind": "soteria", "prune": 0.5}, "certify": {"max_ssim": 0.99, "max_updates": 2, **LOOSE_CLAIM}}
     main(["redteam", "--config", str(_write(tmp_path, cfg)), "--out", str(tmp_path / "o"), "--quiet"])
     out = capsys.readouterr().out
     cert = json.loads((tmp_path / "o" / "certificate.json").read_text())

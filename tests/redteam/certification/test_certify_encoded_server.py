@@ -3,6 +3,7 @@ constructions read encodings, over many rounds, and the certificate judges them 
 
 from guardfl.redteam.certification.run import certify
 from tests.seeding import seeded
+from tests.claims import leaked
 
 
 def _config(defense: dict, **client) -> dict:
@@ -12,14 +13,14 @@ def _config(defense: dict, **client) -> dict:
             "data": {"source": "lfw-faces", "limit": 32}, "client": {"protocol": "fedsgd", "batch_size": 32, **client},
             "defense": seeded(defense), "aux": {"source": "lfw-faces", "offset": 64},
             "attacks": [{"name": "trap_weights", "threat": {"server": "malicious", "labels": "known"}}],
-            "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1}, "seed": 0}
+            "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "max_updates": 1}, "seed": 0}
 
 
 def test_instahide_against_a_malicious_server_that_reads_and_demixes_its_encodings():
     """Intra-InstaHide (k = 4) on 32 faces: read raw, the trap's encodings passed nothing (the config's 64-face
     form certified, worst SSIM 0.17); 16 rounds of reads demixed leave 4-11 of 32 faces past 0.4 over unseeded runs (up to 0.92)."""
     cert = certify(_config({"kind": "instahide", "k": 4, "max_coeff": 0.65}))
-    assert cert.status == "NOT CERTIFIED"
+    assert leaked(cert) > 0
     (record,) = cert.results
     info = record["info"]
     assert info["encoded_rounds"].endswith("over 16 rounds of fresh encodings of the batch")
@@ -33,7 +34,7 @@ def test_mixup_soft_labels_and_a_round_budget():
     cert = certify(_config({"kind": "mixup", "k": 4, "max_coeff": 0.65}, max_rounds=4))
     (record,) = cert.results
     assert record["info"]["encoded_rounds"].endswith("over 4 rounds of fresh encodings of the batch")
-    assert cert.status == "NOT CERTIFIED" and record["recovered"]["above_max_ssim"] >= 10
+    assert leaked(cert) > 0 and record["recovered"]["above_max_ssim"] >= 10
 
 
 def test_a_refused_construction_is_nothing_sent_and_not_decoded():
@@ -58,7 +59,7 @@ def test_inter_instahide_reads_have_their_known_public_partners_subtracted():
     cert = certify(cfg)
     (record,) = cert.results
     assert record["info"]["decode"].startswith("public partners identified in the known public set (64 images)")
-    assert cert.status == "NOT CERTIFIED" and record["recovered"]["above_max_ssim"] >= 5
+    assert leaked(cert) > 0 and record["recovered"]["above_max_ssim"] >= 5
 
 
 def test_fedavg_and_an_encoding_under_noise_are_read_the_same_way():

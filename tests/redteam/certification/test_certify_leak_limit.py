@@ -5,6 +5,7 @@ import yaml
 
 from guardfl.redteam.certification.run import certify
 from guardfl.cli import main
+from tests.claims import leaked
 
 FC = {
     "model": {"name": "fc2", "num_classes": 10, "state": "default"},
@@ -14,7 +15,7 @@ FC = {
     "aux": {"source": "lfw-faces", "offset": 64},
     "attacks": [{"name": "exclusive_neurons", "threat": {"labels": "known"}},
                 {"name": "trap_weights", "budget": {"chains": 1, "rows": 8}, "threat": {"server": "malicious", "labels": "known"}}],
-    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1},
+    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "max_updates": 1},
     "seed": 0,
 }
 
@@ -24,7 +25,7 @@ def test_the_limit_refuses_the_honest_models_own_leak_and_the_certificate_says_t
     client refuses the honest model (the honest server's attack reads nothing) and the trap (it reads
     more), so nothing leaks, and the warning says the client sent and learned nothing."""
     result = certify(FC, out=tmp_path)
-    assert result.status == "CERTIFIED"
+    assert leaked(result) == 0
     by = {r["attack"]: r for r in result.results}
     honest, trap = by["exclusive_neurons"], by["trap_weights"]
     assert honest["info"]["refused"].startswith("leak limit: a server reads ") and honest["recovered"]["above_max_ssim"] == 0
@@ -45,7 +46,7 @@ def test_without_a_limit_the_honest_model_is_not_refused():
     cfg = {**FC, "client": {**FC["client"], "inspect_leak_limit": None}, "attacks": FC["attacks"][:1] + [
         {"name": "robbing_the_fed", "threat": {"server": "malicious", "labels": "known"}}]}
     result = certify(cfg)
-    assert result.status == "NOT CERTIFIED"
+    assert leaked(result) > 0
     honest = next(r for r in result.results if r["attack"] == "exclusive_neurons")
     assert "refused" not in honest["info"] and honest["recovered"]["exact"] >= 8
     assert not [w for w in result.warnings if "honest global model" in w]
@@ -73,7 +74,7 @@ def test_a_limit_per_update_does_not_hold_against_a_server_that_lifts_every_unit
     cfg = {**FC, "client": {**FC["client"], "inspect_leak_history": False},
            "attacks": [{"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}]}
     result = certify(cfg)
-    assert result.status == "NOT CERTIFIED"
+    assert leaked(result) > 0
     (bins,) = result.results
     assert "refused" not in bins["info"] and bins["info"]["refused_queries"] == "0" and bins["info"]["queries"] == "65"
     assert bins["recovered"]["exact"] >= 5  # 14 of 64 faces exactly
@@ -87,7 +88,7 @@ def test_a_limit_with_the_clients_history_refuses_the_differences_that_isolate_b
     section 18: the limit counts exact reads, the certificate partial ones too)."""
     cfg = {**FC, "attacks": [{"name": "threshold_bins", "threat": {"server": "malicious", "labels": "known"}}]}
     result = certify(cfg)
-    assert result.status == "NOT CERTIFIED"
+    assert leaked(result) > 0
     (bins,) = result.results
     assert int(bins["info"]["refused_queries"]) >= 10 and bins["info"]["queries"] == "65"
     assert bins["recovered"]["exact"] == 0 and bins["recovered"]["above_max_ssim"] >= 5

@@ -25,7 +25,7 @@ BASE = {
     "defense": {"kind": "sign"},
     "aux": {"source": "lfw-faces", "offset": 10, "limit": 60, "ood": {"source": "lfw-nonfaces", "limit": 20, "samples": 40}},
     "attacks": [{"name": "learned_inversion", "budget": LTI_TINY}, {"name": "dlg", "budget": {"iterations": 5}}],
-    "certify": {"max_ssim": 0.99, "batches": 2},
+    "certify": {"max_ssim": 0.99, "max_updates": 2},
 }
 
 

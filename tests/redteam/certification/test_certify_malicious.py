@@ -9,6 +9,7 @@ import yaml
 from guardfl.cli import main
 from guardfl.redteam.certification.run import certify
 from tests.seeding import seeded
+from tests.claims import leaked
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -24,7 +25,7 @@ def _seeded(name: str, seed: int = 0) -> dict:
 
 def test_robbing_the_fed_breaks_the_undefended_client_and_adapts_to_gradprune():
     plain = certify(str(CONFIGS / "malicious-rtf.yaml"))
-    assert plain.status == "NOT CERTIFIED"
+    assert leaked(plain) > 0
     (record,) = plain.results
     assert record["attack"] == "robbing_the_fed" and record["threat"]["server"] == "malicious"
     assert record["recovered"]["exact"] >= 40 and record["info"]["queries"] == "1"
@@ -33,7 +34,7 @@ def test_robbing_the_fed_breaks_the_undefended_client_and_adapts_to_gradprune():
     # GradPrune 0.9 certified against the published construction; the server that knows it pads the
     # imprint layer with dead rows, and the per-layer pruning keeps every bin row (issue 34)
     pruned = certify(str(CONFIGS / "malicious-rtf-gradprune.yaml"))
-    assert pruned.status == "NOT CERTIFIED" and pruned.results[0]["recovered"]["exact"] >= 40
+    assert leaked(pruned) > 0 and pruned.results[0]["recovered"]["exact"] >= 40
     assert int(pruned.results[0]["info"]["pad"]) > 0
 
 
@@ -45,7 +46,7 @@ def test_the_adaptive_imprint_against_noise_and_sign(defense, holds):
     cfg = yaml.safe_load((CONFIGS / "malicious-rtf.yaml").read_text())
     cfg["defense"] = defense
     cert = certify(cfg)
-    assert (cert.status == "CERTIFIED") == holds
+    assert (leaked(cert) == 0) == holds
     assert float(cert.results[0]["info"]["boost"]) == (1.0 if holds else 1e5)
 
 
@@ -53,7 +54,7 @@ def test_fishing_breaks_the_undefended_client_in_train_mode():
     cfg = yaml.safe_load((CONFIGS / "malicious-fishing.yaml").read_text())
     cfg["attacks"][0]["budget"] = {"iterations": 300, "restarts": 2}
     cert = certify(cfg)
-    assert cert.status == "NOT CERTIFIED" and cert.evidence["leaked_samples"]
+    assert leaked(cert) > 0 and cert.evidence["leaked_samples"]
     assert {r["info"]["queries"] for r in cert.results} == {"2"}
     assert all(r["info"]["client_mode"] == "train" for r in cert.results)
 
@@ -68,7 +69,7 @@ def test_attacks_all_is_the_honest_server_certificate_and_lists_it_as_not_applic
     from guardfl.redteam.modality.image.models import LeNetZhu
 
     cfg = load_config({"model": {"name": "lenet"}, "data": {"source": "lfw-faces"}, "client": {"batch_size": 1},
-                       "certify": {"batches": 1}})
+                       "certify": {"max_updates": 1}})
     setting = Setting.of(simulate_client(LeNetZhu((1, 25, 25), 10), torch.rand(1, 1, 25, 25), torch.tensor([0])))
     plans, listing = plan_attacks(cfg, setting, "quick", None)
     line = next(a for a in listing if a["attack"] == "robbing_the_fed")
@@ -103,7 +104,7 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     unit lifted to fire for every sample, the batch binned by the classifier over 65 queries); DP-SGD's
     fresh noise per query holds against them."""
     inspecting = certify(str(CONFIGS / "malicious-adaptive-inspect.yaml"), out=tmp_path)
-    assert inspecting.status == "NOT CERTIFIED"
+    assert leaked(inspecting) > 0
     page = (tmp_path / "report.html").read_text()  # the report says what the inspection refused, and why
     assert "3 of 11 malicious-server attack runs refused" in page and page.count("REFUSED by the client") == 3
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("disguise", False)): r for r in inspecting.results
@@ -131,7 +132,7 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
     bins = by[("threshold_bins", None, False)]  # every unit fires for every sample: no support isolates anyone (section 17)
     assert bins["info"].get("refused") is None and bins["recovered"]["exact"] >= 5  # 14 faces exactly
     defended = certify(_seeded("malicious-adaptive.yaml"))
-    assert defended.status == "CERTIFIED"
+    assert leaked(defended) == 0
     assert not defended.evidence["leaked_samples"]  # none past its limit (0.4, or the prior guess + 0.05)
 
 
@@ -143,7 +144,7 @@ def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_a
     4 of 64 isolated with combinations of two groups of units); the 3-row trap passes and leaks faces past
     SSIM 0.4: the config does not certify."""
     result = certify(str(CONFIGS / "malicious-adaptive-bn.yaml"))
-    assert result.status == "NOT CERTIFIED"
+    assert leaked(result) > 0
     by = {(r["attack"], r["budget"].get("rows"), r["budget"].get("cuts")): r for r in result.results}
     assert by[("trap_weights", None, None)]["info"]["refused"].startswith("parallel rows:")
     eight = by[("trap_weights", 8, None)]["info"]["refused"]
@@ -156,7 +157,7 @@ def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_t
     """configs/malicious-adaptive-gn-dpsgd.yaml: the traps through GroupNorm that pass the inspection meet
     DP-SGD (0 of 64 past SSIM 0.4); the whole-layer trap is refused."""
     result = certify(_seeded("malicious-adaptive-gn-dpsgd.yaml"))
-    assert result.status == "CERTIFIED"
+    assert leaked(result) == 0
     by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
     assert by[("trap_weights", None)]["info"]["refused"].startswith("parallel rows:")  # the measuring rows: one direction
     assert by[("trap_weights", 3)]["info"].get("refused") is None
@@ -169,14 +170,14 @@ def test_behind_layernorm_the_small_traps_pass_and_read_faces_exactly_and_dp_sgd
     one LayerNorm weight per chain). The whole-layer trap is refused (its chains' rows); the small traps
     pass and read a face exactly without a defense; DP-SGD holds against them."""
     result = certify(str(CONFIGS / "malicious-adaptive-ln.yaml"))
-    assert result.status == "NOT CERTIFIED"
+    assert leaked(result) > 0
     by = {(r["attack"], r["budget"].get("rows")): r for r in result.results}
     assert by[("trap_weights", None)]["info"]["refused"].startswith("parallel rows:")
     small = by[("trap_weights", 3)]
     assert small["info"].get("refused") is None and small["info"]["through"].startswith("LayerNorm 'net.2'")
     assert small["recovered"]["above_max_ssim"] > 0
     defended = certify(_seeded("malicious-adaptive-ln-dpsgd.yaml"))
-    assert defended.status == "CERTIFIED"
+    assert leaked(defended) == 0
     assert not defended.evidence["leaked_samples"]  # none past its limit (0.4, or the prior guess + 0.05)
 
 
@@ -209,7 +210,7 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     assert "[info] the client inspects every received model" in out and "disaggregation (SEER's D-SNR" not in out
     assert "the disaggregation check (SEER's D-SNR (Garov et al. 2024), train mode: refused above 2" in out
     cert = __import__("json").loads((tmp_path / "certificate.json").read_text())
-    assert cert["verdict"] == "NOT CERTIFIED" and cert["config"]["client"]["inspect_disaggregation"] is True
+    assert leaked(cert) > 0 and cert["config"]["client"]["inspect_disaggregation"] is True
     assert cert["client"]["inspection"]["disaggregation"] and "disaggregation" in cert["client"]["inspection"]["checks"]
     assert "parallel_rows" in cert["client"]["inspection"]["checks"]
     by = {(r["attack"], r["budget"].get("cuts", "top"), r["budget"].get("rows")): r for r in cert["results"]}

@@ -34,7 +34,7 @@ LEAK = {
     "aux": {"source": "text", "offset": 400, "limit": 200},
     "attacks": [{"name": "tag", "budget": {"iterations": 20}}],
     # every recovered word or position counts, and absolutely (no margin over the prior guess)
-    "certify": {"max_rouge1": 0.0, "max_token_acc": 0.0, "prior_margin": None, "batches": 2},
+    "certify": {"max_rouge1": 0.0, "max_token_acc": 0.0, "prior_margin": None, "max_updates": 2},
 }
 
 
@@ -93,7 +93,7 @@ def test_report_and_certificate_show_the_sentences(leak_run):
     for r in cert.results:
         assert html.escape(r["metrics"]["per_image"][0]["text"]) in page  # the original sentence
     assert '<span class="hit">' in page or '<span class="bag">' in page  # recovered tokens highlighted
-    assert ".hit {" in page and "data:image/png;base64," not in page  # text, no image grids
+    assert ".hit {" in page and "grid-batch" not in page and "Every attacked sample" not in page  # text, no image grids
     assert not list(out.glob("grid-batch*.png"))
 
 
@@ -118,21 +118,21 @@ def test_text_thresholds_judge_text_and_image_thresholds_are_ignored():
         "attacks": [{"name": "tag", "budget": {"iterations": 5}}],
         # nothing passes these image thresholds; nothing can exceed the text ones (capped at 1)
         "certify": {"max_rouge1": 1.0, "max_rouge2": 1.0, "max_token_acc": 1.0, "max_ssim": -1.0, "max_psnr": 0.001,
-                    "min_lpips": 1e6, "batches": 1},
+                    "min_lpips": 1e6, "max_updates": 1},
     }
     cert = certify(cfg, threads=1)
-    assert cert.verdict == "INSUFFICIENT EVIDENCE"  # no leak, but 1 sample cannot support a 5% claim
+    assert cert.verdict == "INCONCLUSIVE"  # no leak, but 1 update cannot support a 5% claim
     assert [c["metric"] for c in cert.checks] == ["leak_rate"]  # no LPIPS check for text
     assert [w["metric"] for w in cert.worst] == ["rouge1", "rouge2", "token_acc"]
     assert not any(w["exceeds"] for w in cert.worst)
     assert cert.evidence["leak_rate"]["leaked"] == 0
-    assert any("cannot support a leak rate" in w for w in cert.warnings)
+    assert any("cannot support the leak rate claim" in w for w in cert.warnings)
 
 
 def test_attacks_all_lists_the_image_attacks_as_not_applicable(monkeypatch):
     monkeypatch.setitem(TAG.budgets, "quick", {"iterations": 5})
     cfg = {"model": {"name": "transformer3"}, "data": {"source": "text", "seq_len": 8, "limit": 400},
-           "attacks": "all", "strength": "quick", "certify": {"batches": 1}}
+           "attacks": "all", "strength": "quick", "certify": {"max_updates": 1}}
     cert = certify(cfg, threads=1)
     lines = {line["attack"]: line for line in cert.attacks}
     assert set(lines) == set(ATTACKS)
@@ -152,7 +152,7 @@ def test_attacks_all_lists_the_image_attacks_as_not_applicable(monkeypatch):
 def test_a_text_classifier_on_labelled_sentences_restores_labels():
     cfg = {"model": {"name": "text-classifier", "num_classes": 2},
            "data": {"source": "labelled-text", "seq_len": 8, "limit": 200},
-           "attacks": [{"name": "tag", "budget": {"iterations": 10}}], "certify": {"batches": 1}}
+           "attacks": [{"name": "tag", "budget": {"iterations": 10}}], "certify": {"max_updates": 1}}
     cert = certify(cfg, threads=1)
     (r,) = cert.results
     assert r["threat"]["labels"] == "inferred" and r["info"]["labels"] == "inferred"
@@ -161,12 +161,12 @@ def test_a_text_classifier_on_labelled_sentences_restores_labels():
     assert r["metrics"]["per_image"][0]["label_correct"] is True and "rouge1" in summary
     (cls,) = cert.evidence["per_class"]
     assert cls["samples"] == 1
-    assert cert.verdict in ("NOT CERTIFIED", "INSUFFICIENT EVIDENCE")
+    assert cert.verdict in ("NOT CERTIFIED", "INCONCLUSIVE")
 
 
 # ------------------------------------------------------------------------------------------ bad input
 TEXT = {"model": {"name": "transformer3"}, "data": {"source": "text", "seq_len": 8, "limit": 50},
-        "attacks": [{"name": "tag", "budget": {"iterations": 1}}], "certify": {"batches": 1}}
+        "attacks": [{"name": "tag", "budget": {"iterations": 1}}], "certify": {"max_updates": 1}}
 
 
 def _bad_files(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ FC = {
     "client": {"protocol": "fedsgd", "batch_size": 64, "inspect": True},
     "aux": {"source": "lfw-faces", "offset": 64},
     "attacks": [TRAP],
-    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1},
+    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "max_updates": 1},
     "seed": 0,
 }
 

@@ -14,7 +14,7 @@ TINY = {
     "model": {"name": "lenet", "state": "wide-init"},
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 5}}],
-    "certify": {"max_ssim": 0.5, "batches": 2, **LOOSE_CLAIM},
+    "certify": {"max_ssim": 0.5, "max_updates": 2, **LOOSE_CLAIM},
     "defense": {"kind": "gradprune", "ratio": 0.99},
 }
 
@@ -86,8 +86,8 @@ def test_a_config_error_leaves_no_earlier_certificate(tmp_path):
 
 def test_a_finished_run_replaces_every_picture_of_the_earlier_one(tmp_path):
     out = _certified(tmp_path)
-    one = {**TINY, "certify": {**TINY["certify"], "batches": 1}}
-    assert main(["redteam", "--config", str(_write(tmp_path, one)), "--out", str(out), "--quiet"]) == 0
+    one = {**TINY, "certify": {**TINY["certify"], "max_updates": 1}}
+    assert main(["redteam", "--config", str(_write(tmp_path, one)), "--out", str(out), "--quiet"]) == 3  # one update decides nothing
     names = {p.name for p in out.iterdir()}
     assert "grid-batch0.png" in names and "grid-batch1.png" not in names  # no picture of a batch it did not attack
     run = json.loads((out / "run.json").read_text())

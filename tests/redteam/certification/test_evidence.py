@@ -42,19 +42,27 @@ def test_59_samples_for_5_percent_at_95_percent():
     assert evidence.samples_needed(0.05, 0.95) == 59 == math.floor(math.log(0.05) / math.log(0.95)) + 1
 
 
-def test_too_few_samples_never_certify_whatever_was_measured():
-    for n in range(1, 59):
-        assert evidence.leak_rate(0, n, 0.05, 0.95)["status"] == evidence.INSUFFICIENT
-        assert evidence.leak_rate(0, n, 0.05, 0.95)["samples_needed"] == 59
-    assert evidence.leak_rate(0, 59, 0.05, 0.95)["status"] == evidence.CERTIFIED
+def test_a_claim_with_too_few_clean_updates_is_inconclusive_and_says_how_many_would_do():
+    for n in (1, 20, 77):
+        found = evidence.claim_evidence([0.0] * n, 0.05, 0.95, 0.05, per_update_samples=1, leaked=0, what="leak")
+        assert found["status"] == evidence.INCONCLUSIVE and found["updates_needed_without_leaks"] == 78
+        assert found["more_updates"]["more"] == 78 - n
+    clean = evidence.claim_evidence([0.0] * 78, 0.05, 0.95, 0.05, per_update_samples=1, leaked=0, what="leak")
+    assert clean["status"] == evidence.CERTIFIED and clean["more_updates"] is None and clean["upper_bound"] < 0.05
 
 
-def test_leaks_that_do_not_rule_out_the_rate_are_not_certified_and_say_how_many_samples_could():
-    found = evidence.leak_rate(2, 64, 0.05, 0.95)
-    assert found["status"] == evidence.NOT_CERTIFIED and found["upper_bound"] > 0.05
-    assert found["samples_needed"] > 64
-    assert evidence.leak_rate(10, 64, 0.05, 0.95)["samples_needed"] is None  # 16% leak: no n certifies that
-    assert evidence.leak_rate(1, 120, 0.05, 0.95)["status"] == evidence.CERTIFIED  # bound 0.039
+def test_updates_that_show_the_rate_above_the_claim_are_not_certified():
+    found = evidence.claim_evidence([1.0, 0.0, 1.0, 1.0, 0.5], 0.05, 0.95, 0.05, per_update_samples=2, leaked=7,
+                                    what="leak")
+    assert found["status"] == evidence.NOT_CERTIFIED and found["lower_bound"] > 0.05
+    assert found["unit"] == "update" and found["samples"] == 10 and found["updates"] == 5
+    near = evidence.claim_evidence([0.0] * 60 + [1.0] * 4, 0.05, 0.95, 0.05, per_update_samples=1, leaked=4, what="leak")
+    assert near["status"] == evidence.INCONCLUSIVE and near["more_updates"]["more"] is None  # 6%: close to 5%
+
+
+def test_no_claim_reports_the_figures_and_decides_nothing():
+    found = evidence.claim_evidence([0.0, 1.0], None, 0.95, 0.05, per_update_samples=1, leaked=1, what="leak")
+    assert found["status"] == evidence.NO_CLAIM and 0 < found["upper_bound"] <= 1
 
 
 @pytest.mark.parametrize("call", [lambda: evidence.upper_bound(3, 2, 0.95), lambda: evidence.upper_bound(0, 5, 1.0),

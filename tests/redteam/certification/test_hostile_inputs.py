@@ -16,7 +16,7 @@ from guardfl.cli import main
 from guardfl.errors import ConfigError
 from guardfl.redteam.config import load_config
 
-TINY = {"model": {"name": "lenet"}, "data": {"source": "lfw-faces", "limit": 4}, "certify": {"batches": 1}}
+TINY = {"model": {"name": "lenet"}, "data": {"source": "lfw-faces", "limit": 4}, "certify": {"max_updates": 1}}
 
 
 def _one_line(capsys) -> str:
@@ -174,7 +174,7 @@ def huge_text(tmp_path):
 def test_a_huge_text_file_is_refused_from_its_size(huge_text, section):
     from guardfl.redteam.modality.text.data import MAX_TEXT_BYTES
 
-    cfg = {"model": {"name": "transformer3"}, "data": {"source": "text"}, "attacks": ["tag"], "certify": {"batches": 1}}
+    cfg = {"model": {"name": "transformer3"}, "data": {"source": "text"}, "attacks": ["tag"], "certify": {"max_updates": 1}}
     if section == "aux":
         cfg["aux"] = {"source": "text", "path": str(huge_text)}
     else:
@@ -190,7 +190,7 @@ def test_a_huge_text_file_as_a_sweeps_utility_data_is_refused(huge_text):
     from guardfl.redteam.sweep.config import load_sweep
 
     base = {"model": {"name": "transformer3"}, "data": {"source": "text", "seq_len": 8}, "attacks": ["tag"],
-            "certify": {"batches": 1}}
+            "certify": {"max_updates": 1}}
     sweep_cfg = {"base": base, "axes": [{"defense": {"kind": "gradprune"}, "param": "ratio", "values": [0.5]}],
                  "utility": {"source": "text", "path": str(huge_text)}}
     with pytest.raises(ConfigError, match=r"sweep.utility.path: .*8192 MiB of text; allowed: at most"):
@@ -200,7 +200,7 @@ def test_a_huge_text_file_as_a_sweeps_utility_data_is_refused(huge_text):
 def test_a_huge_text_file_exits_2_from_the_cli(huge_text, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"model": {"name": "transformer3"}, "data": {"source": "text", "path": str(huge_text)},
-                                   "attacks": ["tag"], "certify": {"batches": 1}}))
+                                   "attacks": ["tag"], "certify": {"max_updates": 1}}))
     assert main(["redteam", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert "data.path" in _one_line(capsys)
     assert not (tmp_path / "o" / "certificate.json").exists()

@@ -1,4 +1,4 @@
-"""The plan's typed config copies: ``--samples`` changes certify.batches on the validated config."""
+"""The plan's typed config copies: ``--samples`` changes certify.max_updates on the validated config."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def test_samples_change_only_the_batch_count_of_every_shipped_config(path):
     """Target configs included: a dump-and-reload filled their data section, which a target refuses."""
     cfg = load_config(path)
     out, warnings = with_samples(cfg, 3)
-    assert out.certify.batches == -(-3 // cfg.client.n)
+    assert out.certify.max_updates == -(-3 // cfg.client.n)
     before, after = cfg.model_dump(mode="json"), out.model_dump(mode="json")
-    before["certify"].pop("batches"), after["certify"].pop("batches")
+    before["certify"].pop("max_updates"), after["certify"].pop("max_updates")
     assert before == after and len(warnings) == 1 and "--samples 3" in warnings[0]
     assert with_samples(cfg, None) == (cfg, [])
 

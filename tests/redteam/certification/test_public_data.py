@@ -40,7 +40,7 @@ def _cfg(files, attacks, mode="inter", **client):
     defense = {"kind": "instahide", "k": 4, "mode": mode, **({"public": files["public"]} if mode == "inter" else {})}
     return {"model": {"name": "fc2"}, "data": {"source": "npz", "path": files["private"]},
             "client": {"protocol": "fedsgd", "batch_size": 1, **client}, "defense": defense, "attacks": attacks,
-            "strength": "quick", "certify": {"batches": 1}}
+            "strength": "quick", "certify": {"max_updates": 1}}
 
 
 @pytest.mark.parametrize("attack, threat, mode, needle", [
@@ -113,7 +113,7 @@ def test_a_certification_with_the_public_set_known_recovers_more(files):
 
     attacks = [{"name": "inverting_gradients", "budget": {"iterations": 200}, "threat": {"labels": "known", "public_data": "known"}},
                {"name": "inverting_gradients", "budget": {"iterations": 200}, "threat": {"labels": "known"}}]
-    cfg = {**_cfg(files, attacks), "certify": {"batches": 2, "max_ssim": 0.6, "max_leak_rate": 0.6, "confidence": 0.5}}
+    cfg = {**_cfg(files, attacks), "certify": {"max_updates": 2, "max_ssim": 0.6, "max_leak_rate": 0.6, "confidence": 0.5}}
     cfg["defense"]["seed"] = 0  # the client's encodings reproducible (the attacker never reads the seed)
     cert = certify(cfg, workers=1)
     by = {"known": [], "unknown": []}

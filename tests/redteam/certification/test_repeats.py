@@ -111,7 +111,7 @@ CFG = {
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 30}, "threat": KNOWN},
                 {"name": "idlg", "budget": {"iterations": 30}, "threat": INFERRED}],
-    "certify": {"max_ssim": 0.3, "batches": 3, **LOOSE_CLAIM},
+    "certify": {"max_ssim": 0.3, "max_updates": 3, **LOOSE_CLAIM},
 }
 
 
@@ -151,7 +151,7 @@ def test_the_certificate_names_the_reused_attack_and_loses_no_leak(tmp_path, mon
 
 def test_reuse_does_not_depend_on_the_worker_count(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({**CFG, "certify": {**CFG["certify"], "batches": 2}}))
+    path.write_text(yaml.safe_dump({**CFG, "certify": {**CFG["certify"], "max_updates": 2}}))
     one = certify(path, workers=1).to_dict()
     two = certify(path, workers=2).to_dict()
     assert [r.get("reused", {}).get("from") for r in two["results"]] == [None, "b0-0-dlg", None, "b1-0-dlg"]

@@ -14,12 +14,13 @@ import yaml
 from guardfl.cli import main
 from guardfl.redteam.certification.run import certify
 from guardfl.redteam.certification.certificate import untimed
+from tests.claims import LOOSE_CLAIM
 
 TINY = {
     "model": {"name": "lenet", "state": "wide-init"},
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 4}}],
-    "certify": {"max_ssim": 0.5, "batches": 3},
+    "certify": {"max_ssim": 0.5, "max_updates": 3},
 }
 LTI = {
     "model": {"name": "lenet", "state": "wide-init"},
@@ -29,7 +30,7 @@ LTI = {
     "aux": {"source": "lfw-faces", "offset": 10, "limit": 40, "ood": {"source": "lfw-nonfaces", "limit": 10, "samples": 20}},
     "attacks": [{"name": "learned_inversion", "budget": {"hidden": 32, "epochs": 2, "batch": 32}},
                 {"name": "dlg", "budget": {"iterations": 4}}],
-    "certify": {"max_ssim": 0.99, "batches": 2},
+    "certify": {"max_ssim": 0.99, "max_updates": 2},
 }
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "flower"
@@ -39,7 +40,7 @@ CLIENTAPP = {  # the user's own Flower ClientApp (examples/flower), two clients
     "model": {"name": "guardfl_flower_example.task:lenet", "state": "wide-init"},
     "client": {"protocol": "fedavg", "lr": 0.02, "batch_size": 1, "samples": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 4}, "threat": {"labels": "known"}}],
-    "certify": {"max_ssim": 0.4, "batches": 3},
+    "certify": {"max_ssim": 0.4, "max_updates": 3},
 }
 
 
@@ -57,8 +58,13 @@ def _write(tmp_path, cfg, name="c.yaml"):
     return p
 
 
-@pytest.mark.parametrize("cfg, kill_at", [(TINY, 3), (LTI, 3), (CLIENTAPP, 3)],
-                         ids=["batch-finished-before-the-kill", "prepared-attack-finished", "clientapp"])
+#: a run of two rounds (updates 0-3, then 4-5), killed in the second
+ROUNDS = {**TINY, "certify": {**TINY["certify"], "max_updates": 6}}
+
+
+@pytest.mark.parametrize("cfg, kill_at", [(TINY, 3), (ROUNDS, 5), (LTI, 3), (CLIENTAPP, 3)],
+                         ids=["batch-finished-before-the-kill", "killed-in-the-second-round", "prepared-attack-finished",
+                              "clientapp"])
 def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, cfg, kill_at, kill_attack_at):
     if cfg is CLIENTAPP:
         pytest.importorskip("flwr")
@@ -71,7 +77,7 @@ def test_a_resumed_certificate_is_the_uninterrupted_one(tmp_path, monkeypatch, c
     assert not (tmp_path / "resumed" / "certificate.json").exists()
     resumed = certify(path, out=tmp_path / "resumed", resume=True)
     a, b = (json.loads((tmp_path / d / "certificate.json").read_text()) for d in ("whole", "resumed"))
-    assert sorted(b["client"]["batches"]) == [str(i) for i in range(cfg["certify"]["batches"])]
+    assert sorted(b["client"]["batches"], key=int) == [str(i) for i in range(cfg["certify"]["max_updates"])]
     if cfg is LTI:
         assert list(b["preparations"]) == ["0-learned_inversion"] and b["preparations"]["0-learned_inversion"]["cached"] is False
     assert untimed(a) == untimed(b)
@@ -101,7 +107,7 @@ def test_resume_refuses_a_data_file_replaced_after_the_kill(tmp_path, monkeypatc
     assert err.startswith("error: --resume: data.path") and "private.npz" in err and "\n" not in err
     assert sorted(p.name for p in (out / "state").iterdir()) == written  # the killed run's state is kept
     _npz(data, 0)  # the original data back: the resume goes on
-    assert main(["redteam", "--config", str(path), "--out", str(out), "--resume", "--quiet"]) in (0, 1)
+    assert main(["redteam", "--config", str(path), "--out", str(out), "--resume", "--quiet"]) in (0, 1, 3)
     assert (out / "certificate.json").is_file()
 
 
@@ -131,7 +137,9 @@ def test_resume_never_unpickles_objects_from_the_state(tmp_path, capsys, cfg, pl
 
 
 def test_resume_ignores_files_guardfl_did_not_list(tmp_path):
-    path = _write(tmp_path, {**TINY, "certify": {**TINY["certify"], "batches": 1}})
+    # two clean updates decide the loose claim: a resume of a decided run rebuilds it (an INCONCLUSIVE one
+    # would be given more updates)
+    path = _write(tmp_path, {**TINY, "certify": {"max_ssim": 0.5, "max_updates": 2, **LOOSE_CLAIM}})
     out = tmp_path / "r"
     first = certify(path, out=out)
     record = json.loads((out / "state" / "b0-0-dlg.json").read_text())
@@ -139,12 +147,12 @@ def test_resume_ignores_files_guardfl_did_not_list(tmp_path):
     # a planted "finished job" with harmless metrics under a name guardfl did not list
     (out / "state" / "b0-1-dlg.json").write_text(json.dumps({**record, "job": "b0-1-dlg"}))
     resumed = certify(path, out=out, resume=True)
-    assert [r["job"] for r in resumed.results] == ["b0-0-dlg"]
+    assert first.verdict == "CERTIFIED" and [r["job"] for r in resumed.results] == ["b0-0-dlg", "b1-0-dlg"]
     assert untimed(resumed.to_dict()) == untimed(first.to_dict())
 
 
 def test_a_new_run_removes_only_what_guardfl_wrote(tmp_path, capsys):
-    path = _write(tmp_path, {**TINY, "certify": {**TINY["certify"], "batches": 1}})
+    path = _write(tmp_path, {**TINY, "certify": {**TINY["certify"], "max_updates": 1}})
     out = tmp_path / "r"
     certify(path, out=out)
     state = out / "state"

@@ -12,35 +12,41 @@ from guardfl.redteam.certification.sampling import Population
 from guardfl.redteam.config import load_config
 
 
-def test_a_draw_is_reproducible_under_its_seed_and_differs_across_seeds():
+def test_an_update_draw_is_reproducible_under_its_seed_and_differs_across_seeds_and_updates():
     pop = Population("lfw-faces", 0, 60)
-    assert pop.draw(20, 0) == pop.draw(20, 0)
-    assert pop.draw(20, 0) != pop.draw(20, 1)
-    assert len(set(pop.draw(60, 3))) == 60 and sorted(pop.draw(60, 3)) == list(range(60))
+    assert pop.draw_update(3, 20, 0) == pop.draw_update(3, 20, 0)
+    assert pop.draw_update(3, 20, 0) != pop.draw_update(3, 20, 1)
+    assert pop.draw_update(3, 20, 0) != pop.draw_update(4, 20, 0)
+    assert sorted(pop.draw_update(0, 60, 3)) == list(range(60))  # distinct within an update
 
 
-def test_a_draw_is_not_the_front_of_the_population_and_is_roughly_uniform():
+def test_updates_are_independent_draws_roughly_uniform_over_the_population():
+    """Each update draws from the whole population, whatever the others drew (a sample can come back: the
+    updates are i.i.d., which the sequential rule needs), never the front of the population."""
     pop = Population("npz", 0, 10)
-    assert pop.draw(3, 0) != [0, 1, 2]
-    counts = Counter(i for seed in range(2000) for i in pop.draw(3, seed))
+    assert pop.draw_update(0, 3, 0) != [0, 1, 2]
+    counts = Counter(i for b in range(2000) for i in pop.draw_update(b, 3, 0))
     assert all(480 < counts[i] < 720 for i in range(10))  # expected 600 each
+    firsts = [pop.draw_update(b, 1, 0)[0] for b in range(200)]
+    assert len(set(firsts)) == 10 and any(firsts[i] == firsts[i + 1] for i in range(199))  # repeats happen
 
 
-def test_the_description_names_the_population_and_the_source_indices():
+def test_the_description_names_the_population_and_each_updates_source_indices():
     pop = Population("cifar10", 100, 50, None)
-    d = pop.describe(pop.draw(5, 7), 7)
-    assert d["size"] == 50 and d["offset"] == 100 and d["drawn"] == 5 and d["seed"] == 7
-    assert all(100 <= i < 150 for i in d["indices"])
+    updates = {b: pop.draw_update(b, 5, 7) for b in range(3)}
+    d = pop.describe(updates, 7)
+    assert d["size"] == 50 and d["offset"] == 100 and d["drawn"] == 15 and d["updates"] == 3 and d["seed"] == 7
+    assert all(100 <= i < 150 for i in d["indices"]) and [len(u) for u in d["per_update"]] == [5, 5, 5]
 
 
-def test_more_samples_than_the_population_is_refused():
+def test_more_samples_in_one_update_than_the_population_is_refused():
     with pytest.raises(ValueError, match="population of 4"):
-        Population("npz", 0, 4).draw(5, 0)
+        Population("npz", 0, 4).draw_update(0, 5, 0)
 
 
 def test_the_description_gives_the_source_indices_of_a_shuffled_population():
     pop = Population("npz", 10, 4, None, shuffle=3, index=(7, 2, 13, 0))
-    d = pop.describe([2, 0], 5)
+    d = pop.describe({0: [2, 0]}, 5)
     assert d["indices"] == [13, 7] and d["shuffle"] == 3 and d["offset"] == 10
 
 

@@ -29,7 +29,7 @@ def example_config(**run_config):
         "model": {"name": "guardfl_flower_example.task:lenet", "state": "wide-init"},
         "client": {"protocol": "fedavg", "lr": 0.02, "batch_size": 1, "samples": 2},
         "attacks": DLG_FAST,
-        "certify": {"max_ssim": 0.4, "batches": 1, **LOOSE_CLAIM},
+        "certify": {"max_ssim": 0.4, "max_updates": 2, **LOOSE_CLAIM},
     }
 
 
@@ -142,7 +142,7 @@ def train_fn_config(tmp_path):
         cfg = {"target": {"train_fn": f"user_client:{fn}", "app_dir": str(tmp_path)},
                "model": {"name": "lenet", "state": "wide-init"}, "data": {"source": "lfw-faces", "limit": 1},
                "client": {"protocol": "fedavg", "lr": 0.1, "batch_size": 1, "samples": 1},
-               "attacks": DLG_FAST, "certify": {"max_ssim": 0.4, "batches": 1, **LOOSE_CLAIM}}
+               "attacks": DLG_FAST, "certify": {"max_ssim": 0.4, "max_updates": 2, **LOOSE_CLAIM}}
         for key, value in over.items():
             cfg[key] = {**cfg[key], **value}
         return cfg

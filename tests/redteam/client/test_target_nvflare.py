@@ -104,7 +104,7 @@ def test_certify_the_example_site_without_defenses_finds_the_leak(tmp_path):
     cfg = {"target": {"nvflare": "client:train", "app_dir": str(EXAMPLE), "run_config": {**SITE, "defense": "none"}},
            "model": {"name": "task:lenet", "state": "wide-init"},
            "client": {"protocol": "fedavg", "lr": 0.02, "batch_size": 1, "samples": 2},
-           "attacks": DLG_FAST, "certify": {"max_ssim": 0.4, "batches": 1, **LOOSE_CLAIM}}
+           "attacks": DLG_FAST, "certify": {"max_ssim": 0.4, "max_updates": 2, **LOOSE_CLAIM}}
     cert = certify(cfg, out=tmp_path)
     assert not cert.certified and cert.worst[0]["worst"] > 0.9
     assert cert.client["kind"] == "nvflare" and cert.client["batches"]["0"]["site"] == "site-1"

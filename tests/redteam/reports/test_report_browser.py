@@ -38,7 +38,7 @@ TINY = {
     "client": {"batch_size": 1},
     "attacks": [{"name": "idlg", "budget": {"iterations": 40}}],
     "strength": "quick",
-    "certify": {"batches": 2},
+    "certify": {"max_updates": 2},
 }
 
 #: markup in names: none holds a '/', so each can be a file or directory name
@@ -132,7 +132,7 @@ def _markup_setting(tmp_path: Path) -> tuple[Path, dict]:
         "defense": {"kind": "instahide", "k": 2, "mode": "inter", "public": str(folder / NPZ)},
         "attacks": [{"name": "idlg", "budget": {"iterations": 40}}],
         "strength": "quick",
-        "certify": {"batches": 1, "lpips_weights": str(folder / LPIPS)},
+        "certify": {"max_updates": 1, "lpips_weights": str(folder / LPIPS)},
     }
     return folder, cfg
 
@@ -170,7 +170,7 @@ def test_the_text_report_shows_markup_tokens_as_text(tmp_path, browser):
         "aux": {"source": "text", "path": path, "offset": 10, "limit": 7},
         "attacks": [{"name": "tag", "budget": {"iterations": 10}}],
         "strength": "quick",
-        "certify": {"batches": 1, "max_rouge1": 0.0, "max_token_acc": 0.0, "prior_margin": None},
+        "certify": {"max_updates": 1, "max_rouge1": 0.0, "max_token_acc": 0.0, "prior_margin": None},
     }
     out = tmp_path / "out"
     cert = certify(cfg, out=out, workers=1, threads=1)

@@ -15,7 +15,7 @@ def test_an_attack_run_twice_shows_the_run_that_leaked_each_sample():
                     "client": {"protocol": "fedsgd", "batch_size": 32, "inspect": True},
                     "aux": {"source": "lfw-faces", "offset": 64},
                     "attacks": [{**trap, "budget": {"chains": 8, "rows": 1}}, trap],
-                    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1}, "seed": 0})
+                    "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "max_updates": 1}, "seed": 0})
     reading, refused = cert.results
     assert refused["info"].get("refused") and not reading["info"].get("refused")
     leaked = [row["image"] for row in cert.evidence["leaked_samples"]]

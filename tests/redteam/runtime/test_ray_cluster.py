@@ -23,7 +23,7 @@ CONFIG = {
     "aux": {"source": "lfw-faces", "offset": 12, "limit": 40},
     "attacks": [{"name": "learned_inversion", "budget": {"hidden": 32, "epochs": 2, "batch": 32}},
                 {"name": "dlg", "budget": {"iterations": 60}}],
-    "certify": {"max_ssim": 0.4, "batches": 4},
+    "certify": {"max_ssim": 0.4, "max_updates": 4},
     "strength": "quick",
 }
 BOUND = 120

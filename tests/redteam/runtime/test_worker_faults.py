@@ -27,7 +27,7 @@ CONFIG = {
     "client": {"batch_size": 1},
     "attacks": [{"name": "dlg", "budget": {"iterations": 60}},
                 {"name": "inverting_gradients", "budget": {"iterations": 400, "restarts": 1}}],
-    "certify": {"max_ssim": 0.5, "batches": 4},
+    "certify": {"max_ssim": 0.5, "max_updates": 4},
     "strength": "quick",
 }
 DLG_RECORDS = 4

@@ -22,7 +22,7 @@ LTI_AND_OPTIMISATION = {
     "attacks": [{"name": "learned_inversion", "budget": {"hidden": 32, "epochs": 2, "batch": 32}},
                 {"name": "dlg", "budget": {"iterations": 10}},
                 {"name": "inverting_gradients", "budget": {"iterations": 20, "restarts": 2}}],
-    "certify": {"max_ssim": 0.4, "batches": 2},
+    "certify": {"max_ssim": 0.4, "max_updates": 2},
     "strength": "quick",
 }
 

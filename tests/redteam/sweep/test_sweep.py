@@ -27,7 +27,7 @@ BASE = {
     "client": {"batch_size": 1},
     "attacks": [{"name": "idlg", "budget": {"iterations": 40}}],
     "strength": "quick",
-    "certify": {"batches": 2, "max_leak_rate": 0.5, "confidence": 0.6, "max_ssim": 0.4, "prior_margin": None},
+    "certify": {"max_updates": 2, "max_leak_rate": 0.5, "confidence": 0.6, "max_ssim": 0.4, "prior_margin": None},
 }
 UTILITY = {"train": 40, "test": 20, "epochs": 1, "repeats": 1, "batch_size": 8}
 
@@ -229,7 +229,7 @@ def test_a_text_sweep(tmp_path):
         "base": {"model": {"name": "text-classifier", "num_classes": 2},
                  "data": {"source": "labelled-text", "seq_len": 8, "limit": 200},
                  "attacks": [{"name": "tag", "budget": {"iterations": 10}}], "strength": "quick",
-                 "certify": {"batches": 1, "max_leak_rate": 0.5, "confidence": 0.5}},
+                 "certify": {"max_updates": 1, "max_leak_rate": 0.5, "confidence": 0.5}},
         "axes": [{"defense": {"kind": "gaussian"}, "param": "sigma", "values": [0.0001, 1.0]}],
         "utility": {"source": "labelled-text", "train": 40, "test": 20, "epochs": 1, "repeats": 1, "batch_size": 8},
     }

@@ -13,7 +13,7 @@ from guardfl.redteam.config import load_config
 from guardfl.redteam.sweep.config import STRONGER, deep_merge, load_sweep, point_seed, set_path
 
 BASE = {"model": {"name": "lenet", "num_classes": 10}, "data": {"source": "lfw-faces", "limit": 64},
-        "attacks": ["idlg"], "strength": "quick", "certify": {"batches": 2}}
+        "attacks": ["idlg"], "strength": "quick", "certify": {"max_updates": 2}}
 GRADPRUNE = {"defense": {"kind": "gradprune"}, "param": "ratio", "values": [0.9, 0.5, 0.99, 0.7]}
 DPSGD_NORM = {"defense": {"kind": "dpsgd", "noise_multiplier": 1.0}, "param": "max_grad_norm", "values": [0.5, 2.0, 1.0]}
 STACK = {"kind": "stack", "defenses": [{"kind": "gradprune", "ratio": 0.9}, {"kind": "gaussian", "sigma": 0.0}]}
@@ -66,7 +66,7 @@ def test_a_sweep_file_whose_base_is_relative_to_it(tmp_path, monkeypatch):
     (tmp_path / "configs" / "red.yaml").write_text(yaml.safe_dump(BASE))
     (tmp_path / "sweeps").mkdir()
     path = tmp_path / "sweeps" / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"base": "../configs/red.yaml", "override": {"certify": {"batches": 3}},
+    path.write_text(yaml.safe_dump({"base": "../configs/red.yaml", "override": {"certify": {"max_updates": 3}},
                                     "axes": [GRADPRUNE]}))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -76,16 +76,16 @@ def test_a_sweep_file_whose_base_is_relative_to_it(tmp_path, monkeypatch):
     assert plan.base["certify"]["batches"] == 3
     assert plan.base["data"]["limit"] == 64 and plan.base["model"]["name"] == "lenet"
     assert values(plan) == [0.5, 0.7, 0.9, 0.99]
-    assert plan.digest == load_sweep(sweep(override={"certify": {"batches": 3}})).digest
+    assert plan.digest == load_sweep(sweep(override={"certify": {"max_updates": 3}})).digest
 
 
 def test_override_deep_merges():
-    plan = load_sweep(sweep(override={"certify": {"batches": 4}, "data": {"limit": 32}, "attacks": ["dlg"]}))
+    plan = load_sweep(sweep(override={"certify": {"max_updates": 4}, "data": {"limit": 32}, "attacks": ["dlg"]}))
     assert plan.base["certify"]["batches"] == 4
     assert plan.base["certify"]["max_ssim"] == 0.4            # the rest of the section is kept
     assert plan.base["data"] == {**plan.base["data"], "source": "lfw-faces", "limit": 32}
     assert [a["name"] for a in plan.base["attacks"]] == ["dlg"]  # a list replaces
-    assert all(p.redteam.certify.batches == 4 for p in plan.axes[0])
+    assert all(p.redteam.certify.max_updates == 4 for p in plan.axes[0])
 
 
 def test_deep_merge_and_set_path_copy():
@@ -189,7 +189,7 @@ def test_a_param_path_that_does_not_exist_in_a_stack(param, expect):
 @pytest.mark.parametrize("change, field", [
     ({"model": {"name": "lenet", "num_classes": 1}}, "model.num_classes"),
     ({"attacks": ["nosuch"]}, "attacks.0.name"),
-    ({"certify": {"batches": 0}}, "certify.batches"),
+    ({"certify": {"max_updates": 0}}, "certify.max_updates"),
     ({"bogus": 1}, "bogus"),
 ])
 def test_a_base_that_does_not_validate(change, field):
@@ -203,8 +203,8 @@ def test_a_base_with_an_unknown_model_is_refused_at_load():
 
 
 def test_an_override_that_breaks_the_base():
-    msg = refused(sweep(override={"certify": {"batches": 0}}))
-    assert msg.startswith("sweep.base: ") and "certify.batches" in msg and "[1, 100000]" in msg
+    msg = refused(sweep(override={"certify": {"max_updates": 0}}))
+    assert msg.startswith("sweep.base: ") and "certify.max_updates" in msg and "[1, 100000]" in msg
 
 
 def test_a_missing_base_file(tmp_path):
@@ -303,7 +303,7 @@ def test_digest():
     digest = load_sweep(sweep()).digest
     assert load_sweep(sweep()).digest == digest
     assert load_sweep(sweep(axes=[{**GRADPRUNE, "values": [0.9, 0.5, 0.99, 0.8]}])).digest != digest
-    assert load_sweep(sweep(base={**BASE, "certify": {"batches": 3}})).digest != digest
+    assert load_sweep(sweep(base={**BASE, "certify": {"max_updates": 3}})).digest != digest
     assert load_sweep(sweep(override={"data": {"limit": 32}})).digest != digest
     assert load_sweep(sweep(seed=1)).digest != digest
 
