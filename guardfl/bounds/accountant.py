@@ -91,15 +91,62 @@ def pure_dp_pld(epsilon: float, steps: int, discretization: float = DISCRETIZATI
 
 
 def hockey_stick(pld, eps: float) -> float:
-    """``delta(eps)`` of a PLD (an upper bound: pessimistic), for any real ``eps``."""
+    """``delta(eps)`` of a PLD (an upper bound: pessimistic), for any real ``eps``: ``dp-accounting``'s
+    ``get_delta_for_epsilon``."""
     return float(pld.get_delta_for_epsilon(float(eps)))
+
+
+class _Profile:
+    """``delta(eps)`` of a PLD in O(log n) a query: the suffix sums of ``dp-accounting``'s composed PMFs
+    (both directions; the larger answers, as ``get_delta_for_epsilon`` does), for the ~70 queries of one
+    bound. ``delta(eps) = inf + sum_{L > eps} p_L (1 - e^(eps - L))``, the formula of
+    ``get_delta_for_epsilon``; ``tests/guardfl/bounds`` checks the two agree. Built from the PMFs' dense
+    form (``to_dense_pmf``); a PLD without it falls back to ``hockey_stick``."""
+
+    def __init__(self, pld) -> None:
+        self.pld, self.parts = pld, []
+        try:
+            pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]  # noqa: SLF001
+            for pmf in pmfs:
+                dense = pmf.to_dense_pmf()
+                probs = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001
+                losses = (np.arange(len(probs)) + dense._lower_loss) * dense._discretization  # noqa: SLF001
+                lower = probs * np.exp(np.minimum(-losses, 700.0))  # the lower distribution's mass at each loss
+                self.parts.append((losses, np.cumsum(probs[::-1])[::-1], np.cumsum(lower[::-1])[::-1],
+                                   float(dense._infinity_mass)))  # noqa: SLF001
+        except AttributeError:  # another dp-accounting layout: the public (slower) path
+            self.parts = []
+
+    def delta(self, eps: float) -> float:
+        if not self.parts:
+            return hockey_stick(self.pld, eps)
+        out = 0.0
+        for losses, upper, lower, inf in self.parts:
+            i = int(np.searchsorted(losses, eps, side="right"))
+            tail = 0.0 if i >= len(losses) else float(upper[i] - math.exp(eps) * lower[i])
+            out = max(out, inf + max(0.0, tail))
+        return out
 
 
 def rero_from_pld(pld, kappa: float) -> float:
     """``inf_eps kappa e^eps + delta(eps)``, capped at 1 and at least ``kappa``: the reconstruction bound of
     the mechanism whose (pessimistic) PLD is ``pld``, for a prior of baseline ``kappa``."""
     kappa = check_kappa(kappa)
-    return _minimise(lambda t: kappa * t + hockey_stick(pld, math.log(t)), T_MIN, 1.0 / kappa, kappa)
+    profile = _profile(pld)
+    return _minimise(lambda t: kappa * t + profile.delta(math.log(t)), T_MIN, 1.0 / kappa, kappa)
+
+
+_PROFILES: dict[int, tuple[object, _Profile]] = {}
+
+
+def _profile(pld) -> _Profile:
+    """The PLD's ``_Profile``, kept for the PLDs the caches hold (several kappas of one PLD)."""
+    hit = _PROFILES.get(id(pld))
+    if hit is None or hit[0] is not pld:
+        if len(_PROFILES) > 256:
+            _PROFILES.clear()
+        hit = _PROFILES[id(pld)] = (pld, _Profile(pld))
+    return hit[1]
 
 
 def _minimise(g, lo: float, hi: float, kappa: float) -> float:

@@ -14,8 +14,11 @@ composes without end, and nothing is proven.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from scipy.special import ndtri
 
 from guardfl.bounds.accountant import gaussian_pld, pure_dp_pld, rero_from_pld
 from guardfl.bounds.checks import check_count, check_kappa
@@ -26,6 +29,8 @@ COMPUTED = "COMPUTED"
 from guardfl.defenses import DefenseConfig
 from guardfl.integrations.budget import MAX_ROUNDS_LIMIT
 
+#: Phi(x) is 1 to double precision beyond this x (1 - Phi(8.3) = 5e-17)
+GDP_SATURATES = 8.3
 #: a pure-DP step of this epsilon or more: the bound is 1 to double precision (1 - e^-40 rounds to 1)
 PURE_EPS_SATURATES = 40.0
 
@@ -43,6 +48,10 @@ def rero(mechanism: Mechanism, kappa: float, rounds: int) -> float:
     check_count(rounds, "rounds", 1, MAX_ROUNDS_LIMIT)
     steps = rounds * mechanism.steps_per_round
     if mechanism.noise == "gaussian":
+        if mechanism.sample_rate == 1.0 and ndtri(kappa) + math.sqrt(steps) / mechanism.noise_multiplier > GDP_SATURATES:
+            # full batch: exactly mu-GDP, and Phi(Phi^-1(kappa) + mu) is 1 to double precision (the capped
+            # accountant answers 1 too, after building a PLD spanning a privacy loss of mu^2 / 2)
+            return 1.0
         return rero_from_pld(gaussian_pld(mechanism.noise_multiplier, mechanism.sample_rate, steps), kappa)
     if mechanism.epsilon >= PURE_EPS_SATURATES:
         return 1.0

@@ -88,3 +88,17 @@ def test_pure_dp_matches_its_closed_form_for_one_step():
         for kappa in (0.01, 0.2, 0.6):
             closed = min(1.0, math.exp(eps) * kappa, 1 - math.exp(-eps) * (1 - kappa))
             assert rero_from_pld(pure_dp_pld(eps, 1), kappa) == pytest.approx(closed, abs=2e-3 * max(1, eps))
+
+
+@pytest.mark.parametrize("args", [(0.47, 0.001, 256), (1.0, 1.0, 1), (2.0, 0.1, 100), (0.8, 0.05, 200)])
+def test_the_fast_profile_is_dp_accountings_own_delta(args):
+    """The suffix-sum evaluation ``rero_from_pld`` queries agrees with ``get_delta_for_epsilon``."""
+    from guardfl.bounds.accountant import _Profile, hockey_stick
+
+    pld = gaussian_pld(*args)
+    profile = _Profile(pld)
+    assert profile.parts  # the fast path, not the fallback
+    for eps in np.linspace(-5, 10, 61):
+        assert profile.delta(eps) == pytest.approx(hockey_stick(pld, eps), abs=1e-12)
+    assert rero_from_pld(pure_dp_pld(1.0, 10), 0.1) == pytest.approx(
+        min(1.0, min(0.1 * math.exp(e) + hockey_stick(pure_dp_pld(1.0, 10), e) for e in np.linspace(-3, 2.3, 2000))), abs=1e-3)
