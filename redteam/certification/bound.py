@@ -60,7 +60,7 @@ def kappa_from_aux(cfg: RedTeamConfig, aux: torch.Tensor, private: torch.Tensor,
     image when its SSIM or PSNR there is past that image's limit (the threshold, or the mean auxiliary
     image's score plus ``prior_margin``, as ``judge._image_limits``). A reason (str) when it cannot be
     estimated: text (use ``certify.kappa``), or LPIPS as the only threshold."""
-    if modality.of(cfg).name != "image":
+    if modality.of(cfg).tokenized:  # token ids: the image metrics below do not apply
         return (f"kappa is estimated from auxiliary images only; for a {modality.of(cfg).name} client give certify.kappa "
                 "(1/n for a known candidate set of n)")
     from guardfl.redteam.modality.image import metrics
