@@ -36,6 +36,9 @@ from guardfl.redteam.config import RedTeamConfig
 KAPPAS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 0.5)
 #: rounds plotted without a budget
 UNBUDGETED_ROUNDS = 256
+#: the most auxiliary samples tried as guesses when kappa is estimated (a seeded draw): the SSIM of every
+#: (guess, private sample) pair is computed, and the Bonferroni correction grows with the guesses
+MAX_GUESSES = 256
 
 
 def client_facts(cfg: RedTeamConfig, model: torch.nn.Module | None = None) -> Client:
@@ -114,10 +117,12 @@ def certificate_bound(cfg: RedTeamConfig, kappa: float | None, kappa_source: str
                      others=[m.description for m in probe.others],
                      **({"noise_multiplier": mech.noise_multiplier} if mech.noise == "gaussian" else {"epsilon": mech.epsilon}))
     if kappa is None:
-        entry.update(reason=f"no kappa ({kappa_source}): give certify.kappa, or auxiliary data to estimate it from"
-                     if kappa_source else "no kappa: give certify.kappa, or auxiliary data to estimate it from")
+        missing = (f"no kappa ({kappa_source}): give certify.kappa, or auxiliary data to estimate it from"
+                   if kappa_source else "no kappa: give certify.kappa, or auxiliary data to estimate it from")
         if probe.status == NO_MECHANISM:
             entry.update(status=NO_MECHANISM, reason=probe.reason)
+        else:
+            entry.update(reason="; ".join([missing] + ([probe.reason] if probe.reason else [])))
         return entry
     bound = probe if kappa == 0.5 else defense_bound(cfg.defense, client, kappa)
     status, reason = verdict(bound, claim)
@@ -129,6 +134,28 @@ def certificate_bound(cfg: RedTeamConfig, kappa: float | None, kappa_source: str
         entry["curve_kappa"] = [[k, rero(mech, k, at)] for k in sorted(set(KAPPAS) | {kappa})]
         entry["curve_kappa_rounds"] = at
     return entry
+
+
+def run_bound(cfg: RedTeamConfig, aux: Any, private: torch.Tensor | None, model: torch.nn.Module | None,
+              data_range: tuple[float, float] = (0.0, 1.0)) -> dict[str, Any]:
+    """The certification recipe's step: the bound entry with kappa from ``certify.kappa``, else estimated
+    from the auxiliary data (at most ``MAX_GUESSES`` of it, drawn with ``cfg.seed``) against ``private`` (the
+    population the certificate speaks for), else unknown. kappa is estimated only when the defense has a
+    mechanism (nothing to bound otherwise)."""
+    if cfg.certify.kappa is not None:
+        return certificate_bound(cfg, cfg.certify.kappa, "certify.kappa", model=model)
+    if aux is None or not len(aux.images) or private is None or not len(private):
+        return certificate_bound(cfg, None, "no certify.kappa and no auxiliary data to estimate it from", model=model)
+    if certificate_bound(cfg, None, "", model=model, curves=False)["mechanism"] is None:
+        return certificate_bound(cfg, None, "not estimated: no mechanism to bound", model=model)
+    guesses = aux.images
+    if len(guesses) > MAX_GUESSES:
+        pick = torch.randperm(len(guesses), generator=torch.Generator().manual_seed(cfg.seed))[:MAX_GUESSES]
+        guesses = guesses[pick]
+    est = kappa_from_aux(cfg, guesses, private, data_range)
+    if isinstance(est, str):
+        return certificate_bound(cfg, None, est, model=model)
+    return certificate_bound(cfg, est.kappa, est.describe(), model=model)
 
 
 def rounds_axis(budget: int | None) -> list[int]:
@@ -172,4 +199,4 @@ def summary_sentence(verdict_status: str, bound: dict[str, Any]) -> str:
     return f"NOT CERTIFIED: our attacks reconstructed samples past the thresholds; {missing}."
 
 
-__all__ = ["COMPUTED", "certificate_bound", "client_facts", "kappa_from_aux", "rounds_axis", "summary_sentence"]
+__all__ = ["COMPUTED", "certificate_bound", "client_facts", "kappa_from_aux", "rounds_axis", "run_bound", "summary_sentence"]

@@ -79,7 +79,7 @@ def config_bound(path: str, kappa: float | None = None, rounds: int | None = Non
     ``client.max_rounds``)."""
     from guardfl.bounds.checks import check_count, check_kappa
     from guardfl.redteam.certification.batches import BatchSource, load_aux
-    from guardfl.redteam.certification.bound import certificate_bound, kappa_from_aux
+    from guardfl.redteam.certification.bound import run_bound
     from guardfl.redteam.config import load_config
 
     cfg = load_config(path)
@@ -90,20 +90,14 @@ def config_bound(path: str, kappa: float | None = None, rounds: int | None = Non
 
         check_count(rounds, "--rounds", 1, MAX_ROUNDS_LIMIT)
         cfg = cfg.model_copy(update={"client": cfg.client.model_copy(update={"max_rounds": rounds})})
-    aux = load_aux(cfg) if kappa is None and cfg.certify.kappa is None else None
-    source = BatchSource(cfg, None, aux) if cfg.target is None else None
-    model = source.model if source is not None else None
     if kappa is not None:
-        kappa_source = "--kappa"
-    elif cfg.certify.kappa is not None:
-        kappa, kappa_source = cfg.certify.kappa, "certify.kappa"
-    elif aux is not None and source is not None and len(aux.images):
-        # the whole population the certificate speaks for (more samples than those drawn: a tighter estimate)
-        est = kappa_from_aux(cfg, aux.images, source.x_all)
-        kappa, kappa_source = (None, est) if isinstance(est, str) else (est.kappa, est.describe())
-    else:
-        kappa_source = "no certify.kappa and no auxiliary data to estimate it from"
-    return certificate_bound(cfg, kappa, kappa_source, model=model)
+        cfg = cfg.model_copy(update={"certify": cfg.certify.model_copy(update={"kappa": kappa})})
+    aux = load_aux(cfg) if cfg.certify.kappa is None else None
+    source = BatchSource(cfg, None, aux) if cfg.target is None else None
+    entry = run_bound(cfg, aux, source.x_all if source is not None else None, source.model if source is not None else None)
+    if kappa is not None:
+        entry["kappa_source"] = "--kappa"
+    return entry
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

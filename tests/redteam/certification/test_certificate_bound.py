@@ -94,3 +94,22 @@ def test_the_sentence_a_reviewer_reads(verdict, status, words):
     bound = {"status": status, "claim": 0.05, "rero": 0.01, "kappa": 0.001, "rounds": 4, "mechanism": "DP-SGD",
              "kappa_source": "certify.kappa", "reason": "no round budget"}
     assert summary_sentence(verdict, bound).startswith(words)
+
+
+def test_the_recipes_step_takes_kappa_from_the_config_or_estimates_it():
+    from guardfl.redteam.auxdata import AuxData
+    from guardfl.redteam.certification.bound import run_bound
+
+    torch.manual_seed(3)
+    aux = AuxData(torch.rand(300, 1, 8, 8), torch.zeros(300, dtype=torch.long))
+    private = torch.rand(50, 1, 8, 8)
+    cfg = _cfg({"kind": "gaussian", "sigma": 5.0, "clip": 1.0}, max_rounds=1)
+    entry = run_bound(cfg, aux, private, None)
+    assert entry["kappa_source"].startswith("estimated from 256 auxiliary guesses against 50 private samples")
+    assert 1 - (0.05 / 256) ** (1 / 50) - 1e-12 <= entry["kappa"] < 1 and entry["rero"] >= entry["kappa"]
+    given = load_config({**cfg.model_dump(mode="json"), "certify": {**cfg.certify.model_dump(mode="json"), "kappa": 0.001}})
+    assert run_bound(given, aux, private, None)["kappa_source"] == "certify.kappa"
+    entry = run_bound(_cfg({"kind": "sign"}), aux, private, None)
+    assert entry["status"] == "NO MECHANISM" and entry["kappa"] is None
+    entry = run_bound(cfg, None, private, None)
+    assert entry["status"] == "NOT PROVEN" and "no auxiliary data" in entry["reason"]
