@@ -59,7 +59,7 @@ NOISE_CHECK: list = []
 
 #: the shipped configs of part 2 and the empirical verdict each one's header documents
 SHIPPED = {
-    "dpsgd-proven.yaml": "not documented (its header: INSUFFICIENT EVIDENCE expected, 2 faces)",
+    "dpsgd-proven.yaml": "INSUFFICIENT EVIDENCE (0 of 2 faces leaked)",
     "dpsgd-eps8.yaml": "INSUFFICIENT EVIDENCE (2 faces, none leaked)",
     "malicious-adaptive-gn-dpsgd.yaml": "CERTIFIED",
     "malicious-adaptive-ln-dpsgd.yaml": "CERTIFIED",
