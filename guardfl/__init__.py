@@ -5,8 +5,9 @@
 >>> opt = guardfl.wrap(torch.optim.SGD(model.parameters(), lr=0.1), guardfl.defenses.Outpost())
 """
 
-from guardfl import defenses
+from guardfl import bounds, defenses
 from guardfl._version import __version__
+from guardfl.bounds import calibrate
 from guardfl.defenses import from_config
 from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, RoundBudgetError, UndefendedUpdateError, UnsupportedOptimizerError
 from guardfl.inspect import Inspection, inspect_model
@@ -31,6 +32,8 @@ __all__ = [
     "UndefendedUpdateError",
     "UnsupportedOptimizerError",
     "__version__",
+    "bounds",
+    "calibrate",
     "defenses",
     "dp_compatible",
     "inspect_model",

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     from guardfl.redteam.cli.sweep import add_parser as add_sweep
 
     add_sweep(sub)
+    from guardfl.redteam.cli.bound import add_parsers as add_bounds
+
+    add_bounds(sub)
     p = sub.add_parser(
         "check", help="validate a defense config (YAML file); with --model, warn about layers it never changes",
         description="Validate a defense config: a defense YAML file, or a red-team config (its 'defense' section, "

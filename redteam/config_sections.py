@@ -338,6 +338,11 @@ class CertifySection(StrictModel):
     #: max_ssim / max_psnr only if it also beats that prior on the image by more than this margin.
     #: null: absolute thresholds only.
     prior_margin: float | None = Field(default=0.05, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
+    #: the proven bound's prior baseline (``guardfl.bounds``): the probability that the attacker's best guess
+    #: without the client's updates already meets the success criterion (1/n for a known candidate set of n).
+    #: null: estimated from the auxiliary data against the private samples with this certificate's criterion
+    #: and a one-sided ``confidence`` upper bound (no auxiliary data: no bound)
+    kappa: float | None = Field(default=None, gt=0, lt=1, json_schema_extra={"allowed": "null (estimated) or a probability in (0, 1)"})
 
     @model_validator(mode="before")
     @classmethod

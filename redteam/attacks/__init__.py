@@ -15,6 +15,7 @@ from guardfl.redteam.attacks.text.embedding_readout import EmbeddingReadout
 from guardfl.redteam.attacks.malicious.fishing import Fishing
 from guardfl.redteam.attacks.optimisation.gradinversion import GradInversion
 from guardfl.redteam.attacks.optimisation.inverting_gradients import InvertingGradients
+from guardfl.redteam.attacks.analytic.prior_aware import PriorAware
 from guardfl.redteam.attacks.learned.learned_inversion import LearnedInversion
 from guardfl.redteam.attacks.registry import ATTACKS, available, get
 from guardfl.redteam.attacks.malicious.robbing_the_fed import RobbingTheFed
@@ -39,6 +40,7 @@ __all__ = [
     "Fishing",
     "LearnedInversion",
     "NotApplicable",
+    "PriorAware",
     "PreparedCache",
     "Setting",
     "GradInversion",

@@ -46,6 +46,9 @@ class Certificate:
     evidence: dict[str, Any] = field(default_factory=dict)
     #: per image threshold, the single most leaking (attack, image): shown first in the report
     worst: list[dict[str, Any]] = field(default_factory=list)
+    #: the proven bound beside the empirical verdict (``certification.bound``: status PROVEN / NOT PROVEN /
+    #: NO MECHANISM, rero, kappa, mechanism, accountant, rounds, assumption, reason, curves)
+    bound: dict[str, Any] = field(default_factory=dict)
     reconstructions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     originals: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 

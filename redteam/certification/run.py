@@ -141,9 +141,22 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
     found, checks, status, cautions = _judge(cfg, attacked, lp.available)
     _save_budget(state, budget, attacked.stop, found, status)
-    return _assemble_certificate(args, source, attacked, digest=digest, inputs=inputs, threads=threads, lpips=lp,
+    cert = _assemble_certificate(args, source, attacked, digest=digest, inputs=inputs, threads=threads, lpips=lp,
                                  priors=attacked.priors, found=found, checks=checks, status=status,
                                  warnings=warnings + cautions, gallery=gallery)
+    cert.bound = _prove(cfg, aux, source, attacked)
+    return cert
+
+
+def _prove(cfg: RedTeamConfig, aux: AuxData | None, source: BatchSource, attacked: _Attacked) -> dict[str, Any]:
+    """The proven bound beside the verdict (``certification.bound.run_bound``): kappa from the config, or
+    estimated from the auxiliary data against the population (the attacked samples for a target that
+    loads its own data)."""
+    from guardfl.redteam.certification.bound import run_bound
+
+    private = source.x_all if source.x_all is not None else torch.cat([x for _, x, _ in attacked.batches.values()])
+    first = next(iter(attacked.batches.values()))[0]
+    return run_bound(cfg, aux, private, source.model, tuple(first.input_range))
 
 
 @dataclass

@@ -14,6 +14,7 @@ from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam.reports import image as report_image
 from guardfl.redteam.reports.claims import claims_html
 from guardfl.redteam.reports import text as report_text
+from guardfl.redteam.reports.bound import bound_html
 from guardfl.redteam.reports.page import document, fmt, json_pre, verdict_colour, warnings_html
 from guardfl.redteam.runtime.files import atomic_write
 from guardfl.redteam.certification.judge import rounds_averaged
@@ -152,7 +153,8 @@ def write_report(cert: Certificate, out: Path) -> None:
     body = "\n".join([
         _setting_html(cert, view.best_note(cert)),
         warnings_html(cert.warnings) + _privacy_html(cert) + _encoding_html(cert) + _malicious_html(cert),
-        evidence, _checks_html(cert), _worst_html(cert, view.worst), _batches_html(cert, sections),
+        evidence, _checks_html(cert), bound_html(cert.bound, cert.verdict), _worst_html(cert, view.worst),
+        _batches_html(cert, sections),
         _attacks_html(cert), _runs_html(cert), _preparations_html(cert), _run_html(cert),
     ])
     banner = f"{cert.verdict} <small>({html.escape(cert.strength)} attack budgets)</small>"

@@ -170,6 +170,11 @@ class SweepConfig(StrictModel):
     utility: UtilitySection = Field(default_factory=UtilitySection)
     #: bisect each monotone axis for its weakest certifying setting instead of evaluating the whole grid
     autotune: bool = True
+    #: what a point must show to be chosen: ``certified`` (the red team's empirical verdict), ``proven`` (the
+    #: certificate's proven bound below ``certify.max_leak_rate``: ``guardfl.bounds``; the bound falls
+    #: monotonically with the noise, so autotune's bisection is exact for it), or ``both``
+    require: Literal["certified", "proven", "both"] = Field(
+        default="certified", json_schema_extra={"allowed": "'certified', 'proven' or 'both'"})
     #: also red-team the undefended client (a reference point on the plot; the utility baseline always runs)
     redteam_baseline: bool = False
     #: seeds every point's defense (unless its template has a seed): a sweep reproduces, and its

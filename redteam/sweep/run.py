@@ -105,7 +105,8 @@ def point_spec(plan: SweepPlan, point: Point, out_dir: Path, resume: bool, stren
     spec = {"id": point.id, "axis": point.axis, "index": point.index, "value": point.value, "label": label,
             "defense": point.defense, "redteam_config": point.redteam.model_dump(mode="json"),
             "utility": plan.config.utility.model_dump(mode="json"),
-            "strength": strength, "device": device, "threads": threads, "redteam": redteam}
+            "strength": strength, "device": device, "threads": threads, "redteam": redteam,
+            "require": plan.config.require}
     spec["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
     spec["out"] = str(out_dir / "points" / point.id)
     spec["resume"] = resume
@@ -266,7 +267,7 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
         cert = certify(spec["config"], out=spec["out"], workers=1, threads=spec["threads"], strength=spec["strength"],
                        device=spec["device"], resume=spec["resume"] and same, progress=False,
                        backend=RayJobs() if inside_ray_task() else None)
-        record.update(summarize(cert))
+        record.update(summarize(cert, spec.get("require", "certified")))
         record["report"] = str(Path("points") / spec["id"] / "report.html")
     else:
         record.update(verdict=None, certified=False, leak_rate=None, worst={})
@@ -277,10 +278,15 @@ def evaluate_point(spec: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def summarize(cert) -> dict[str, Any]:
-    """What a sweep keeps of a certificate."""
+def summarize(cert, require: str = "certified") -> dict[str, Any]:
+    """What a sweep keeps of a certificate. ``certified``: whether the point meets the sweep's ``require``
+    (the empirical verdict, the proven bound, or both); ``empirically_certified`` and ``bound`` say which."""
     rate = cert.evidence["leak_rate"]
-    return {"verdict": cert.verdict, "certified": cert.certified,
+    bound = getattr(cert, "bound", None) or {}
+    proven = bound.get("status") == "PROVEN"
+    accepted = {"certified": cert.certified, "proven": proven, "both": cert.certified and proven}[require]
+    return {"verdict": cert.verdict, "certified": accepted, "empirically_certified": cert.certified,
+            "bound": {k: bound.get(k) for k in ("status", "rero", "kappa", "mechanism", "reason")},
             "leak_rate": {**{k: rate[k] for k in ("leaked", "samples", "updates", "upper_bound", "lower_bound", "confidence",
                                                   "status")}, "max_leak_rate": rate["max_rate"]},
             "worst": {w["metric"]: w["worst"] for w in cert.worst},

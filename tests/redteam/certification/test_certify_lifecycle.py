@@ -59,7 +59,10 @@ def test_attacks_all_lists_every_registered_attack_with_a_status():
     assert status["exclusive_neurons"]["status"] == "not applicable"
     assert "nn.Linear on the whole flattened input" in status["exclusive_neurons"]["reason"]
     assert {p.name for p in plans} == set(ATTACKS) - {"learned_inversion", "idlg", "robbing_the_fed", "fishing", "trap_weights", "threshold_bins",
-                                                      "seer", "sign_bits", "tag", "embedding_readout", "exclusive_neurons"}
+                                                      "seer", "sign_bits", "tag", "embedding_readout", "exclusive_neurons",
+                                                      "prior_aware"}
+    # the prior-aware attack picks among candidates (auxiliary data) for one sample an update
+    assert status["prior_aware"]["status"] == "not applicable" and "at most 1 sample" in status["prior_aware"]["reason"]
     for line in listing:
         if line["status"] == "not applicable":
             continue

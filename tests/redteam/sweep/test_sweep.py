@@ -73,7 +73,7 @@ def test_outputs_and_choice(sequential):
     for p in data["points"]:
         if p["axis"] >= 0:
             assert (out / p["report"]).is_file() and (out / "points" / f"{p['id']}.json").is_file()
-            assert p["verdict"] in ("CERTIFIED", "NOT CERTIFIED", "INSUFFICIENT EVIDENCE")
+            assert p["verdict"] in ("CERTIFIED", "NOT CERTIFIED", "INCONCLUSIVE")
     assert data["baseline"]["utility"]["time_ratio"] == 1.0
 
 
