@@ -15,7 +15,7 @@ def _config(tmp_path, text):
 
 def test_bound_proven_not_proven_and_no_mechanism(tmp_path, capsys):
     proven = _config(tmp_path, "client: {batch_size: 4, max_rounds: 2}\ndefense: {kind: dpsgd, noise_multiplier: 30}\n"
-                               "certify: {batches: 1, kappa: 0.01}\n")
+                               "certify: {max_updates: 1, kappa: 0.01}\n")
     assert main(["bound", "--config", proven]) == 0
     assert capsys.readouterr().out.startswith("PROVEN: bound 0.01")
     assert main(["bound", "--config", proven, "--json"]) == 0
@@ -23,7 +23,7 @@ def test_bound_proven_not_proven_and_no_mechanism(tmp_path, capsys):
     assert entry["status"] == "PROVEN" and entry["kappa_source"] == "certify.kappa"
     assert main(["bound", "--config", proven, "--rounds", "100000", "--kappa", "0.2"]) == 1
     assert "NOT PROVEN" in capsys.readouterr().out
-    none = _config(tmp_path, "defense: {kind: sign}\ncertify: {batches: 1, kappa: 0.01}\n")
+    none = _config(tmp_path, "defense: {kind: sign}\ncertify: {max_updates: 1, kappa: 0.01}\n")
     assert main(["bound", "--config", none]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: defense: no proven bound: sign:") and err.count("\n") == 1
@@ -39,7 +39,7 @@ def test_bound_proven_not_proven_and_no_mechanism(tmp_path, capsys):
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, field):
     cfg = _config(tmp_path, "client: {batch_size: 4, max_rounds: 2}\ndefense: {kind: dpsgd, noise_multiplier: 3}\n"
-                            "certify: {batches: 1, kappa: 0.01}\n")
+                            "certify: {max_updates: 1, kappa: 0.01}\n")
     assert main([cfg if a == "CFG" else a for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {field}") and err.count("\n") == 1
@@ -50,9 +50,9 @@ def test_calibrate_from_flags_and_from_a_config(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert 9.0 < out["noise_multiplier"] < 9.2 and out["mechanism"] == "dpsgd"
     cfg = _config(tmp_path, "client: {batch_size: 4, max_rounds: 2}\ndefense: {kind: gaussian, sigma: 0.01, clip: 0.5}\n"
-                            "certify: {batches: 1, kappa: 0.01}\n")
+                            "certify: {max_updates: 1, kappa: 0.01}\n")
     assert main(["calibrate", "--rero", "0.05", "--config", cfg]) == 0
     assert capsys.readouterr().out.startswith("sigma ")
-    none = _config(tmp_path, "defense: {kind: sign}\ncertify: {batches: 1, kappa: 0.01}\nclient: {max_rounds: 1}\n")
+    none = _config(tmp_path, "defense: {kind: sign}\ncertify: {max_updates: 1, kappa: 0.01}\nclient: {max_rounds: 1}\n")
     assert main(["calibrate", "--rero", "0.05", "--config", none]) == 2
     assert capsys.readouterr().err.startswith("error: defense: nothing to calibrate")

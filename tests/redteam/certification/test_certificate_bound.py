@@ -19,7 +19,7 @@ KEYS = {"status", "rero", "kappa", "kappa_source", "claim", "mechanism", "leaf",
 
 def _cfg(defense, **client):
     return load_config({"client": {"protocol": "fedsgd", "batch_size": 4, **client}, "defense": defense,
-                        "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "batches": 1}})
+                        "certify": {"max_ssim": 0.4, "max_leak_rate": 0.05, "max_updates": 1}})
 
 
 def test_a_strong_dpsgd_client_with_a_budget_is_proven_and_the_curves_show_the_budget():

@@ -9,7 +9,7 @@ from guardfl.redteam.reports.bound import bound_html
 
 def test_the_section_has_the_sentence_the_facts_and_the_picture():
     cfg = load_config({"client": {"batch_size": 4, "max_rounds": 8}, "defense": {"kind": "dpsgd", "noise_multiplier": 4.0},
-                       "certify": {"batches": 1}})
+                       "certify": {"max_updates": 1}})
     entry = certificate_bound(cfg, 0.01, "certify.kappa")
     page = bound_html(entry, "CERTIFIED")
     assert "CERTIFIED and" in page and "data:image/png;base64," in page and "round budget 8" not in page

@@ -9,12 +9,13 @@ from guardfl.redteam.sweep.config import load_sweep
 from guardfl.redteam.sweep.run import point_spec, summarize
 
 BASE = {"model": {"name": "lenet", "num_classes": 10}, "data": {"source": "lfw-faces", "limit": 64},
-        "attacks": ["idlg"], "strength": "quick", "certify": {"batches": 2}}
+        "attacks": ["idlg"], "strength": "quick", "certify": {"max_updates": 2}}
 AXIS = {"defense": {"kind": "dpsgd", "max_grad_norm": 1.0}, "param": "noise_multiplier", "values": [0.5, 2.0]}
 
 
 def _cert(certified: bool, bound: str):
-    rate = {"leaked": 0, "samples": 2, "upper_bound": 0.7, "max_leak_rate": 0.05, "confidence": 0.95, "status": "x"}
+    rate = {"leaked": 0, "samples": 2, "updates": 2, "upper_bound": 0.7, "lower_bound": 0.0, "max_rate": 0.05,
+            "confidence": 0.95, "status": "x"}
     return SimpleNamespace(verdict="CERTIFIED" if certified else "NOT CERTIFIED", certified=certified,
                            evidence={"leak_rate": rate, "per_attack": {}}, worst=[], checks=[], privacy=None,
                            wall_time_s=1.0, strength="quick", bound={"status": bound, "rero": 0.01, "kappa": 0.001})
