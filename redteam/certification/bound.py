@@ -197,7 +197,7 @@ def summary_sentence(verdict_status: str, bound: dict[str, Any]) -> str:
         return (f"NOT CERTIFIED although PROVEN: {theorem}, yet the attacks' leak rate is not shown below the claim: a "
                 "sample-size effect, or a violated assumption of the bound (kappa's estimate, one guess per target); "
                 "read both before signing off.")
-    return f"NOT CERTIFIED: our attacks reconstructed samples past the thresholds; {missing}."
+    return f"NOT CERTIFIED: the attacked updates refuted a claim (samples leaked or were re-identified); {missing}."
 
 
 __all__ = ["COMPUTED", "certificate_bound", "client_facts", "kappa_from_aux", "rounds_axis", "run_bound", "summary_sentence"]

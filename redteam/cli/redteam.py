@@ -156,6 +156,10 @@ def _print_summary(cert) -> None:
               f"{len(server)} malicious-server runs")
     if rounds_line(cert):
         print(f"  [info] {rounds_line(cert)}")
+    if getattr(cert, "bound", None):
+        from guardfl.redteam.certification.bound import summary_sentence
+
+        print(f"  [bound] {cert.bound.get('status')}: {summary_sentence(cert.verdict, cert.bound)}")
     for w in cert.warnings:
         print(f"  [warn] {w}")
     skipped = [a for a in cert.attacks if a["status"] == "not applicable"]
