@@ -40,27 +40,25 @@ from typing import Any, Mapping
 import torch
 
 import guardfl
-from guardfl.redteam.attacks.base import resolve_device
-from guardfl.redteam.auxdata import AuxData
 from guardfl.errors import ConfigError
 from guardfl.redteam import modality
-from guardfl.redteam.certification import evidence, judge, reid, repeats
-from guardfl.redteam.certification.batches import BatchSource, load_aux, prior_guess
+from guardfl.redteam.attacks.base import resolve_device
+from guardfl.redteam.auxdata import AuxData
+from guardfl.redteam.certification import evidence, judge, reid, rounds
+from guardfl.redteam.certification.batches import BatchSource, load_aux
+from guardfl.redteam.certification.budget import prepare_budget, save_budget
 from guardfl.redteam.certification.certificate import Certificate
 from guardfl.redteam.certification.fingerprint import fingerprint
-from guardfl.redteam.certification.measure import measure
-from guardfl.redteam.certification.plan import (check_workers_threads, plan_attacks, plan_jobs, record_name, round_ends,
-                                                resolve_strength, with_samples)
-from guardfl.redteam.certification.runner import AttackRunner
-from guardfl.redteam.certification.state import load_job, open_state, save_job
+from guardfl.redteam.certification.plan import check_workers_threads, resolve_strength, with_samples
+from guardfl.redteam.certification.rounds import Attacked
+from guardfl.redteam.certification.state import open_state
 from guardfl.redteam.client.target import on_path
-from guardfl.redteam.config import AttackSection, RedTeamConfig, load_config
+from guardfl.redteam.config import RedTeamConfig, load_config
 from guardfl.redteam.modality.image import metrics
 from guardfl.redteam.runtime import allocator
 from guardfl.redteam.runtime.files import CERTIFICATE, StateFolder, atomic_write, mark_run, retract_verdict
 from guardfl.redteam.runtime.ray_backend import as_backend
-from guardfl.redteam.runtime.workers import (Job, RunContext, available_cores, default_workers, job_threads, WorkerPool,
-                                             torch_threads)
+from guardfl.redteam.runtime.workers import available_cores, default_workers, job_threads
 
 
 def certify(
@@ -129,7 +127,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     cfg = args.cfg
     digest, inputs = cfg.digest(args.strength), fingerprint(cfg)
     state = _prepare_state(out_dir, cfg, digest, inputs, resume)
-    budget = _prepare_budget(cfg, state, resume, more)
+    budget = prepare_budget(cfg, state, resume, more)
     app_dir = cfg.target.app_dir if cfg.target is not None else None
     with on_path(app_dir):
         aux = load_aux(cfg)
@@ -137,10 +135,10 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
         gallery = _prepare_gallery(cfg, source, aux)
         threads = threads or job_threads(sum(p.numel() for p in source.model.parameters()), args.workers)
         warnings = args.override + judge.defense_warnings(cfg.defense, source.model)
-        attacked = _attack(args, source, aux, state, threads, app_dir, progress, attacks, budget, gallery)
+        attacked = rounds.attack(args, source, aux, state, threads, app_dir, progress, attacks, budget, gallery)
     lp = metrics.lpips_status(cfg.certify.lpips_weights)
     found, checks, status, cautions = _judge(cfg, attacked, lp.available)
-    _save_budget(state, budget, attacked.stop, found, status)
+    save_budget(state, budget, attacked.stop, found, status)
     cert = _assemble_certificate(args, source, attacked, digest=digest, inputs=inputs, threads=threads, lpips=lp,
                                  priors=attacked.priors, found=found, checks=checks, status=status,
                                  warnings=warnings + cautions, gallery=gallery)
@@ -148,7 +146,7 @@ def _certify(config, out_dir: Path | None, device: str | None, resume: bool, pro
     return cert
 
 
-def _prove(cfg: RedTeamConfig, aux: AuxData | None, source: BatchSource, attacked: _Attacked) -> dict[str, Any]:
+def _prove(cfg: RedTeamConfig, aux: AuxData | None, source: BatchSource, attacked: Attacked) -> dict[str, Any]:
     """The proven bound beside the verdict (``certification.bound.run_bound``): kappa from the config, or
     estimated from the auxiliary data against the population (the attacked samples for a target that
     loads its own data)."""
@@ -199,44 +197,11 @@ def _prepare_state(out_dir: Path | None, cfg: RedTeamConfig, digest: str, inputs
     return open_state(out_dir / "state", cfg, digest, inputs, resume) if out_dir is not None else None
 
 
-#: the state file that keeps a run's budget (and where it stopped) across resumes
-BUDGET_FILE = "budget.json"
-
-
-def _prepare_budget(cfg: RedTeamConfig, state: StateFolder | None, resume: bool, more: int | None) -> int:
-    """The most updates this run attacks: the config's ``certify.max_updates``; a resumed run keeps the
-    budget it had, and one that ended INCONCLUSIVE when its budget ran out gets more: ``more``, else the
-    updates its certificate said would most likely decide (else as many again as it attacked)."""
-    budget = cfg.certify.max_updates
-    earlier = state.load_json(BUDGET_FILE) if state is not None and resume else None
-    if earlier:
-        budget = max(budget, int(earlier["budget"]))
-        stop = earlier.get("stop") or {}
-        if earlier.get("verdict") == evidence.INCONCLUSIVE and stop.get("reason") in ("budget", "max_seconds"):
-            extra = more or earlier.get("more") or max(1, int(stop.get("updates", budget)))
-            budget = max(budget, int(stop.get("updates", budget)) + int(extra))
-    elif more is not None:
-        raise ConfigError("more: only with --resume of a run that ended INCONCLUSIVE (there is no earlier run here)")
-    if state is not None:
-        state.save_json(BUDGET_FILE, {**(earlier or {}), "budget": budget, "finished": False})
-    return min(budget, 100_000)
-
-
-def _save_budget(state: StateFolder | None, budget: int, stop: dict[str, Any], found: dict[str, Any], verdict: str) -> None:
-    """Where the run stopped, its verdict and how many more updates would most likely decide its claims
-    (what a resume reads)."""
-    if state is None:
-        return
-    more = [((found.get(name) or {}).get("more_updates") or {}).get("more") for name in judge.CLAIMS]
-    state.save_json(BUDGET_FILE, {"budget": budget, "finished": True, "stop": stop, "verdict": verdict,
-                                  "more": max((m for m in more if m), default=None)})
-
-
 def _prepare_gallery(cfg: RedTeamConfig, source: BatchSource, aux: AuxData | None) -> reid.Gallery | None:
     """The re-identification gallery (``reid``): the population and the attacker's auxiliary images, for
     an image client whose population the red team draws from; None otherwise (then a re-identification
     claim is refused, one line)."""
-    image = modality.of(cfg).name == "image"
+    image = not modality.of(cfg).tokenized  # re-identification compares pictures (SSIM, eigenfaces)
     if source.x_all is None or not image:
         if cfg.certify.max_reid_rate is not None:
             why = "a text client" if not image else "a target that brings its own data (ClientApp / NVFlare job)"
@@ -248,185 +213,7 @@ def _prepare_gallery(cfg: RedTeamConfig, source: BatchSource, aux: AuxData | Non
                         aux.ood if aux is not None else None, obs_range)
 
 
-@dataclass
-class _Attacked:
-    """What the attacks gave: the certificate's ``attacks`` lines, the records and reconstructions (by
-    record name, plan order within each batch), the preparations, every batch (observation, inputs,
-    labels), the prior guess's metrics and the re-identification of each batch, the claims as the last
-    round left them, and where the rounds stopped (``stop``)."""
-
-    listing: list[dict[str, Any]]
-    results: list[dict[str, Any]]
-    recon: dict[str, torch.Tensor]
-    preparations: dict[str, Any]
-    batches: dict[int, tuple]
-    priors: dict[int, list[dict]]
-    reid: dict[int, dict]
-    found: dict[str, Any]
-    stop: dict[str, Any]
-
-
-def _attack(args: _Arguments, source: BatchSource, aux: AuxData | None, state: StateFolder | None, threads: int,
-            app_dir: str | None, progress: bool, attacks: Mapping[str, type] | None, budget: int,
-            gallery: reid.Gallery | None) -> _Attacked:
-    """Plan the attacks on batch 0's setting, then the rounds (``round_ends``): observe the round's
-    batches, run its jobs neither finished nor reused, build the reused records, measure the prior guess
-    and the re-identifications, and stop once the claims are decided (``judge.decided``), or at the budget
-    (updates, or ``max_seconds`` before a round starts). Then the preparations, the listing's reuse notes
-    and the records in order."""
-    cfg = args.cfg
-    with torch_threads(threads):
-        setting = source.setting()
-        plans, listing = plan_attacks(cfg, setting, args.strength, aux, attacks)
-        runner = AttackRunner(cfg, setting, aux, args.device, progress and args.workers == 1, state, attacks)
-        bar = _bar(progress, budget * len(plans))
-        done, batches, applied, priors, seen = {}, {}, {}, {}, {}
-        prior = prior_guess(aux)
-        found: dict[str, Any] = {}
-        ends = round_ends(budget, judge.milestones(cfg))
-        stop = {"reason": "budget", "budget": budget, "rounds": ends}
-        with _executor(args, runner, plans, threads, app_dir) as execute:
-            lo = 0
-            for hi in ends:
-                if lo and cfg.certify.max_seconds is not None and time.time() - args.started >= cfg.certify.max_seconds:
-                    stop["reason"] = "max_seconds"
-                    break
-                # every batch of the round first, through the batch source even when its jobs are done: its
-                # observation (saved for a resume), its record (client.batches) and its ground truth
-                batches.update({b: source.batch(b) for b in range(lo, hi)})
-                jobs = _prepare_jobs(plans, {b: batches[b] for b in range(lo, hi)}, state, runner, aux, bar, attacks)
-                execute(jobs)
-                applied.update(_apply_reuse(jobs))
-                done.update(jobs.done)
-                for b in range(lo, hi):
-                    priors.update(_prior_metrics(cfg, prior, b, batches[b]))
-                    if gallery is not None:
-                        seen[b] = reid.identify(gallery, {plan.name: done[record_name(b, i, plan)][1]
-                                                          for i, plan in enumerate(plans)
-                                                          if done[record_name(b, i, plan)][1] is not None}, source.drawn(b))
-                results = [done[record_name(b, i, plan)][0] for b in range(hi) for i, plan in enumerate(plans)]
-                found = judge.leak_evidence(cfg, results, priors, {b: y for b, (_, _, y) in batches.items()}, seen)
-                lo = hi
-                if judge.decided(cfg, found):
-                    stop["reason"] = "decided"
-                    break
-        bar and bar.close()
-    n = lo
-    stop.update(updates=n, samples=n * cfg.client.n)
-    runner.complete(plans)
-    for i, line in enumerate(line for line in listing if line.get("status") == "ran"):  # plans' lines, in order
-        note = repeats.listing_note(i, applied, plans, n)
-        if note is not None:
-            line["reused"] = note
-    names = [record_name(b, i, plan) for b in range(n) for i, plan in enumerate(plans)]
-    recon = {name: done[name][1] for name in names}
-    if prior is not None:
-        for b in range(n):
-            recon[f"b{b}-prior"] = prior.expand_as(batches[b][1]).clone()
-    for b in range(n):  # the faces the attacker named (re-identification), for the report
-        if b in seen:
-            recon[f"b{b}-named"] = gallery.images[seen[b]["named"]].clone()
-    return _Attacked(listing, [done[name][0] for name in names], recon, runner.preparations, batches, priors, seen,
-                     found, stop)
-
-
-@contextlib.contextmanager
-def _executor(args: _Arguments, runner: AttackRunner, plans: list[AttackSection], threads: int, app_dir: str | None):
-    """Yields ``execute(jobs)``, which runs a round's pending jobs: one after the other here, or side by side
-    in worker processes (``workers``; a pool kept for the whole run) or as Ray tasks (one connection for the
-    run), each with a runner of its own (no progress, no state: the results come back to ``finished``)."""
-    pool = rounds = None
-    with contextlib.ExitStack() as stack:
-        def execute(jobs: _Jobs) -> None:
-            nonlocal pool, rounds
-            pending = jobs.pending
-            if not ((args.workers > 1 and len(pending) > 1) or (args.ray_jobs is not None and pending)):
-                for job in pending:
-                    jobs.finished(job, runner.run(job.bs, job.i, plans[job.i], [jobs.batches[b] for b in job.bs]))
-                return
-            callbacks = dict(prepared=lambda i: runner.cache.entries_of(plans[i].name) or None,
-                             on_prepared=lambda i, saved, info: runner.adopt_preparation(i, plans[i], saved, info),
-                             on_done=jobs.finished)
-            worker_runner = AttackRunner(args.cfg, runner.setting, runner.aux, args.device, False, None, runner.attacks)
-            app = str(Path(app_dir).resolve()) if app_dir else None
-            if args.ray_jobs is not None:
-                if rounds is None:
-                    rounds = stack.enter_context(args.ray_jobs.session(workers=args.workers, device=args.device))
-                rounds.run(RunContext(worker_runner, plans, jobs.batches), pending, threads=threads, app_dir=app, **callbacks)
-                return
-            if pool is None:
-                pool = stack.enter_context(WorkerPool(RunContext(worker_runner, plans, {}),
-                                                      workers=min(args.workers, len(pending)), threads=threads, app_dir=app))
-            pool.run(pending, jobs.batches, **callbacks)
-
-        yield execute
-
-
-@dataclass
-class _Jobs:
-    """A round's jobs: ``done`` maps each record's name to its (record, reconstruction), None while it is
-    to be made; ``reused`` the records another plan's run gives (name -> (batch, ``repeats.Reuse``));
-    ``pending`` the jobs to run. ``finished`` takes a job's results (into the state too)."""
-
-    plans: list[AttackSection]
-    batches: dict[int, tuple]
-    state: StateFolder | None
-    done: dict[str, Any]
-    reused: dict[str, tuple[int, repeats.Reuse]]
-    pending: list[Job]
-    bar: Any = None
-
-    def finished(self, job: Job, results: list[tuple[dict, torch.Tensor]]) -> None:
-        for b, result in zip(job.bs, results):
-            name = record_name(b, job.i, self.plans[job.i])
-            fresh = self.done[name] is None
-            self.done[name] = result
-            if self.state is not None:
-                save_job(self.state, name, *result)
-            self.bar and fresh and self.bar.update(1)
-
-
-def _prepare_jobs(plans: list[AttackSection], batches: dict[int, tuple], state: StateFolder | None,
-                  runner: AttackRunner, aux: AuxData | None, bar: Any,
-                  attacks: Mapping[str, type] | None) -> _Jobs:
-    """Every (batch, plan) record of a round: reused from another plan's run (``repeats``), finished by a
-    killed run (read from the state), or to be made; the jobs that make the missing ones."""
-    span = range(min(batches), max(batches) + 1)
-    jobs = plan_jobs(plans, span, attacks)
-    # a record that repeats another plan's run exactly is built from that run, never computed twice
-    reuse = repeats.plan_reuse(plans, {b: obs for b, (obs, _, _) in batches.items()}, aux, runner.seed_of)
-    reused = {record_name(b, i, plans[i]): (b, r) for (b, i), r in reuse.items()}
-    done = {record_name(b, i, plan): load_job(state, record_name(b, i, plan))
-            if state is not None and record_name(b, i, plan) not in reused else None
-            for b in span for i, plan in enumerate(plans)}
-    pending = [job for job in jobs if any(done[name] is None and name not in reused
-                                          for name in (record_name(b, job.i, plans[job.i]) for b in job.bs))]
-    bar and bar.update(sum(1 for v in done.values() if v is not None))
-    return _Jobs(plans, batches, state, done, reused, pending, bar)
-
-
-def _apply_reuse(jobs: _Jobs) -> dict[tuple[int, int], repeats.Reuse]:
-    """The reused records built from the records they repeat; (batch, plan) -> ``Reuse`` of those built."""
-    applied = {}
-    for name, (b, r) in jobs.reused.items():
-        if jobs.done[name] is None:  # else its own job ran (a chunk with other batches): its own record
-            record, rec = jobs.done[record_name(b, r.of, jobs.plans[r.of])]
-            jobs.done[name] = (repeats.reused_record(record, name, jobs.plans[r.plan], r), rec)
-            applied[(b, r.plan)] = r
-            jobs.bar and jobs.bar.update(1)
-    return applied
-
-
-def _prior_metrics(cfg: RedTeamConfig, prior: torch.Tensor | None, b: int, batch: tuple) -> dict[int, list[dict]]:
-    """Batch ``b``'s per-sample metrics of the attacker's prior guess (``prior_guess``: no update used);
-    nothing without auxiliary data."""
-    if prior is None:
-        return {}
-    obs, x, _ = batch
-    return {b: measure(cfg, prior.expand_as(x).clone(), x, batch[2], obs.input_range)["per_image"]}
-
-
-def _judge(cfg: RedTeamConfig, attacked: _Attacked, lpips_available: bool,
+def _judge(cfg: RedTeamConfig, attacked: Attacked, lpips_available: bool,
            ) -> tuple[dict[str, Any], list[dict], str, list[str]]:
     """The claims (as the last round left them), the checks, the verdict, and the warnings on the claims'
     strength."""
@@ -439,7 +226,7 @@ def _judge(cfg: RedTeamConfig, attacked: _Attacked, lpips_available: bool,
                                                          + judge.unadapted_warnings(cfg, attacked.results))
 
 
-def _assemble_certificate(args: _Arguments, source: BatchSource, attacked: _Attacked, *, digest: str,
+def _assemble_certificate(args: _Arguments, source: BatchSource, attacked: Attacked, *, digest: str,
                           inputs: dict[str, str], threads: int, lpips: Any, priors: dict[int, list[dict]],
                           found: dict[str, Any], checks: list[dict], status: str, warnings: list[str],
                           gallery: reid.Gallery | None = None) -> Certificate:
@@ -476,12 +263,3 @@ def _assemble_certificate(args: _Arguments, source: BatchSource, attacked: _Atta
         reconstructions=attacked.recon,
         originals={b: x for b, (_, x, _) in attacked.batches.items()},
     )
-
-
-def _bar(enabled: bool, total: int):
-    """A progress bar over the run's records (None when not ``enabled``)."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="red team", unit="attack")

@@ -121,7 +121,7 @@ class RayJobs:
             app_dir: str | None, prepared: Callable[[int], dict[str, Any] | None],
             on_prepared: Callable[[int, dict[str, Any], dict[str, Any]], None],
             on_done: Callable[[Job, list[tuple[dict, torch.Tensor]]], None]) -> None:
-        """``workers.run_parallel``'s contract on Ray: ``prepared(i)`` (a resumed run's states, else
+        """``pool.run_parallel``'s contract on Ray: ``prepared(i)`` (a resumed run's states, else
         None: a preparation task runs first), ``on_prepared`` and ``on_done`` called in this process as
         results arrive; the first error cancels the rest and is raised here. One round of a :meth:`session`."""
         with self.session(workers=workers, device=device) as rounds:

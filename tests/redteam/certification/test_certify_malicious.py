@@ -205,7 +205,7 @@ def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_
     check and reads faces exactly through GradPrune 0.9, and the trap sized on shadows of the client reads
     more."""
     assert main(["redteam", "--config", str(CONFIGS / "malicious-adaptive-dsnr.yaml"), "--out", str(tmp_path),
-                 "--quiet", "--workers", "1"]) == 1
+                 "--quiet", "--workers", "1"]) == 3  # one update decides nothing: INCONCLUSIVE
     out = capsys.readouterr().out
     assert "[info] the client inspects every received model" in out and "disaggregation (SEER's D-SNR" not in out
     assert "the disaggregation check (SEER's D-SNR (Garov et al. 2024), train mode: refused above 2" in out

@@ -25,4 +25,4 @@ def test_an_attack_run_twice_shows_the_run_that_leaked_each_sample():
         assert run is reading and row["ssim"] > 0.4
     assert closest_run([], 0) is None
     (caption, png), = overview(cert, per_picture=32)
-    assert caption.endswith("rows: original / trap_weights") and png.startswith(b"\x89PNG")
+    assert "rows: original / trap_weights / attacker's answer" in caption and png.startswith(b"\x89PNG")  # the last row: re-identification

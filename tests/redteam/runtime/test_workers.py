@@ -11,7 +11,8 @@ import torch
 from guardfl.redteam.attacks.base import AttackFailed
 from guardfl.redteam.certification.run import certify
 from guardfl.redteam.certification.certificate import untimed
-from guardfl.redteam.runtime.workers import LARGE_MODEL, Job, RunContext, WorkerError, available_cores, job_threads, run_parallel
+from guardfl.redteam.runtime.pool import run_parallel
+from guardfl.redteam.runtime.workers import LARGE_MODEL, Job, RunContext, WorkerError, available_cores, job_threads
 
 LTI_AND_OPTIMISATION = {
     "model": {"name": "lenet", "state": "wide-init"},

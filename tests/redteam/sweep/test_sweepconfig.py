@@ -73,7 +73,7 @@ def test_a_sweep_file_whose_base_is_relative_to_it(tmp_path, monkeypatch):
     monkeypatch.chdir(elsewhere)  # resolved against the sweep file's folder, not the working directory
     plan = load_sweep(path)
     assert plan.source == str(path)
-    assert plan.base["certify"]["batches"] == 3
+    assert plan.base["certify"]["max_updates"] == 3
     assert plan.base["data"]["limit"] == 64 and plan.base["model"]["name"] == "lenet"
     assert values(plan) == [0.5, 0.7, 0.9, 0.99]
     assert plan.digest == load_sweep(sweep(override={"certify": {"max_updates": 3}})).digest
@@ -81,7 +81,7 @@ def test_a_sweep_file_whose_base_is_relative_to_it(tmp_path, monkeypatch):
 
 def test_override_deep_merges():
     plan = load_sweep(sweep(override={"certify": {"max_updates": 4}, "data": {"limit": 32}, "attacks": ["dlg"]}))
-    assert plan.base["certify"]["batches"] == 4
+    assert plan.base["certify"]["max_updates"] == 4
     assert plan.base["certify"]["max_ssim"] == 0.4            # the rest of the section is kept
     assert plan.base["data"] == {**plan.base["data"], "source": "lfw-faces", "limit": 32}
     assert [a["name"] for a in plan.base["attacks"]] == ["dlg"]  # a list replaces
