@@ -3,7 +3,7 @@ the two final iterates are (issue 14, "GPU").
 
     python bench/bench_cuda_graph.py [--model resnet18|lenet] [--batch 16] [--iterations 200] [--restarts 4]
 
-The setting of ``configs/huang2021-gradprune-0.9-b16.yaml``: ResNet-18 (CIFAR stem, train mode), FedSGD,
+The setting of ``configs/papers/huang2021-gradprune-0.9-b16.yaml``: ResNet-18 (CIFAR stem, train mode), FedSGD,
 GradPrune 0.9, GradInversion's objective (cosine on the kept coordinates, TV 0.05, BatchNorm prior 1e-3
 with exact statistics, group consistency every 500), random CIFAR-sized images in [0, 1] (the speed does
 not depend on the pixels). Both loops start from the same images; each is timed after its own warm-up,

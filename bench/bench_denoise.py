@@ -1,6 +1,6 @@
 """What the server's filter on its reads changes (``denoise``, docs/malicious-server.md section 23).
 
-    python bench/bench_denoise.py [--config configs/malicious-adaptive-clip.yaml] [--clips 0.1 0.3]
+    python bench/bench_denoise.py [--config configs/research/malicious-adaptive-clip.yaml] [--clips 0.1 0.3]
                                   [--budgets 1 2 4 16] [--defense-seeds 0] [--json bench/results/denoise.json]
 
 For each clip x round budget x defense seed, the config is certified twice on the same updates (the
@@ -70,7 +70,7 @@ def line(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "malicious-adaptive-clip.yaml")
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "research" / "malicious-adaptive-clip.yaml")
     ap.add_argument("--clips", nargs="+", type=float, default=[0.1, 0.3])
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 4, 16])
     ap.add_argument("--defense-seeds", nargs="+", type=int, default=[0])

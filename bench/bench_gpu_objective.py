@@ -4,7 +4,7 @@ of GradInversion's objective on ResNet-18 (issue 14, "GPU"), for each way of bat
     python bench/bench_gpu_objective.py [--batch 16] [--restarts 4] [--samples 1 4] [--iterations 30]
                                         [--modes vmap loop floor] [--profile]
 
-The setting of ``configs/huang2021-gradprune-0.9-b16.yaml`` (ResNet-18 CIFAR stem, train mode, FedSGD,
+The setting of ``configs/papers/huang2021-gradprune-0.9-b16.yaml`` (ResNet-18 CIFAR stem, train mode, FedSGD,
 GradPrune 0.9, cosine on kept coordinates + TV + BatchNorm prior + group consistency), every iteration
 recorded as a CUDA graph (``optimise_batched``'s GPU path). Modes:
 

@@ -4,8 +4,8 @@ metrics next to the papers' figures (issue 14, "GPU").
     python bench/bench_paper_configs.py [CONFIG ...] [--device cuda] [--cifar-npz PATH] [--scale 1]
                                         [--workers 1] [--json bench/results/paper_configs.json]
 
-Default configs: ``configs/huang2021-*.yaml`` that name ``device: cuda`` (the ResNet-18 rows of Huang et al.
-2021, Table 2) and ``configs/outpost2024-scenario*.yaml`` (Wang et al. 2024, Table III). Each runs through
+Default configs: ``configs/papers/huang2021-*.yaml`` that name ``device: cuda`` (the ResNet-18 rows of Huang et al.
+2021, Table 2) and ``configs/papers/outpost2024-scenario*.yaml`` (Wang et al. 2024, Table III). Each runs through
 ``certify`` exactly as ``guardfl redteam --config X --strength paper`` runs it (same plan, budgets, seeds,
 metrics), in this process, so ``torch.cuda.max_memory_allocated`` is the run's peak.
 
@@ -56,8 +56,8 @@ PAPER = {
 def default_configs() -> list[Path]:
     from guardfl.yamlio import load_yaml
 
-    huang = [p for p in sorted((ROOT / "configs").glob("huang2021-*.yaml")) if load_yaml(p).get("device") == "cuda"]
-    return huang + sorted((ROOT / "configs").glob("outpost2024-scenario*.yaml"))
+    huang = [p for p in sorted((ROOT / "configs" / "papers").glob("huang2021-*.yaml")) if load_yaml(p).get("device") == "cuda"]
+    return huang + sorted((ROOT / "configs" / "papers").glob("outpost2024-scenario*.yaml"))
 
 
 def rehome_cifar(cfg: dict[str, Any], npz: str) -> dict[str, Any]:

@@ -61,11 +61,11 @@ NOISE_CHECK: list = []
 SHIPPED = {
     "dpsgd-proven.yaml": "INCONCLUSIVE (0 of 2 faces leaked)",
     "dpsgd-eps8.yaml": "INCONCLUSIVE (2 updates, none leaked)",
-    "malicious-adaptive-gn-dpsgd.yaml": "CERTIFIED",
-    "malicious-adaptive-ln-dpsgd.yaml": "CERTIFIED",
-    "malicious-adaptive.yaml": "CERTIFIED at 16 and 64 rounds of filtered reads, not at 256 (header)",
-    "malicious-adaptive-clip.yaml": "CERTIFIED (0 of 64 past SSIM 0.4)",
-    "malicious-seer-clip.yaml": "CERTIFIED at 16 rounds (header)",
+    "research/malicious-adaptive-gn-dpsgd.yaml": "CERTIFIED",
+    "research/malicious-adaptive-ln-dpsgd.yaml": "CERTIFIED",
+    "research/malicious-adaptive.yaml": "CERTIFIED at 16 and 64 rounds of filtered reads, not at 256 (header)",
+    "research/malicious-adaptive-clip.yaml": "CERTIFIED (0 of 64 past SSIM 0.4)",
+    "research/malicious-seer-clip.yaml": "CERTIFIED at 16 rounds (header)",
 }
 
 

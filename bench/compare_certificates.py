@@ -4,7 +4,7 @@
     python bench/compare_certificates.py --compare before after [configs/x.yaml ...]
 
 The first form runs ``guardfl redteam`` (``certification.run.certify``, a state folder and report under
-``<out>/runs/<name>/`` as the command writes them) on each config (default: every ``configs/*.yaml``) and
+``<out>/runs/<name>/`` as the command writes them) on each config (default: every ``configs/**/*.yaml`` but ``configs/defenses``) and
 writes ``<out>/<name>.json``: the written ``certificate.json`` passed through ``certificate.untimed`` (no
 ``wall_time_s``, no ``*seconds``), keys sorted. The defense seed is pinned (``defense.seed`` set to
 ``--seed``, 0 by default, when the config leaves it unset), so that two runs of one config give one
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("configs", nargs="*", type=Path,
-                   help="configs to run (default: every configs/*.yaml); with --compare, the configs to compare (default: all)")
+                   help="configs to run (default: every configs/**/*.yaml but configs/defenses); with --compare, the configs to compare (default: all)")
     p.add_argument("--out", type=Path, help="folder for the untimed certificates")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="diff two output folders")
     p.add_argument("--samples", type=int, default=None, help="attack about N private samples per config (quick)")
@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--out (or --compare A B) is required")
     if args.samples is not None and args.samples < 1:
         p.error(f"--samples: expected an integer >= 1 (got {args.samples})")
-    configs = [c.resolve() for c in args.configs] or sorted((ROOT / "configs").glob("*.yaml"))
+    configs = [c.resolve() for c in args.configs] or sorted(
+        p for p in (ROOT / "configs").rglob("*.yaml") if p.relative_to(ROOT / "configs").parts[0] != "defenses")
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {"samples": args.samples, "seed": args.seed, "workers": args.workers}
     entries: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ def test_configs_that_cannot_run_here_are_skipped_with_the_reason(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "sweep config" in cc.skip_reason(ROOT / "configs" / "sweep-default.yaml")
-    assert cc.skip_reason(ROOT / "configs" / "huang2021-gradprune-0.9-b16.yaml") == "needs a GPU (device: cuda); none here"
+    assert cc.skip_reason(ROOT / "configs" / "papers" / "huang2021-gradprune-0.9-b16.yaml") == "needs a GPU (device: cuda); none here"
     assert cc.skip_reason(ROOT / "configs" / "no-defense.yaml") is None
 
 

@@ -222,7 +222,7 @@ def test_uncentred_inputs_isolate_samples_in_an_honest_mlp_and_that_is_no_reason
 
 def test_a_small_trap_stays_under_the_check_that_counts_against_the_honest_model():
     """The construction that adapts to the isolation check (a handful of trapped rows): it passes, which
-    is why the red team runs it (configs/malicious-adaptive-inspect.yaml does not certify). Its rows share
+    is why the red team runs it (configs/research/malicious-adaptive-inspect.yaml does not certify). Its rows share
     one classifier column, which the shared-columns check refuses; with that column varied per row
     (``column_noise``) it passes every check."""
     torch.manual_seed(0)

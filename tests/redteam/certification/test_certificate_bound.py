@@ -37,9 +37,9 @@ def test_a_strong_dpsgd_client_with_a_budget_is_proven_and_the_curves_show_the_b
 
 @pytest.mark.parametrize("path, status, why", [
     ("configs/dpsgd-eps8.yaml", "NOT PROVEN", "max_rounds"),           # no round budget
-    ("configs/malicious-adaptive-clip.yaml", "NOT PROVEN", "not below"),  # sigma / clip = 0.1: the bound is 1
+    ("configs/research/malicious-adaptive-clip.yaml", "NOT PROVEN", "not below"),  # sigma / clip = 0.1: the bound is 1
     ("configs/no-defense.yaml", "NO MECHANISM", "no defense"),
-    ("configs/huang2021-gradprune-0.9-b16.yaml", "NO MECHANISM", "pruning"),
+    ("configs/papers/huang2021-gradprune-0.9-b16.yaml", "NO MECHANISM", "pruning"),
 ])
 def test_shipped_configs(path, status, why):
     entry = certificate_bound(load_config(ROOT / path), 0.01, "test", curves=False)

@@ -11,7 +11,7 @@ from guardfl.redteam.certification.run import certify
 from tests.seeding import seeded
 from tests.claims import leaked
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "research"
 
 
 def _seeded(name: str, seed: int = 0) -> dict:
@@ -91,7 +91,7 @@ def test_bad_threat_server_is_one_line(tmp_path, capsys, threat, expect):
 
 
 def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(tmp_path):
-    """configs/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
+    """configs/research/malicious-adaptive*.yaml (issue 34): an inspecting client refuses the imprint block, class
     fishing and the whole-layer trap (nothing sent: no leak, the reasons on record; the trap's chains are
     near-parallel rows); the small trap built against the isolation
     check (its rows disguised against the near-parallel-rows check, its chain's column varied against the
@@ -137,7 +137,7 @@ def test_the_adaptive_server_meets_the_inspection_and_only_a_defense_certifies(t
 
 
 def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_and_a_small_one_leaks():
-    """configs/malicious-adaptive-bn.yaml: FC-2 with BatchNorm1d, the trap's cut-offs in BatchNorm's affine
+    """configs/research/malicious-adaptive-bn.yaml: FC-2 with BatchNorm1d, the trap's cut-offs in BatchNorm's affine
     parameters. The whole-layer trap is refused (its chains repeat one direction). The 8-row trap, whose
     column noise against the shared-columns check took it under the pairwise isolation count at BatchNorm's
     output (docs/malicious-server.md section 9), is refused there again since the group test (section 12:
@@ -154,7 +154,7 @@ def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_a
 
 
 def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_traps_that_pass():
-    """configs/malicious-adaptive-gn-dpsgd.yaml: the traps through GroupNorm that pass the inspection meet
+    """configs/research/malicious-adaptive-gn-dpsgd.yaml: the traps through GroupNorm that pass the inspection meet
     DP-SGD (0 of 64 past SSIM 0.4); the whole-layer trap is refused."""
     result = certify(_seeded("malicious-adaptive-gn-dpsgd.yaml"))
     assert leaked(result) == 0
@@ -166,7 +166,7 @@ def test_the_groupnorm_mlp_that_inspects_and_runs_dp_sgd_certifies_against_the_t
 
 
 def test_behind_layernorm_the_small_traps_pass_and_read_faces_exactly_and_dp_sgd_holds():
-    """configs/malicious-adaptive-ln*.yaml: FC-2 with LayerNorm, the traps through it exact (spread constants,
+    """configs/research/malicious-adaptive-ln*.yaml: FC-2 with LayerNorm, the traps through it exact (spread constants,
     one LayerNorm weight per chain). The whole-layer trap is refused (its chains' rows); the small traps
     pass and read a face exactly without a defense; DP-SGD holds against them."""
     result = certify(str(CONFIGS / "malicious-adaptive-ln.yaml"))
@@ -199,7 +199,7 @@ def test_disguised_class_fishing_passes_the_classifier_checks_and_is_class_fishi
 
 
 def test_the_dsnr_check_refuses_the_boosted_top_trap_and_the_median_trap_passes_it(tmp_path, capsys):
-    """configs/malicious-adaptive-dsnr.yaml: a client that inspects with SEER's D-SNR check on
+    """configs/research/malicious-adaptive-dsnr.yaml: a client that inspects with SEER's D-SNR check on
     (client.inspect_disaggregation) and prunes its gradient; the certificate states the check, the boosted
     trap at the top of the measurement is refused by it, the boosted trap around the median passes every
     check and reads faces exactly through GradPrune 0.9, and the trap sized on shadows of the client reads

@@ -11,8 +11,10 @@ from guardfl.redteam.certification.plan import with_samples
 from guardfl.redteam.config import load_config
 from guardfl.yamlio import load_yaml
 
-CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[3] / "configs").glob("*.yaml")
-                 if "base" not in (load_yaml(p) or {}))
+_ROOT = Path(__file__).resolve().parents[3] / "configs"
+#: every shipped red-team config: the starters at the top, papers/ and research/ (defenses/ holds defense configs)
+CONFIGS = sorted(p for p in _ROOT.rglob("*.yaml") if p.relative_to(_ROOT).parts[0] != "defenses"
+                 and "base" not in (load_yaml(p) or {}))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
