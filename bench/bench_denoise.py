@@ -1,4 +1,4 @@
-"""What the server's filter on its reads changes (``denoise``, docs/malicious-server.md section 23).
+"""What the server's filter on its reads changes (``denoise``, docs/research/malicious-server.md section 23).
 
     python bench/bench_denoise.py [--config configs/research/malicious-adaptive-clip.yaml] [--clips 0.1 0.3]
                                   [--budgets 1 2 4 16] [--defense-seeds 0] [--json bench/results/denoise.json]

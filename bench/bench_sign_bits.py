@@ -1,5 +1,5 @@
 """Can a malicious server read a face through sign compression? The feasibility measurement (2026-11-29)
-that led to the red team's ``sign_bits`` (docs/malicious-server.md section 23, "Sign compression").
+that led to the red team's ``sign_bits`` (docs/research/malicious-server.md section 23, "Sign compression").
 
     python bench/bench_sign_bits.py [--rounds 1 4 16] [--bases dct:64 dct:150 pixel] [--eps 0.02] [--seed 1]
 

@@ -51,13 +51,13 @@ reveals its data. ``inspect_model`` looks for the published constructions (Wang 
   passes at some cost to its exactness (the red team's ``trap_weights column_noise: auto``), as do single rows.
 - **disaggregation** (opt-in, ``disaggregation=True``, with ``batch``): SEER's D-SNR (Garov et al. 2024):
   the model in train mode, each sample's own weight gradient, flagged when one sample's norm exceeds
-  ``DSNR_THRESHOLD`` times the others' together (see docs/malicious-server.md for what it adds).
+  ``DSNR_THRESHOLD`` times the others' together (see docs/research/malicious-server.md for what it adds).
 - **leak limit** (opt-in, ``leak_limit=k``, with ``batch``; ``leak_limit_check``): the isolation count of
   samples read exactly, over every linear layer but the classifier, absolute: more than ``k`` and the model
   is refused, the honest one too (the isolation check judges an excess over the client's own architecture,
   so it passes that architecture's own leak). Fails closed where the count is no bound (a normalisation
   of a linear layer's output, a layer too large to examine, a model it cannot run on); partial reads are
-  not counted (docs/malicious-server.md section 15). One update's count is no bound against a server that
+  not counted (docs/research/malicious-server.md section 15). One update's count is no bound against a server that
   may query one batch repeatedly: with every unit lifted to fire for every sample no support isolates
   anyone, and the classifier bins the batch across queries (the red team's ``threshold_bins`` reads faces
   exactly through a limit of 0; section 17). With ``history`` (a ``LeakHistory``, ``guardfl.inspect_history``)
@@ -151,7 +151,7 @@ CONCENTRATION_MIN_BATCH = 8
 #: ``nn.Linear`` and ``nn.Conv2d`` weight; per layer ``max_n |g_n| / (sum of the other |g_n|)``, the largest
 #: over layers. The SEER authors report D-SNR 8.7 to 79 for breaching's fishing (0.77 at the smallest
 #: multiplier); SEER is built to stay at benign values. No threshold is published; this one is set from
-#: ``bench/bench_inspect.py`` and docs/malicious-server.md: benign models measured <= 0.54 on batches of 32
+#: ``bench/bench_inspect.py`` and docs/research/malicious-server.md: benign models measured <= 0.54 on batches of 32
 #: (100 models: default, wide and trained inits, FedAvg rounds IID and non-IID; an IID and a non-IID batch)
 #: and <= 0.79 on batches of 8 (trained for 5 epochs: a batch of 8 spreads its gradient over fewer
 #: samples), so 2 keeps a margin of 2.5 at the smallest judged batch. It is an option, off by default (see ``inspect_model``): what it adds over the

@@ -31,7 +31,7 @@ What it cannot do (and the red team's ``trap_weights column_noise: auto`` shows)
 chain's coefficients apart by about ``sqrt(2 (1 - COLUMN_COS))`` ~ 1.4% per sample, no more: a benign
 layer's chance parallelism sets how strict it can be. A trap whose rows share few samples (a few rows at
 the top of its measurement) pays little for that; one whose rows share half the batch (the whole layer,
-the median trap) pays more (docs/malicious-server.md, section 9). Traps of single rows share no column and
+the median trap) pays more (docs/research/malicious-server.md, section 9). Traps of single rows share no column and
 pass it untouched; disguised fishing passes with its other rows scaled by 0.05 instead of 3e-3.
 """
 

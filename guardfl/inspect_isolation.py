@@ -19,7 +19,7 @@ Two tests of "almost nothing else", either suffices:
   the coefficients and reads the sample at SSIM ~0.9), and a row whose support holds a few samples but
   one of them dominates (a read of it from that row alone). 0.25 because that is where a read stops being
   "exact" by the red team's own measure: 64 LFW faces with the contamination of 1-8 other faces at a
-  relative error of 0.2 read at median SSIM 0.93-0.95, at 0.3 at 0.84-0.89 (``docs/malicious-server.md``).
+  relative error of 0.2 read at median SSIM 0.93-0.95, at 0.3 at 0.84-0.89 (``docs/research/malicious-server.md``).
 
 Every nested pair of rows is examined (``guardfl.inspect_pairs``: bounds from matrix products of the
 layer rule most pairs out, the rest are tested exactly; until 2026-11-27 the first 200,000 in row order, a
@@ -60,7 +60,7 @@ ISOLATION_SHARE = 0.05
 #: inits against other inits, trained checkpoints, FedAvg rounds, CIFAR-10 in [0, 1] and LFW faces):
 #: benign excesses reach 3.7 standard deviations over the threshold; the honest architecture there
 #: already lets the server read a third of the batch or more, and a check of counts cannot separate a
-#: few trapped samples from that (``docs/malicious-server.md`` section 10)
+#: few trapped samples from that (``docs/research/malicious-server.md`` section 10)
 ISOLATION_SPREAD = 5.0
 #: the seed of the fresh initialisation the counts are judged against (fixed: the same model, the same
 #: batch, the same verdict)

@@ -24,7 +24,7 @@ is kept as a view itself and met in turn: a line two views share and a third vie
 combined, the red team's ``bin_lines.crossings`` at depth 2). Measured on ``threshold_bins``' 129 accepted
 rounds against a history of pairs (FC-2, 64 LFW faces): 33 samples read by meets, the 25 the attack read
 exactly among them, the first in round 21; against the history with meets the attack reads none exactly
-(179 of 260 models refused; ``docs/malicious-server.md`` section 19). Honest updates and differences of
+(179 of 260 models refused; ``docs/research/malicious-server.md`` section 19). Honest updates and differences of
 honest rounds are full rank: nothing is kept for them.
 
 What it does not bound: views of rank above half the batch (not kept: two of them share directions by

@@ -22,7 +22,7 @@ rows ``m + rho h_i`` with independent unit ``h_i`` have cosine ``1 / (1 + rho^2)
 on the client's batch (the correlation of the rows' pre-activations over the batch) is no robust
 replacement: natural images' few dominant principal components make benign rows' pre-activations strongly
 correlated (measured up to 0.90 at FC-2's default init and 0.96 trained, CIFAR-10 batch of 32), against
-0.995 for the disguised trap's rows, a margin the attacker moves by its ``rho`` (docs/malicious-server.md,
+0.995 for the disguised trap's rows, a margin the attacker moves by its ``rho`` (docs/research/malicious-server.md,
 section 7).
 """
 

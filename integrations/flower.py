@@ -91,6 +91,8 @@ def client_state(context: Context, key: str = STATE_KEY) -> ClientState:
 
 
 def save_client_state(context: Context, state: ClientState, key: str = STATE_KEY) -> None:
+    """Keep ``state`` in ``context.state`` under ``key`` for the next round (``client_state`` reads it back):
+    Flower rebuilds a ClientApp every round, and the context is what survives."""
     record = {"json": state.to_json()}
     if state.leak_history is not None:
         record["leak-history"] = state.leak_history.to_bytes()

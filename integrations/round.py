@@ -224,6 +224,7 @@ def _is_identity(defense: Defense) -> bool:
 
 
 def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """The model's BatchNorm layers, in module order (their buffers travel with a FedAvg update)."""
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 

@@ -14,7 +14,7 @@ elements, ``on*`` attributes and ``javascript:`` URLs in the DOM, and optionally
 ``Browser`` is the context manager underneath, for several pages on one browser.
 
 Limits: Chromium only (``$GUARDFL_BROWSER``, else ``chromium``, ``chromium-browser``, ``google-chrome``
-on PATH, else /usr/bin/chromium); local files only; a page is judged right after its load event (timers
+on PATH, else /usr/bin/chromium); local files or an ``http://`` URL (a local server); a page is judged right after its load event (timers
 that run later are not waited for); one fixed viewport (``VIEWPORT``, no mobile layout); what is
 "visible" is the banner's box and computed style, not its colours or contrast. Every wait has a deadline
 (``timeout``, seconds); the browser runs in its own process group, killed on ``close()`` / leaving the
@@ -311,11 +311,15 @@ class Browser:
     def inspect(self, html_path: str | Path, screenshot: str | Path | None = None, *, full_page: bool = False,
                 banner_selector: str = ".banner") -> PageReport:
         """Load ``html_path`` in a fresh tab and report on it; ``screenshot``: write a PNG there (the
-        first screen, or with ``full_page`` the whole page)."""
-        path = Path(html_path).resolve()
-        if not path.is_file():
-            raise BrowserError(f"no such page: {path}")
-        url = path.as_uri()
+        first screen, or with ``full_page`` the whole page). ``html_path`` may also be an ``http://`` URL of
+        a local server (the docs site, whose search runs in a web worker that ``file://`` forbids)."""
+        if isinstance(html_path, str) and html_path.startswith("http://"):
+            url = html_path
+        else:
+            path = Path(html_path).resolve()
+            if not path.is_file():
+                raise BrowserError(f"no such page: {path}")
+            url = path.as_uri()
         events: list[dict] = []
         target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
         try:

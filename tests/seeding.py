@@ -1,5 +1,5 @@
 """One fixed draw of a randomised defense for a test. A deployed defense draws from OS entropy, so a
-certificate near its limit is a draw (docs/malicious-server.md section 24); a test of the pipeline seeds it."""
+certificate near its limit is a draw (docs/research/malicious-server.md section 24); a test of the pipeline seeds it."""
 
 
 def seeded(defense: dict | None, seed: int = 0) -> dict | None:

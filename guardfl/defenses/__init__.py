@@ -1,8 +1,14 @@
 """Gradient defenses. Each is one class with a pydantic config (``.config``) and a registry entry.
 
->>> from guardfl.defenses import GradPrune, Outpost, Stack, from_config
+>>> import torch
+>>> from guardfl.defenses import GradPrune, Outpost, Stack, from_config, untouched_layers
 >>> d = from_config({"kind": "gradprune", "ratio": 0.9})
->>> untouched_layers(d, model)   # the parameter tensors this setting never changes, with the reason
+>>> d
+GradPrune(ratio=0.9)
+>>> Stack(GradPrune(0.9), Outpost()).config.kind
+'stack'
+>>> [u.name for u in untouched_layers(d, torch.nn.Linear(4, 1))]   # the tensors this setting never changes
+['bias']
 """
 
 from guardfl.defenses.base import REGISTRY, Defense, DefenseConfig, StepContext, register

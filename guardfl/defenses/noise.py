@@ -15,7 +15,7 @@ and averages the updates of the same batch divides the noise by ``sqrt(K)`` (the
 Gaussian 0.01 with ``clip`` 1 held SEER at one round and not at 16), and nothing here counts the rounds.
 A read of one image from the first layer's gradient keeps noise of about ``sigma * |x| / (clip * sqrt(K))``
 per pixel. Choose ``clip`` at or below the norm of the client's honest updates and certify it for the
-rounds a batch is answered (README, "Noise of a fixed scale ..."; docs/malicious-server.md sections 20-21).
+rounds a batch is answered (README, "Noise of a fixed scale ..."; docs/research/malicious-server.md sections 20-21).
 
 ``sigma`` / ``scale`` must be > 0 (0 would send the gradient as it is; ``Identity()`` is the deliberate
 undefended baseline). A positive scale too small to move an entry in the gradient's dtype changes nothing

@@ -8,7 +8,7 @@ al. 2022, "Exploring the Security Boundary of Data Reconstruction via Neuron Exc
 their attack on such units; their paper is not in this offline library, so this attack follows the idea,
 not their algorithm, and the checking and peeling below are ours). On uncentred inputs (images in
 [0, 1]) the honest FC-2 at its default initialisation has 7-21 such units on a batch of 64 faces
-(``docs/malicious-server.md`` section 13); ``inspect_model``'s isolation check counts the same units as the
+(``docs/research/malicious-server.md`` section 13); ``inspect_model``'s isolation check counts the same units as the
 architecture's own leak, which it has to allow.
 
 Steps (``maths``: ``exclusive``):

@@ -11,7 +11,7 @@ cover half the classes or more, else the classes in turn), or without them unifo
 (the coefficients are the error times the weights: the labels shape them, the images little). It tries its
 disguise's levels in turn and sends the first model whose largest cosine there leaves ``MARGIN`` times the
 check's distance from 1 (the client's batch is not the one measured). What the disguise costs: for a trap,
-exactness in proportion to the samples two rows share (docs/malicious-server.md, section 9); for fishing,
+exactness in proportion to the samples two rows share (docs/research/malicious-server.md, section 9); for fishing,
 the other classes' share of the gradient it inverts.
 """
 

@@ -23,7 +23,7 @@ BatchNorm's output, and the isolation check there refuses it. So it also trains 
 (``spread``: ``seer_training.singling_out`` in the loss), and then every check passes it (docs section 20). The decoder reads the first dense layer's
 update; the image stands for the batch (``fill_batch``).
 
-Deviations, stated (docs/malicious-server.md section 3 and 20):
+Deviations, stated (docs/research/malicious-server.md section 3 and 20):
 - The decoder reads the first dense layer (``seer_training``'s docstring): SEER's reads random coordinates of
   every layer. So this SEER hosts on ``nn.Linear`` on the flattened input, ``nn.BatchNorm1d``, ``nn.ReLU``,
   ``nn.Linear`` (``fc2bn``); convolutional models (SEER's ResNet-18) are not applicable, with the reason.
@@ -101,7 +101,7 @@ class SeerConfig(AttackConfig):
     #: worse through GradPrune 0.99 and sign compression than the model trained on clean gradients with its
     #: decoder fitted to the defense (0.29 and 0.30 against 0.33 and 0.41), better only through GradPrune 0.9
     #: (0.49 against 0.46), pruning at 7x the training time; through Gaussian 0.01 clipped to 1 and 10 it
-    #: read 0.17 and 0.46 against 0.18 and 0.47 (docs/malicious-server.md section 20)
+    #: read 0.17 and 0.46 against 0.18 and 0.47 (docs/research/malicious-server.md section 20)
     through: bool = False
     #: against a known client defense: steps of Adam fitting the decoder of the model sent to the updates the
     #: defense transmits for the server's own batches (``seer_adapt``; 0: the clean decoder reads them)
@@ -154,7 +154,7 @@ class Seer(ServerAttack):
     def _refuses(cls, setting: Setting, threat: ThreatModel) -> str | None:
         layers = trap_layers(setting.model, tuple(setting.input_shape))
         if isinstance(layers, str):
-            return f"this SEER decodes the first dense layer's gradient: {layers} (SEER's own decoder of a ResNet is a GPU's work: docs/malicious-server.md section 3)"
+            return f"this SEER decodes the first dense layer's gradient: {layers} (SEER's own decoder of a ResNet is a GPU's work: docs/research/malicious-server.md section 3)"
         if not isinstance(layers.norm, nn.modules.batchnorm._BatchNorm):
             return ("SEER's max property (the brightest, ... sample of the batch) is relative to the batch: it needs "
                     "BatchNorm after the first layer, which this model does not have")

@@ -34,7 +34,7 @@ that adds noise to every entry leaves no zero, so every unit reads as fired: the
 (grey placeholders, and the reason in its ``stopped`` line) rather than the mean face pushed in a random
 direction. It is for what keeps zeros and makes no new ones (sign compression, no defense; a pruning
 zeroes fired units' entries too, which read as silent). Measured in
-docs/malicious-server.md section 23.
+docs/research/malicious-server.md section 23.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ to noise by averaging only: fresh noise in each query lands in the differences, 
 sent ``repeats`` times and its updates averaged (``query_averaged``; "auto": 16 rounds against a known
 defense that draws fresh noise, or the client's round budget shared by the thresholds; 2026-11-29); noise
 repeated in every query would cancel there: a client must not reuse a seed across rounds;
-docs/malicious-server.md section 17). Adapted to a client
+docs/research/malicious-server.md section 17). Adapted to a client
 that limits what differences of its updates read (``inspect_model(..., history=)``): a refused threshold is
 skipped and the next one sent, so the accepted thresholds make wider bins (of two or more samples, which the
 client's count reads nothing from), each still read as one image (partial reads, measured by the
@@ -48,7 +48,7 @@ classes' rows spread (``runner_up_rows``: the class a sample leaves varies, so a
 coefficients of their own on every unit, within the row test's factor of 4 at the steep slope), bins along
 several directions, and two bins of different directions that share one sample meet in it
 (``bin_lines``): four updates combined (25 of 64 LFW faces exactly through a limit of 0 with a history of
-pairs; docs/malicious-server.md section 18), and a line two bins share meets a third bin (six updates), the
+pairs; docs/research/malicious-server.md section 18), and a line two bins share meets a third bin (six updates), the
 answer to a history that meets its views (``guardfl.inspect_meets``), which refuses every round whose bin
 would meet another in a face: none exactly since (section 19).
 """

@@ -4,7 +4,7 @@ The isolation check judges how many samples a layer singles out against what the
 singles out at a fresh initialisation, so the largest trap that passes depends on the data: on a centred
 batch the honest model isolates nothing and a trap of 8 chains of 6 rows is refused, on faces in [0, 1] the
 honest FC-2 singles out 5-28 of 64 by itself and that trap passes and reads 12 faces exactly
-(docs/malicious-server.md, section 10). A fixed size is the red team's guess; a server that has read
+(docs/research/malicious-server.md, section 10). A fixed size is the red team's guess; a server that has read
 ``guardfl/inspect.py`` measures instead. It knows the client's configuration (its defense, protocol, whether
 it inspects and with which checks) and the honest global model the client inspects against, not its batch
 or its defense's randomness. So it runs shadows of the client (``shadows``): ``ClientQuery`` on batches of
@@ -54,7 +54,7 @@ from guardfl.redteam.threat import ThreatModel
 
 #: the sizes ``rows: fit`` tries besides the whole layer, as (chains, rows per chain): single rows (one
 #: reads one sample, under any isolation count), one chain of a few rows, few rows that a pruning keeps, and
-#: the sizes of docs/malicious-server.md section 10
+#: the sizes of docs/research/malicious-server.md section 10
 FIT_SIZES = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 4), (1, 8), (4, 2), (2, 6), (4, 6), (6, 6), (8, 6), (8, 8),
              (12, 6), (16, 4))
 

@@ -23,7 +23,7 @@ Measured (FC-2, 64 LFW faces in [0, 1], whole layer, 2 chains, 2026-11-27): ``k 
 exactly and passed every check of the inspection before its group test (``guardfl.inspect_groups``),
 which now counts what combinations of two groups of rows read; since then ``k = 4`` still passes on these
 uncentred faces (within chance of the honest FC-2's own count) and reads 11, and on centred inputs every
-whole-layer grouped trap is refused (docs/malicious-server.md section 12). Ours.
+whole-layer grouped trap is refused (docs/research/malicious-server.md section 12). Ours.
 
 Only without a normalisation between the layer and its ReLU (``trap_weights.refuses`` says so otherwise);
 the left-over rows of a whole layer never fire, as in ``trap_weights``.

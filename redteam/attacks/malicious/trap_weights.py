@@ -98,7 +98,7 @@ the difference of their activations: with random scales, up to the whole measure
 scale per chain, at most the bin's width. So the rows share one scale (each with a tiny random part, so
 that none repeats). Measured (FC-2, 64 LFW faces, whole layer, lr 0.1, SSIM > 0.9): 4 local steps of 16,
 20 faces exactly instead of 2; 8 of 8, 11 instead of 1; 3 epochs of 4 x 16, 6 instead of 0; one step of
-64, 40 and 36 (docs/malicious-server.md 2b). The small traps gain little (a few rows drift little).
+64, 40 and 36 (docs/research/malicious-server.md 2b). The small traps gain little (a few rows drift little).
 Through GroupNorm ``equal`` also undoes the normalisation's scale: a measuring row's update was ~1e-4 of
 its weights, and a FedAvg delta (a difference of float32 weights) lost the bins in rounding. Ours.
 

@@ -17,7 +17,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "research"
 def _seeded(name: str, seed: int = 0) -> dict:
     """A shipped config with its defense seeded. A deployed defense draws from OS entropy, so a certificate
     near its limit is a draw (``malicious-adaptive-gn-dpsgd.yaml``: one CI run of about ten NOT CERTIFIED,
-    docs/malicious-server.md section 24); a test of the pipeline takes one fixed draw."""
+    docs/research/malicious-server.md section 24); a test of the pipeline takes one fixed draw."""
     cfg = yaml.safe_load((CONFIGS / name).read_text())
     cfg["defense"] = seeded(cfg["defense"], seed)
     return cfg
@@ -140,7 +140,7 @@ def test_behind_batchnorm_the_inspection_refuses_the_large_traps_at_its_output_a
     """configs/research/malicious-adaptive-bn.yaml: FC-2 with BatchNorm1d, the trap's cut-offs in BatchNorm's affine
     parameters. The whole-layer trap is refused (its chains repeat one direction). The 8-row trap, whose
     column noise against the shared-columns check took it under the pairwise isolation count at BatchNorm's
-    output (docs/malicious-server.md section 9), is refused there again since the group test (section 12:
+    output (docs/research/malicious-server.md section 9), is refused there again since the group test (section 12:
     4 of 64 isolated with combinations of two groups of units); the 3-row trap passes and leaks faces past
     SSIM 0.4: the config does not certify."""
     result = certify(str(CONFIGS / "malicious-adaptive-bn.yaml"))

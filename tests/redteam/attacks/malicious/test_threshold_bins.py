@@ -64,7 +64,7 @@ def test_a_client_that_remembers_its_updates_refuses_the_thresholds_that_isolate
     """The same client keeping a ``LeakHistory`` (as ``local_update`` does in its ``ClientState``): a threshold
     whose update differenced with an earlier one reads a face is refused. The server skips it and sends the
     next (wider bins of two or more faces): no face comes back exactly, but the bins still read faces in part
-    (the certificate's SSIM threshold counts those; docs/malicious-server.md section 18)."""
+    (the certificate's SSIM threshold counts those; docs/research/malicious-server.md section 18)."""
     x, y, aux = faces
     torch.manual_seed(0)
     model = FC2(SHAPE, 10)

@@ -82,7 +82,7 @@ def test_against_a_client_that_does_not_inspect_the_fit_takes_what_reads_most():
 def test_on_a_centred_batch_the_fit_finds_a_trap_the_inspection_lets_through_where_a_fixed_size_is_refused():
     """Centred inputs: the honest FC-2 isolates nothing, so the isolation check flags 2 samples; 8 chains of 6
     rows are refused (and the certificate still says what was sent), the fitted trap reads at most the one
-    sample the count lets through (docs/malicious-server.md, section 11). It sends 2 single rows, which pass
+    sample the count lets through (docs/research/malicious-server.md, section 11). It sends 2 single rows, which pass
     every shadow batch; since the count peels every row's support (2026-11-28, section 15) they count 2 on
     this client's batch and are refused there too."""
     model, setting, threat = setup(centred=True)

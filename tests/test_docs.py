@@ -1,0 +1,260 @@
+"""The documentation is tested like code (issue 67).
+
+- The README stays short, keeps the fresh-machine commands CI greps for, and every ``python`` block in it
+  runs against the current API (the Flower and NVFlare blocks are then driven: a train message through the
+  ClientApp, the recipe's exported site config).
+- The docstring examples of the public modules are doctests (``PUBLIC_MODULES``), run here.
+- Every public function and class of ``guardfl``, ``guardfl.defenses``, ``guardfl.integrations`` and the red
+  team's entry points has a docstring whose first line is a summary.
+- ``mkdocs build --strict`` builds the site (skipped without the ``docs`` extra), and a broken link or a
+  missing cross-reference fails it with the page and the link; the built index, the config reference and a
+  tutorial open in headless Chromium with no console error (marker ``browser``, ``tests/browser.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import doctest
+import functools
+import http.server
+import importlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+#: the modules whose docstring examples are doctests, and whose public objects must be documented
+PUBLIC_MODULES = [
+    "guardfl", "guardfl.defenses", "guardfl.bounds", "guardfl.optimizer", "guardfl.protect", "guardfl.inspect",
+    "guardfl.integrations", "guardfl.integrations.torch", "guardfl.integrations.round", "guardfl.integrations.update",
+    "guardfl.integrations.flower", "guardfl.integrations.nvflare", "guardfl.redteam",
+    "guardfl.redteam.certification.run", "guardfl.cli",
+]
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_the_readme_is_a_screen_or_two_and_keeps_the_fresh_machine_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert ".venv/bin/python -m pytest" in text  # CI greps the README's test command
+    assert ".venv/bin/guardfl redteam --config configs/default.yaml --out redteam-out" in text
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "dated measurement logs belong in docs/research"
+    for link in re.findall(r"\]\(((?:docs|configs)/[^)#]+)", text):
+        assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    return tmp_path
+
+
+def _block(marker: str) -> str:
+    (block,) = [b for b in python_blocks(README.read_text()) if marker in b]
+    return block
+
+
+def test_the_readme_wrap_block_runs(in_tmp):
+    exec(compile(_block("guardfl.wrap("), "README.md", "exec"), {})
+
+
+def test_the_readme_flower_block_defines_a_clientapp_that_trains(in_tmp):
+    pytest.importorskip("flwr")
+    import torch
+    from flwr.app import Context, RecordDict
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from guardfl.integrations import flower as gf
+
+    x, y = torch.rand(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    ns = {"my_loader": lambda context: DataLoader(TensorDataset(x, y), batch_size=4)}
+    exec(compile(_block("ClientApp("), "README.md", "exec"), ns)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    reply = ns["app"](gf.train_message(model.state_dict()), context)
+    assert not reply.has_error(), reply.error
+    assert set(reply.content["arrays"].keys()) == set(model.state_dict())
+
+
+def test_the_readme_nvflare_block_writes_the_filters_into_the_sites_config(in_tmp, monkeypatch):
+    pytest.importorskip("nvflare")
+    (in_tmp / "client.py").write_text("print('train')\n")
+    # a small local module for the model class: NVFlare's Job API copies a model class's module into the job
+    (in_tmp / "readme_task.py").write_text("import torch\n\nclass Net(torch.nn.Linear):\n"
+                                           "    def __init__(self):\n        super().__init__(2, 2)\n")
+    monkeypatch.syspath_prepend(str(in_tmp))
+    from readme_task import Net
+
+    ns = {"Net": Net}
+    exec(compile(_block("add_update_filter("), "README.md", "exec"), ns)
+    ns["recipe"].export(job_dir=str(in_tmp / "jobs"))
+    (config,) = (in_tmp / "jobs").rglob("config_fed_client.json")
+    written = json.loads(config.read_text())
+    (result_filters,) = written["task_result_filters"]
+    assert result_filters["filters"][0]["path"] == "guardfl.integrations.nvflare.GuardUpdateFilter"
+    assert written["task_data_filters"][0]["filters"][0]["path"] == "guardfl.integrations.nvflare.InspectModelFilter"
+    # the job-config JSON the README gives for an exported job is the one the filter writes
+    shown = re.search(r"`(\{\"task_result_filters\".*?\})`", README.read_text()).group(1)
+    assert json.loads(shown)["task_result_filters"][0]["filters"] == result_filters["filters"]
+
+
+def test_the_readme_certify_block_certifies(in_tmp):
+    ns: dict = {}
+    exec(compile(_block("certify("), "README.md", "exec"), ns)
+    cert = ns["cert"]
+    assert cert.verdict in ("CERTIFIED", "NOT CERTIFIED", "INCONCLUSIVE")
+    assert cert.bound["status"] == "NO MECHANISM"  # pruning is deterministic: no theorem
+    assert (in_tmp / "redteam-out" / "certificate.json").is_file()
+
+
+# -- docstrings -------------------------------------------------------------------------------------------
+
+def _doctests(module: str) -> list[doctest.DocTest]:
+    mod = importlib.import_module(module)
+    return [t for t in doctest.DocTestFinder(exclude_empty=True).find(mod, module) if t.examples]
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
+def test_docstring_examples(module):
+    if module.endswith(("flower",)):
+        pytest.importorskip("flwr")
+    if module.endswith("nvflare"):
+        pytest.importorskip("nvflare")
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in _doctests(module):
+        result = runner.run(test, out=lambda s: None)
+        if result.failed:
+            report: list[str] = []
+            doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE).run(test, out=report.append)
+            pytest.fail("".join(report))
+
+
+def public_objects(module: str):
+    mod = importlib.import_module(module)
+    listed = getattr(mod, "__all__", None)
+    names = listed or [n for n in vars(mod) if not n.startswith("_")]
+    for name in names:
+        obj = getattr(mod, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        if listed is None and getattr(obj, "__module__", None) != mod.__name__:
+            continue  # imported into a module without __all__: documented where it is defined
+        yield f"{module}.{name}", obj
+
+
+@pytest.mark.parametrize("module", [m for m in PUBLIC_MODULES if m not in ("guardfl.cli",)])
+def test_every_public_function_and_class_has_a_summary(module):
+    if module.endswith("flower"):
+        pytest.importorskip("flwr")
+    if module.endswith("nvflare"):
+        pytest.importorskip("nvflare")
+    missing = []
+    for name, obj in public_objects(module):
+        doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+        first = (inspect.cleandoc(doc).splitlines() or [""])[0] if doc else ""
+        if not first.strip():
+            missing.append(name)
+    assert not missing, f"no docstring summary: {missing}"
+
+
+# -- the site ---------------------------------------------------------------------------------------------
+
+def _mkdocs() -> list[str]:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    pytest.importorskip("mkdocstrings")
+    pytest.importorskip("mkdocs_gen_files")
+    return [sys.executable, "-m", "mkdocs"]
+
+
+def build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([*_mkdocs(), "build", "--strict", "--site-dir", str(site)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    done = build(ROOT, out)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return out
+
+
+def test_the_site_builds_with_every_reference_page(site):
+    for page in ("index.html", "reference/config/index.html", "reference/cli/index.html",
+                 "reference/attacks/index.html", "reference/defenses/index.html", "reference/api/guardfl/index.html",
+                 "reference/api/integrations/index.html", "how-to/choose-a-defense/index.html",
+                 "research/malicious-server/index.html"):
+        assert (site / page).is_file(), page
+    config = (site / "reference/config/index.html").read_text()
+    from guardfl.redteam.config_sections import CertifySection, ClientSection
+
+    for key in [f"client.{k}" for k in ClientSection.model_fields] + [f"certify.{k}" for k in CertifySection.model_fields]:
+        assert key in config, f"{key} is missing from the generated config reference"
+    api = (site / "reference/api/integrations/index.html").read_text()
+    assert "local_update" in api and "GuardUpdateFilter" in api and "GuardUpdateMod" in api
+    table = (site / "how-to/choose-a-defense/index.html").read_text()
+    assert "decision-table" not in table and "configs/research/malicious-adaptive.yaml" in table
+
+
+def test_a_broken_link_or_reference_fails_the_build_naming_the_page_and_the_link(tmp_path):
+    _mkdocs()
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", ".venv", "site", "build", "__pycache__",
+                                                                 "*.egg-info", ".pytest_cache", ".hypothesis", "bench",
+                                                                 "tests", "examples", "redteam-out"))
+    page = root / "docs" / "tutorials" / "first-certificate.md"
+    page.write_text(page.read_text() + "\n[gone](../no-such-page.md) and [gone too][guardfl.no_such_function]\n")
+    done = build(root, tmp_path / "site")
+    log = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "tutorials/first-certificate.md" in log and "no-such-page.md" in log
+    assert "guardfl.no_such_function" in log
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serve(directory: Path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.browser
+def test_the_index_the_config_reference_and_a_tutorial_open_without_console_errors(site):
+    from tests.browser import Browser, browser_path
+
+    if browser_path() is None:
+        pytest.skip("no Chromium (chromium, chromium-browser, google-chrome or /usr/bin/chromium)")
+    with serve(site) as base, Browser(timeout=60) as browser:
+        for page, words in (("", "gradient inversion"), ("reference/config/", "certify.max_leak_rate"),
+                            ("tutorials/first-certificate/", "NOT CERTIFIED")):
+            report = browser.inspect(f"{base}/{page}", banner_selector="h1")
+            assert report.errors == [], (page, report.errors)
+            assert words in report.text, page
+            assert report.banner_visible, page  # the page's title is on the first screen
+            assert not report.broken_anchors, (page, report.broken_anchors)
