@@ -300,6 +300,14 @@ def wrap(
     every round, give each round its own (``guardfl.integrations.torch.round_defense(defense, round)``),
     or a server differencing two rounds' updates of one batch cancels the noise (``wrap`` has no round
     counter to check this; ``local_update`` has, and refuses a seeded defense without its ``ClientState``).
+
+    >>> import torch, guardfl
+    >>> model = torch.nn.Linear(4, 2)
+    >>> opt = guardfl.wrap(torch.optim.SGD(model.parameters(), lr=0.1), {"kind": "gradprune", "ratio": 0.5}, model=model)
+    >>> torch.nn.functional.cross_entropy(model(torch.rand(3, 4)), torch.tensor([0, 1, 0])).backward()
+    >>> opt.step()
+    >>> opt.last_stats.fired
+    True
     """
     names = list(model.named_parameters()) if model is not None else None
     return GuardedOptimizer(optimizer, defense, param_names=names, model=model)

@@ -220,7 +220,28 @@ def protect(
     num_classes: int | None = None,
     privacy_state: dict | None = None,
 ) -> tuple[nn.Module, Optimizer, Any]:
-    """Apply ``defense`` (any guardfl defense or stack) to a client's training; see the module docstring."""
+    """Apply ``defense`` (any guardfl defense or stack) to a client's training; see the module docstring.
+
+    ``model``, ``optimizer``, ``data_loader``: the client's, as Opacus's ``make_private`` takes them; the
+    three returned replace them (DP-SGD: Opacus's wrapped model, a ``PrivateOptimizer`` and its Poisson
+    loader; an input encoding: a loader of encoded batches with soft labels; a gradient defense: the
+    optimizer wrapped by ``guardfl.wrap``). ``defense``: a ``Defense``, a config dict, a kind or a YAML path.
+    ``num_classes``: the classes of the soft labels an encoding makes (default: inferred from the loader).
+    ``privacy_state``: the accountant state of the previous rounds (``optimizer.privacy_state()``), so that
+    epsilon is cumulative across FL rounds.
+
+    >>> import torch, guardfl
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> from guardfl.defenses import DPSGD
+    >>> model = torch.nn.Linear(4, 2)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> loader = DataLoader(TensorDataset(torch.rand(16, 4), torch.randint(0, 2, (16,))), batch_size=4)
+    >>> model, opt, loader = guardfl.protect(model, opt, loader, DPSGD(noise_multiplier=1.0))
+    >>> for x, y in loader:
+    ...     opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    >>> opt.epsilon(1e-5) > 0
+    True
+    """
     defense = defense if isinstance(defense, Defense) else from_config(defense)
     dp, encodings, gradient = split_stages(defense)
     if len(dp) > 1:

@@ -35,8 +35,11 @@ def _public_data_refused(threat: ThreatModel, defense: dict | None) -> str | Non
 
 
 class RedTeamConfig(StrictModel):
+    #: the client's model (a built-in name or your own factory)
     model: ModelSection = Field(default_factory=ModelSection)
+    #: the client's private data: the population the certificate speaks for
     data: DataSection = Field(default_factory=DataSection)
+    #: what the client does each round: protocol, batch, local training, inspection, round budget
     client: ClientSection = Field(default_factory=ClientSection)
     #: the defense: applied to the simulated client; with a ``target``, the defense the client runs
     #: (what the attacker knows), not applied by the red team
@@ -45,12 +48,16 @@ class RedTeamConfig(StrictModel):
     target: TargetSection | None = None
     #: the attacks to run; null (or "all" in YAML) = every attack applicable to the setting
     attacks: list[AttackSection] | None = None
+    #: the claims, the thresholds past which a sample leaks, the confidence and the budget
     certify: CertifySection = Field(default_factory=CertifySection)
     #: the attacker's auxiliary data (learned attacks such as learned_inversion need it)
     aux: AuxSection | None = None
     #: attack budgets: 'quick' (fits 2 CPU cores), 'paper' (the published budgets), 'auto' (paper on a GPU)
     strength: Literal["auto", "quick", "paper"] = Field(default="auto", json_schema_extra={"allowed": "'auto', 'quick' or 'paper'"})
+    #: seeds the draw of the private updates from the population and the attacks (the client's defense draws its own
+    #: randomness, as deployed, unless the defense sets a seed)
     seed: int = Field(default=0, ge=0, le=2**32 - 1, json_schema_extra={"allowed": "an integer in [0, 2**32 - 1]"})
+    #: where the attacks run; 'auto': CUDA when available (overridden by --device)
     device: str = Field(default="auto", json_schema_extra={"allowed": "'auto', 'cpu', 'cuda' or 'cuda:N'"})
 
     @field_validator("device")

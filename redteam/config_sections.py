@@ -15,12 +15,16 @@ from guardfl.redteam.threat import ThreatModel
 
 
 class ModelSection(StrictModel):
+    #: a built-in model, or 'module:callable' returning your nn.Module (code that runs)
     name: str = Field(default="lenet", json_schema_extra={"allowed": "lenet, fc2, fc2bn, fc2gn, fc2ln, convnet, resnet18, resnet20, vgg16, "
                       "transformer3, transformer3-tied, text-classifier or module:callable"})
     #: the input shape (C, H, W) when no data section gives it (a target.clientapp loads its own data)
     input_shape: list[int] | None = Field(default=None, min_length=3, max_length=3,
                                           json_schema_extra={"allowed": "null or [C, H, W] with C in [1, 16], H and W in [4, 1024]"})
+    #: the classifier's classes (for a text model: ignored, the vocabulary decides)
     num_classes: int = Field(default=10, ge=2, le=100_000, json_schema_extra={"allowed": "an integer in [2, 100000]"})
+    #: the weights the server sends: PyTorch's default init, the wide U(-0.5, 0.5) init of the DLG papers (the
+    #: attacks' best case), or a checkpoint file
     state: str = Field(
         default="default",
         json_schema_extra={"allowed": "'default' (PyTorch init), 'wide-init' (worst case) or a checkpoint path"},
@@ -54,10 +58,15 @@ _SOURCE_HELP = {"allowed": ", ".join(DATA_SOURCES)}
 class _Source(StrictModel):
     """Where images come from (the same sources for private, auxiliary and OOD data)."""
 
+    #: a folder for torchvision datasets (cifar10, ...)
     root: str | None = None
+    #: a file for the npz / folder sources
     path: str | None = None
+    #: let torchvision download a missing dataset (off by default: nothing is fetched unasked)
     download: bool = False
+    #: resize the images to this many pixels a side (null: as stored)
     image_size: int | None = Field(default=None, ge=4, le=1024, json_schema_extra={"allowed": "null or an integer in [4, 1024]"})
+    #: skip this many samples of the source first
     offset: int = Field(default=0, ge=0, json_schema_extra={"allowed": "an integer >= 0"})
     #: null: the source in its stored order; a seed: the whole source in that seeded random order before
     #: ``offset`` and ``limit`` apply. A file stored by class (the CIFAR-10 sample in ../shared/data) split
@@ -71,12 +80,16 @@ class DataSection(_Source):
     ``limit`` images, null: all of it). The certified samples are drawn from it at random (seeded by the
     config's ``seed``, recorded in the certificate), not taken from the front."""
 
+    #: where the private samples come from (lfw-faces ships with scikit-image: no download)
     source: SourceName = Field(default="lfw-faces", json_schema_extra=_SOURCE_HELP)
+    #: the population's size: samples from offset on (null: the rest of the source)
     limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1 (population size)"})
     #: text sources: tokens per private sample, the tokenizer, the split of a ``datasets`` name
     seq_len: int = Field(default=16, ge=2, le=4096, json_schema_extra={"allowed": "an integer in [2, 4096] (tokens)"})
+    #: text: the tokenizer of the sequences
     tokenizer: str = Field(default="gpt2", min_length=1, json_schema_extra={
         "allowed": "'gpt2' (built in), a path to a tokenizer.json, or a Hugging Face tokenizer name already cached"})
+    #: text: the split of a datasets name
     split: Literal["train", "validation", "test"] = Field(default="test", json_schema_extra={
         "allowed": "'train', 'validation' or 'test' (wikitext / cola)"})
 
@@ -85,8 +98,11 @@ class OODSection(_Source):
     """Out-of-distribution images of the attacker: used as they are (random labels) and to fit LTI-OOD's
     DCT Gaussian, from which ``samples`` pseudo-images are drawn (Wu et al. 2023, Sec. 4.1.3)."""
 
+    #: where the out-of-distribution images come from
     source: SourceName = Field(json_schema_extra=_SOURCE_HELP)
+    #: at most this many OOD images
     limit: int | None = Field(default=None, ge=2, json_schema_extra={"allowed": "null (all) or an integer >= 2"})
+    #: pseudo-images drawn from the DCT Gaussian fitted on them (0: the images alone)
     samples: int = Field(default=2000, ge=0, le=100_000, json_schema_extra={"allowed": "an integer in [0, 100000] (pseudo-images)"})
 
 
@@ -94,8 +110,11 @@ class AuxSection(_Source):
     """The attacker's auxiliary data (public, disjoint from the client's private images: checked by content):
     in-distribution images (``source``, from ``offset``, at most ``limit``) and/or ``ood`` images."""
 
+    #: where the attacker's in-distribution images come from (null: OOD images only)
     source: SourceName | None = Field(default=None, json_schema_extra={"allowed": "null (OOD only) or " + _SOURCE_HELP["allowed"]})
+    #: at most this many auxiliary images
     limit: int | None = Field(default=None, ge=1, json_schema_extra={"allowed": "null (all) or an integer >= 1"})
+    #: the attacker's out-of-distribution images (LTI-OOD)
     ood: OODSection | None = None
     #: text: the split of a ``datasets`` name (the tokenizer and sequence length are the data section's)
     split: Literal["train", "validation", "test"] = Field(default="train", json_schema_extra={
@@ -111,18 +130,29 @@ class AuxSection(_Source):
 class LeakHistoryLimits(StrictModel):
     """``client.inspect_leak_history`` as a mapping: the deployed client's ``LeakHistory`` limits."""
 
+    #: a batch answered this many rounds is refused
     max_rounds: int = Field(default=256, ge=1, le=100_000, json_schema_extra={"allowed": "an integer in [1, 100000]"})
+    #: the most batches the history keeps
     max_batches: int = Field(default=64, ge=1, le=100_000, json_schema_extra={"allowed": "an integer in [1, 100000]"})
 
 
 class ClientSection(StrictModel):
+    #: fedsgd: one gradient of one batch per update; fedavg: the model delta after local training
     protocol: Literal["fedsgd", "fedavg"] = Field(default="fedsgd", json_schema_extra={"allowed": "'fedsgd' or 'fedavg'"})
+    #: samples per step (FedSGD: per update)
     batch_size: int = Field(default=1, ge=1, le=4096, json_schema_extra={"allowed": "an integer in [1, 4096]"})
+    #: fedavg: the client's local dataset per round (null: one batch)
     samples: int | None = Field(default=None, ge=1, le=100_000, json_schema_extra={"allowed": "null (= batch_size) or an integer in [1, 100000]"})
+    #: fedavg: local epochs per round
     epochs: int = Field(default=1, ge=1, le=1000, json_schema_extra={"allowed": "an integer in [1, 1000]"})
+    #: fedavg: the local SGD learning rate
     lr: float = Field(default=0.1, gt=0, json_schema_extra={"allowed": "finite, > 0"})
+    #: fedavg: the local SGD momentum
     momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra={"allowed": "[0, 1)"})
+    #: fedavg: the local SGD weight decay
     weight_decay: float = Field(default=0.0, ge=0, json_schema_extra={"allowed": "finite, >= 0"})
+    #: train the model in train mode (BatchNorm on batch statistics) as deployed clients do; false reproduces eval-
+    #: mode papers
     train_mode: bool = True
     #: the client inspects every model it receives (``guardfl.inspect_model`` with the honest global model
     #: as the reference and its first batch, as ``local_update(inspect=True)`` does) and refuses one that
@@ -213,7 +243,10 @@ class ClientSection(StrictModel):
 
 
 class AttackSection(StrictModel):
+    #: a registered attack (see the Attacks reference)
     name: str
+    #: the attack's own keys (iterations, restarts, ...): its Config on the Attacks reference; unset keys take the
+    #: strength's budget
     budget: dict[str, Any] = Field(default_factory=dict)
     #: the threat's settings (``ThreatModel.as_config``); the attacker's auxiliary data is the config's ``aux``
     #: section, added by the run (``ThreatModel.with_aux``), never a threat key
@@ -260,7 +293,9 @@ class AttackSection(StrictModel):
 class TargetSection(StrictModel):
     """The user's own client code, certified instead of a described client (see ``guardfl.redteam.client.target``)."""
 
+    #: your Flower ClientApp, sent the global model as a FedAvg ServerApp would; its reply is attacked
     clientapp: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:attr' of a flwr ClientApp"})
+    #: your training function, called as train_fn(model, loader) -> model
     train_fn: str | None = Field(default=None, json_schema_extra={"allowed": "null or 'module:callable' (model, loader) -> model"})
     #: an NVFlare Client API site's training round: ``module:callable`` called as
     #: ``fn(input_model: FLModel, site="site-<b+1>", **run_config) -> FLModel`` (it loads its own data)
@@ -278,6 +313,7 @@ class TargetSection(StrictModel):
     run_config: dict[str, Any] = Field(default_factory=dict)
     #: the node config of the client; batch b also gets ``partition_key: b`` (Flower's partition-id convention)
     node_config: dict[str, Any] = Field(default_factory=dict)
+    #: the node-config key that carries the update's index b (Flower's partition-id)
     partition_key: str | None = "partition-id"
 
     @model_validator(mode="after")
@@ -302,14 +338,21 @@ class TargetSection(StrictModel):
 
 
 class CertifySection(StrictModel):
+    #: images: a sample leaks when a reconstruction's SSIM reaches this (and beats the prior by prior_margin)
     max_ssim: float | None = Field(default=0.4, ge=-1, le=1, json_schema_extra={"allowed": "null or [-1, 1]"})
+    #: images: a sample leaks when a reconstruction's PSNR reaches this many dB
     max_psnr: float | None = Field(default=None, gt=0, json_schema_extra={"allowed": "null or finite, > 0 (dB)"})
+    #: images: a sample leaks when a reconstruction's LPIPS distance falls to this (needs AlexNet's weights:
+    #: lpips_weights)
     min_lpips: float | None = Field(default=None, ge=0, json_schema_extra={"allowed": "null or finite, >= 0"})
+    #: the largest share of labels an attack may restore (a worst case over updates, not a rate claim)
     max_label_acc: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     #: text thresholds (a text model's certificate; the image ones apply to images only): ROUGE-1 / ROUGE-2
     #: F-measure and the share of positions reconstructed exactly, per private sample
     max_rouge1: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
+    #: text: a sample leaks when a reconstruction's ROUGE-2 F-measure reaches this
     max_rouge2: float | None = Field(default=None, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
+    #: text: a sample leaks when this share of its positions is reconstructed exactly
     max_token_acc: float | None = Field(default=0.5, ge=0, le=1, json_schema_extra={"allowed": "null or [0, 1]"})
     #: the budget of the sequential rule (``certification.sequential``): updates are attacked round after round
     #: until every claim is decided at ``confidence``, or until one of these runs out (then INCONCLUSIVE).
@@ -321,8 +364,10 @@ class CertifySection(StrictModel):
     #: the config's hash: ``--resume`` can give a run more.
     max_updates: int | None = Field(default=None, ge=1, le=100_000,
                                     json_schema_extra={"allowed": "null or an integer in [1, 100000]"})
+    #: the budget in private samples (ceil(max_samples / client.n) updates; the smaller budget wins)
     max_samples: int | None = Field(default=None, ge=1, le=10_000_000,
                                     json_schema_extra={"allowed": "null or an integer in [1, 10000000]"})
+    #: no new round starts after this many seconds (INCONCLUSIVE then, with how many more updates would decide)
     max_seconds: float | None = Field(default=None, gt=0, le=30 * 24 * 3600,
                                       json_schema_extra={"allowed": "null or finite, in (0, 2592000] (seconds)"})
     #: the population claim: the deployment's leak rate (the mean share of an update's private samples that
@@ -331,7 +376,10 @@ class CertifySection(StrictModel):
     #: the re-identification claim: the mean share of an update's private samples the attacker names
     #: correctly among ``reid`` candidates (``certification.reid``) is below ``max_reid_rate``; null: no claim
     max_reid_rate: float | None = Field(default=None, gt=0, lt=1, json_schema_extra={"allowed": "null or a rate in (0, 1)"})
+    #: the confidence of every claim's decision (the anytime-valid rule's 1 - alpha)
     confidence: float = Field(default=0.95, ge=0.5, lt=1, json_schema_extra={"allowed": "a probability in [0.5, 1)"})
+    #: a file with AlexNet's ImageNet weights for LPIPS (else the torch hub cache; without them LPIPS is reported
+    #: unavailable)
     lpips_weights: str | None = None
     #: with auxiliary data the attacker's prior guess (the mean auxiliary image, no update used) can
     #: already resemble a private image (aligned faces: SSIM ~0.5); a reconstruction then counts against

@@ -2,6 +2,7 @@
 
 - reference/{config,defense-config,sweep-config,cli,defenses,attacks,configs,verdicts}.md: ``reference.py``;
 - reference/api/*.md: mkdocstrings directives for the public surface, each module's ``__all__``;
+- (``hooks.py`` wrote ``build/docs-api/`` first: the package tree mkdocstrings reads)
 - how-to/choose-a-defense.md: the hand-written page with its ``<!-- decision-table -->`` marker replaced by
   the table generated from ``docs/data/verdicts.json``.
 
@@ -10,7 +11,6 @@ Any error here fails the build (``mkdocs build --strict``) with the page and the
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -71,26 +71,6 @@ def api_page(title: str, intro: str, modules: list[tuple[str, list[str] | None]]
         out.append("")
     return "\n".join(out)
 
-
-def source_tree() -> Path:
-    """``build/docs-api/guardfl``: the package as it installs, for mkdocstrings' static analysis (its ``paths``).
-
-    ``guardfl.integrations`` and ``guardfl.redteam`` live in ``integrations/`` and ``redteam/`` (setuptools'
-    ``package-dir``), where a source-tree search for ``guardfl`` does not look; this tree copies ``guardfl/``
-    and puts those two folders in their installed places, anew at every build (symlinks would not do: the
-    analysis resolves them back to the source folders)."""
-    root = HERE.parents[1]
-    tree = root / "build" / "docs-api" / "guardfl"
-    if tree.parent.exists():
-        shutil.rmtree(tree.parent)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(root / "guardfl", tree, ignore=skip)
-    for name in ("integrations", "redteam"):
-        shutil.copytree(root / name, tree / name, ignore=skip)
-    return tree
-
-
-source_tree()
 
 for path, make in PAGES.items():
     with mkdocs_gen_files.open(path, "w") as f:

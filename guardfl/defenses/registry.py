@@ -45,7 +45,17 @@ def parse_config(data: Any) -> DefenseConfig:
 
 
 def from_config(data: Any) -> Defense:
-    """Build a defense from a dict, YAML text, a ``.yaml`` path, or a config model."""
+    """Build a defense from ``data``: a dict, YAML text, a ``.yaml`` path, or a config model (its ``kind``
+    selects the defense; a bad value is a one-line ``ConfigError`` naming the key and the allowed range).
+
+    >>> from guardfl.defenses import from_config
+    >>> from_config({"kind": "gaussian", "sigma": 0.01, "clip": 1.0}).config.clip
+    1.0
+    >>> from_config("{kind: gradprune, ratio: 1.2}")
+    Traceback (most recent call last):
+    ...
+    guardfl.errors.ConfigError: gradprune.ratio: Input should be less than 1 (got 1.2); allowed: (0, 1)
+    """
     config = parse_config(data)
     return REGISTRY[config.kind].from_config(config)
 
