@@ -171,7 +171,14 @@ def train(
     "max_batches": m}`` sets its limits, also on the history kept from earlier rounds).
     ``max_rounds=n``: the client's round budget (``guardfl.integrations.budget``, counted in the client
     state in ``context.state``): after ``n`` rounds sent every train message gets an error reply, before
-    anything is inspected or trained. ``RoundBudgetMod`` is the same budget for any ``ClientApp``."""
+    anything is inspected or trained. ``RoundBudgetMod`` is the same budget for any ``ClientApp``.
+
+    ``msg`` and ``context``: the train Message and the Context the app was called with; ``model``: the
+    client's model (the received arrays are loaded into it); ``loader``: its local data; ``make_optimizer(params)``:
+    its optimizer, rebuilt every round; ``epochs``, ``loss_fn``, ``num_classes``, ``max_steps``: as in
+    ``local_update``; ``state_key``: where in ``context.state`` the client's state is kept. Errors the
+    client must not send past (an undefended array, a non-finite gradient, a refused model, a spent budget)
+    become an error reply, never an exception."""
     check_max_rounds(max_rounds)
     key, record = received_arrays(msg)
     state = client_state(context, state_key)

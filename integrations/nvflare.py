@@ -311,7 +311,8 @@ def add_update_filter(recipe: Any, update_filter: GuardUpdateFilter, tasks: Sequ
     fails for guardfl installed in editable mode (its ``guardfl.integrations`` package lives in
     ``integrations/``) and would ship guardfl's source with the job. This writes the filter by its import
     path instead (guardfl must be installed at every site). Deviation: it sets the whole
-    ``task_result_filters`` section of the sites' config; add other result filters to it by hand."""
+    ``task_result_filters`` section of the sites' config; add other result filters to it by hand.
+    ``tasks``: the task names the filter applies to; ``clients``: the sites (default: every site)."""
     if not isinstance(update_filter, GuardUpdateFilter):
         raise ConfigError(f"update_filter: expected a GuardUpdateFilter, got {type(update_filter).__name__}")
     _add_filter_section(recipe, "task_result_filters", update_filter.job_config(), tasks, clients)

@@ -281,6 +281,22 @@ def local_update(
     optimizer's parameters (defended, whatever their floating-point dtype) or a BatchNorm buffer
     (``BN_BUFFERS``, sent as trained as documented); any other changed entry (a custom buffer a forward
     pass writes, a parameter changed outside the optimizer) raises ``UndefendedUpdateError`` naming it.
+
+    ``loss_fn(logits, targets)``: the training loss (default ``guardfl.soft_cross_entropy``, which takes class
+    indices or the soft labels an input encoding makes); ``num_classes``: the classes of those soft labels
+    (default: the model's output width); ``max_steps``: stop the round after this many optimizer steps.
+    The result (``LocalUpdate``): ``delta`` (trained minus received, the update to send), ``state`` (keep it
+    for the next round), ``epsilon`` (DP-SGD, cumulative), ``gradient`` (a one-step round), ``steps``.
+
+    >>> import torch
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> from guardfl.integrations.torch import ClientState, local_update
+    >>> model = torch.nn.Linear(4, 2)
+    >>> loader = DataLoader(TensorDataset(torch.rand(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    >>> result = local_update(model, loader, lambda p: torch.optim.SGD(p, lr=0.1), {"kind": "sign"},
+    ...                       state=ClientState(), max_rounds=16)
+    >>> sorted(result.delta), result.state.rounds
+    (['bias', 'weight'], 1)
     """
     check_round_args(epochs, max_steps, make_optimizer)
     if state is None:

@@ -3,6 +3,13 @@ a described client or of the user's own client code (``target``: a Flower Client
 
 >>> from guardfl.redteam import simulate_client, FedSGD, ThreatModel, attacks, metrics, certify
 
+``certify`` is the entry point (``guardfl redteam`` runs it): a config in, a ``Certificate`` out.
+
+>>> cert = certify({"model": {"name": "lenet", "state": "wide-init"}, "data": {"source": "lfw-faces", "limit": 4},
+...                 "attacks": [{"name": "idlg", "budget": {"iterations": 20}}], "certify": {"max_updates": 2}})
+>>> cert.verdict in ("CERTIFIED", "NOT CERTIFIED", "INCONCLUSIVE"), cert.bound["status"]
+(True, 'NO MECHANISM')
+
 Subpackages (the architecture): ``certification`` (the run's recipe, plan, batches, judge, certificate),
 ``attacks`` (by family), ``client`` (protocols, simulation, targets), ``modality`` (images and text),
 ``sweep``, ``reports``, ``runtime`` (state folder, workers, Ray) and ``cli``.

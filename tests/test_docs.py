@@ -171,6 +171,33 @@ def test_every_public_function_and_class_has_a_summary(module):
     assert not missing, f"no docstring summary: {missing}"
 
 
+#: the entry points a user calls first: each documents every parameter by name in its docstring
+ENTRY_POINTS = [
+    "guardfl:wrap", "guardfl:protect", "guardfl:inspect_model", "guardfl:calibrate", "guardfl.defenses:from_config",
+    "guardfl.bounds:defense_bound", "guardfl.integrations.torch:local_update", "guardfl.integrations.flower:train",
+    "guardfl.integrations.flower:GuardUpdateMod", "guardfl.integrations.flower:InspectModelMod",
+    "guardfl.integrations.flower:RoundBudgetMod", "guardfl.integrations.nvflare:GuardUpdateFilter",
+    "guardfl.integrations.nvflare:GuardedTrainer", "guardfl.integrations.nvflare:InspectModelFilter",
+    "guardfl.integrations.nvflare:add_update_filter", "guardfl.redteam:certify", "guardfl.redteam:simulate_client",
+    "guardfl.redteam:RayJobs",
+]
+
+
+@pytest.mark.parametrize("ref", ENTRY_POINTS)
+def test_the_entry_points_document_every_parameter(ref):
+    module, name = ref.split(":")
+    if "flower" in module:
+        pytest.importorskip("flwr")
+    if "nvflare" in module:
+        pytest.importorskip("nvflare")
+    obj = getattr(importlib.import_module(module), name)
+    fn = obj.__init__ if inspect.isclass(obj) else obj
+    doc = (obj.__doc__ or "") + ((fn.__doc__ or "") if inspect.isclass(obj) else "")
+    params = [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
+    missing = [p for p in params if not re.search(rf"\b{p}\b", doc)]
+    assert not missing, f"{ref}: parameters not in its docstring: {missing}"
+
+
 # -- the site ---------------------------------------------------------------------------------------------
 
 def _mkdocs() -> list[str]:

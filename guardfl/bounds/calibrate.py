@@ -38,7 +38,7 @@ def calibrate(rero: float, kappa: float, rounds: int, *, mechanism: str = "dpsgd
     reconstruction success over ``rounds`` rounds is at most ``rero`` for a prior of baseline ``kappa``.
 
     Parameters: ``rero`` the target bound in (kappa, 1); ``kappa`` in (0, 1); ``rounds`` the client's round
-    budget; ``sample_rate`` DP-SGD's Poisson rate (1 for the clipped-update mechanisms); ``steps_per_round``
+    budget; ``mechanism`` which noise is calibrated (``dpsgd``, ``gaussian`` or ``laplace``); ``sample_rate`` DP-SGD's Poisson rate (1 for the clipped-update mechanisms); ``steps_per_round``
     local steps a round; ``clip`` the update's clip (``gaussian``, ``laplace``); ``dimension`` the entries the
     Laplace noise covers; ``tolerance`` the relative precision of the answer."""
     kappa = check_kappa(kappa)

@@ -76,12 +76,16 @@ def certify(
     attacks: Mapping[str, type] | None = None,
     more: int | None = None,
 ) -> Certificate:
-    """Run the red team described by ``config``; write results under ``out`` when given.
+    """Run the red team described by ``config`` (a ``RedTeamConfig``, a dict, or a YAML path) and return its
+    ``Certificate``; write ``certificate.json`` and ``report.html`` under ``out`` when given. ``device``
+    ('cpu', 'cuda', 'auto') overrides the config's. ``resume``: continue the run in ``out`` (its finished
+    jobs kept; refused when the config or a file it reads changed); ``more``: with ``resume``, attack this
+    many more updates than the budget the run stopped at (an INCONCLUSIVE run's next step).
     ``strength`` ('quick', 'paper', 'auto') overrides the config's. ``workers``: processes running the
     jobs (batch x attack, and preparations) side by side (None: one per available core on a CPU, one
     on a GPU); ``threads``: intra-op threads per job (default:
     ``workers.job_threads``, one for small models). The certificate does not depend on ``workers``.
-    ``samples``: attack about this many private samples instead of the config's ``certify.batches``
+    ``samples``: attack about this many private samples instead of the config's ``certify.max_updates``
     (a quick look; the certificate says the claim rests on the override). ``backend``: None (this
     machine's processes), 'ray' or a ``ray_backend.RayJobs`` (the jobs as Ray tasks, on a local instance
     of ``workers`` CPUs or a cluster; the same certificate). ``attacks``: name -> attack class, the

@@ -152,9 +152,8 @@ def simulate_client(
     train_mode: bool = True,
     round_index: int = 0,
 ) -> Observation:
-    """Run the client exactly as deployed and return what it transmits.
-
-    The round is ``guardfl.integrations.round.client_round``, the loop ``local_update`` (and so the Flower
+    """Run the client exactly as deployed on its private ``inputs`` (``labels``, ``input_range`` their value
+    range) and return what it transmits. The round is ``guardfl.integrations.round.client_round``, the loop ``local_update`` (and so the Flower
     and NVFlare adapters) runs: the same model, data, defense and seed give a bit-identical update (FedSGD:
     ``local_update(...).gradient`` with one batch of all samples; FedAvg: its ``delta`` with the protocol's
     in-order loader and SGD). The defense is round ``round_index``'s (``round_defense``: rebuilt; seeded, that
