@@ -282,8 +282,10 @@ def header(path: Path) -> str:
     return " ".join(lines)
 
 
-def first_sentence(text: str, limit: int = 220) -> str:
-    m = re.match(r"(.+?[.:!?])(\s|$)", text)
+def first_sentence(text: str, limit: int = 240) -> str:
+    """The header's first sentence (a period that ends a word other than "al." / "e.g." / "i.e."), at most
+    ``limit`` characters (cut at a word, with an ellipsis)."""
+    m = re.match(r"(.+?(?<!\bal)(?<!\bSec)(?<!\be\.g)(?<!\bi\.e)[.!?])(\s|$)", text)
     s = m.group(1) if m else text
     return s if len(s) <= limit else s[:limit].rsplit(" ", 1)[0] + " ..."
 
@@ -388,21 +390,27 @@ def verdicts_page() -> str:
 # -- the decision table -------------------------------------------------------------------------------------
 
 def decision_table() -> str:
-    """The "which defense for my threat model" table: one row per threat model, each cell a shipped config
-    and its measured verdict (``docs/data/verdicts.json``'s ``decision`` rows)."""
+    """The "which defense for my threat model" table: one table per server (honest-but-curious, malicious), a
+    row per threat model, each naming the shipped config that backs it and that config's measured verdict
+    (``docs/data/verdicts.json``'s ``decision`` rows and ``configs`` entries)."""
     data = load_verdicts()
     verdicts = data["configs"]
-    out = ["| server | protocol | batch | rounds answered | modality | start from | what backs it | verdict | read |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for row in data["decision"]:
-        cfg = row["config"]
-        entry = verdicts.get(cfg)
-        if entry is None:
-            raise KeyError(f"docs/data/verdicts.json: decision row {row['threat']!r} names {cfg}, which has no verdict")
-        if not (ROOT / cfg).is_file():
-            raise FileNotFoundError(f"docs/data/verdicts.json: decision row {row['threat']!r} names {cfg}, "
-                                    "which does not exist")
-        out.append("| " + " | ".join([
-            row["server"], row["protocol"], row["batch"], row["rounds"], row["modality"], row["defense"],
-            f"`{cfg}`", _verdict_cell(entry), row["read"]]).replace("\n", " ") + " |")
-    return "\n".join(out) + "\n"
+    out = []
+    for server in dict.fromkeys(row["server"] for row in data["decision"]):
+        out.append(f"### Against {'an' if server.startswith(('a', 'e', 'i', 'o', 'u', 'honest')) else 'a'} {server} server\n")
+        out.append("| client sends | rounds answered | data | defense | verdict | backed by | read |")
+        out.append("|---|---|---|---|---|---|---|")
+        for row in (r for r in data["decision"] if r["server"] == server):
+            cfg = row["config"]
+            entry = verdicts.get(cfg)
+            if entry is None:
+                raise KeyError(f"docs/data/verdicts.json: decision row {row['threat']!r} names {cfg}, which has no verdict")
+            if not (ROOT / cfg).is_file():
+                raise FileNotFoundError(f"docs/data/verdicts.json: decision row {row['threat']!r} names {cfg}, "
+                                        "which does not exist")
+            sends = f"{row['protocol']}, batch {row['batch']}"
+            out.append("| " + " | ".join([
+                sends, row["rounds"], row["modality"], row["defense"], _verdict_cell(entry), f"`{cfg}`",
+                row["read"]]).replace("\n", " ") + " |")
+        out.append("")
+    return "\n".join(out)
