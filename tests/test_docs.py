@@ -18,6 +18,7 @@ import doctest
 import functools
 import http.server
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -119,6 +120,59 @@ def test_the_readme_certify_block_certifies(in_tmp):
     assert cert.verdict in ("CERTIFIED", "NOT CERTIFIED", "INCONCLUSIVE")
     assert cert.bound["status"] == "NO MECHANISM"  # pruning is deterministic: no theorem
     assert (in_tmp / "redteam-out" / "certificate.json").is_file()
+
+
+# -- the docs pages' code ------------------------------------------------------------------------------------
+
+DOCS = ROOT / "docs"
+#: pages whose python blocks run in order, in one namespace (``my_loader(context)``: the reader's data)
+RUN_PAGES = ["tutorials/first-certificate.md", "tutorials/dpsgd-proven.md", "tutorials/flower-client.md"]
+
+
+def docs_pages() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if "research" not in p.parts)
+
+
+@pytest.mark.parametrize("page", RUN_PAGES)
+def test_the_tutorials_python_blocks_run(page, in_tmp):
+    if "flower" in page:
+        pytest.importorskip("flwr")
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = torch.rand(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    ns = {"my_loader": lambda context: DataLoader(TensorDataset(x, y), batch_size=4)}
+    for block in python_blocks((DOCS / page).read_text()):
+        exec(compile(block, page, "exec"), ns)
+
+
+def _optional_and_absent(module: str) -> bool:
+    """An optional framework (the ``flower`` / ``nvflare`` extras) this environment does not have."""
+    top = module.split(".")[0]
+    return top in ("flwr", "nvflare") and importlib.util.find_spec(top) is None
+
+
+@pytest.mark.parametrize("page", [p.relative_to(DOCS).as_posix() for p in docs_pages()])
+def test_every_python_block_of_the_docs_parses_and_imports_what_it_names(page):
+    """Blocks that need a running framework (NVFlare's Client API, a Ray cluster) are not run; they must still
+    parse, and every name they import must exist (a renamed API fails here)."""
+    import ast
+
+    for block in python_blocks((DOCS / page).read_text()):
+        tree = ast.parse(block, page)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if _optional_and_absent(node.module):
+                    continue
+                mod = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(mod, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
+                        f"{page}: from {node.module} import {alias.name}: no such name"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if _optional_and_absent(alias.name):
+                        continue
+                    importlib.import_module(alias.name)
 
 
 # -- docstrings -------------------------------------------------------------------------------------------
@@ -249,12 +303,14 @@ def test_a_broken_link_or_reference_fails_the_build_naming_the_page_and_the_link
                                                                  "*.egg-info", ".pytest_cache", ".hypothesis", "bench",
                                                                  "tests", "examples", "redteam-out"))
     page = root / "docs" / "tutorials" / "first-certificate.md"
-    page.write_text(page.read_text() + "\n[gone](../no-such-page.md) and [gone too][guardfl.no_such_function]\n")
+    page.write_text(page.read_text() + "\n[gone](../no-such-page.md), [gone too][guardfl.no_such_function] and "
+                    "[no row](../reference/configs.md#no-such-config)\n")
     done = build(root, tmp_path / "site")
     log = done.stdout + done.stderr
     assert done.returncode != 0
     assert "tutorials/first-certificate.md" in log and "no-such-page.md" in log
     assert "guardfl.no_such_function" in log
+    assert "no-such-config" in log  # an anchor the generated configs page does not have
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

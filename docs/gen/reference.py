@@ -262,6 +262,11 @@ FOLDERS = {
 }
 
 
+def config_anchor(rel: str) -> str:
+    """The id of a config's row on the configs page (``configs/research/x.yaml`` -> ``research-x``)."""
+    return re.sub(r"[^a-z0-9]+", "-", rel.removeprefix("configs/").removesuffix(".yaml").lower()).strip("-")
+
+
 def shipped_configs() -> list[Path]:
     """Every red-team or sweep config under configs/ (not the defense configs)."""
     return sorted(p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] != "defenses")
@@ -340,7 +345,8 @@ def configs_page() -> str:
                 d = data.get("defense")
                 defense = _defense_name(d)
             text = first_sentence(header(p)).replace("|", "\\|")
-            out.append(f"| `{rel}` | {text} | {client} | {defense} | {_verdict_cell(verdicts.get(rel))} |")
+            out.append(f'| <a id="{config_anchor(rel)}"></a>`{rel}` | {text} | {client} | {defense} | '
+                       f"{_verdict_cell(verdicts.get(rel))} |")
         out.append("")
     out.append("## `configs/defenses/`\n")
     out.append(FOLDERS["defenses"] + "\n")
@@ -410,7 +416,8 @@ def decision_table() -> str:
                                         "which does not exist")
             sends = f"{row['protocol']}, batch {row['batch']}"
             out.append("| " + " | ".join([
-                sends, row["rounds"], row["modality"], row["defense"], _verdict_cell(entry), f"`{cfg}`",
+                sends, row["rounds"], row["modality"], row["defense"], _verdict_cell(entry),
+                f"[`{cfg}`](../reference/configs.md#{config_anchor(cfg)})",
                 row["read"]]).replace("\n", " ") + " |")
         out.append("")
     return "\n".join(out)
