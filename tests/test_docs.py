@@ -292,6 +292,9 @@ def test_the_site_builds_with_every_reference_page(site):
         assert key in config, f"{key} is missing from the generated config reference"
     api = (site / "reference/api/integrations/index.html").read_text()
     assert "local_update" in api and "GuardUpdateFilter" in api and "GuardUpdateMod" in api
+    for page in sorted(site.glob("reference/**/index.html")) + sorted(site.glob("how-to/**/index.html")):
+        shown = re.findall(r"<code>[^<]*\\\|[^<]*</code>", page.read_text())
+        assert not shown, f"{page.relative_to(site)}: an escaped pipe shown in a code span: {shown[:3]}"
     table = (site / "how-to/choose-a-defense/index.html").read_text()
     assert "decision-table" not in table and "configs/research/malicious-adaptive.yaml" in table
 

@@ -151,9 +151,11 @@ def nested_models(annotation: Any) -> list[type[BaseModel]]:
     return out
 
 
-def _cell(text: str) -> str:
-    """Markdown-table-safe text: pipes escaped, no newlines."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+def cell(text: str) -> str:
+    """Markdown-table-safe text: no newlines, pipes escaped outside code spans (inside one, the table
+    extension keeps the pipe in its cell, and an escape would be shown: a type read ``int \\| None``)."""
+    parts = re.split(r"(`+[^`]*`+)", " ".join(str(text).split()))
+    return "".join(s if s.startswith("`") else s.replace("|", "\\|") for s in parts)
 
 
 def _code(text: str) -> str:
@@ -197,15 +199,15 @@ def field_table(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] 
         key = f"{prefix}.{row['name']}" if prefix else row["name"]
         field = model.model_fields[row["name"]]
         linked = [sections[m] for m in nested_models(field.annotation) if m in sections]
-        default = _cell(_code(row["default"]))
-        description = _cell(rst_to_md(row["description"]))
+        default = cell(_code(row["default"]))
+        description = cell(rst_to_md(row["description"]))
         if linked:
             if row["default"] == "(the section's defaults)":
                 default = "its section's"
             description = (description + " " if description else "") + "Keys: " + ", ".join(
                 f"[`{k}`](#{anchor(k)})" for k in linked) + "."
         lines.append("| " + " | ".join([
-            f"`{key}`", _cell(_code(row["type"])), default, _cell(rst_to_md(row["allowed"])), description,
+            f"`{key}`", cell(_code(row["type"])), default, cell(rst_to_md(row["allowed"])), description,
         ]) + " |")
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fields import anchor, class_summary, field_table, nested_models, rst_to_md
+from fields import anchor, cell, class_summary, field_table, nested_models, rst_to_md
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -145,7 +145,7 @@ def defenses_page() -> str:
             bound = "no: " + WHY_NOT.get(kind, "no mechanism")
         out.append("| " + " | ".join([
             f"`{kind}`", f"`{cls.__name__}`", how.get(stage, stage), _yes(randomized), _yes(kind in UPDATE_KINDS),
-            _yes(needs), bound.replace("|", "\\|")]) + " |")
+            _yes(needs), cell(bound)]) + " |")
     out.append("")
     for kind in sorted(REGISTRY):
         cls = REGISTRY[kind]
@@ -242,7 +242,7 @@ def cli_page() -> str:
                 value = f"`{' '.join(metavar) if isinstance(metavar, tuple) else metavar}`"
             default = "" if action.default in (None, False, argparse.SUPPRESS) else f"`{action.default}`"
             text = (action.help or "") % {"default": action.default, "prog": p.prog} if action.help else ""
-            rows.append(f"| {flags} | {value} | {default} | {' '.join(text.split()).replace('|', chr(92) + '|')} |")
+            rows.append(f"| {flags} | {value} | {default} | {cell(text)} |")
         out.append("\n".join(rows) + "\n")
         if p.epilog:
             out.append(" ".join(p.epilog.split()) + "\n")
@@ -344,7 +344,7 @@ def configs_page() -> str:
                                   f"batch {c.get('batch_size', 1)}")
                 d = data.get("defense")
                 defense = _defense_name(d)
-            text = first_sentence(header(p)).replace("|", "\\|")
+            text = cell(first_sentence(header(p)))
             out.append(f'| <a id="{config_anchor(rel)}"></a>`{rel}` | {text} | {client} | {defense} | '
                        f"{_verdict_cell(verdicts.get(rel))} |")
         out.append("")
@@ -388,7 +388,7 @@ def verdicts_page() -> str:
         out.append("| " + " | ".join([
             f"`{rel}`", f"**{e.get('verdict', '?')}**", str(e.get("bound") or ""), str(e.get("leak_upper") or ""),
             str(e.get("updates") or ""), str(e.get("seconds") or ""), e.get("how", ""), e.get("date", ""),
-            " ".join(str(e.get("note", "")).split()).replace("|", "\\|")]) + " |")
+            cell(e.get("note", ""))]) + " |")
     out.append("")
     return "\n".join(out)
 
