@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``guardfl`` command (``redteam``, ``sweep``, ``check``, ...; the reference's Command line page).
+
+    Args:
+        argv: the arguments after ``guardfl``; ``None``: ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: for ``redteam``, 0 CERTIFIED, 1 NOT CERTIFIED, 3 INCONCLUSIVE, 2 a failed run.
+    """
     try:
         parser = build_parser()
     except ModuleNotFoundError as err:

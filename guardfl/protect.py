@@ -190,7 +190,11 @@ def plain_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 
 def load_plain_state_dict(model: nn.Module, state: Mapping[str, Tensor]) -> None:
-    """Load unprefixed keys into a model that Opacus may have wrapped (``GradSampleModule``)."""
+    """Load unprefixed keys into a model that Opacus may have wrapped (``GradSampleModule``).
+
+    Args:
+        model: the model, wrapped by Opacus or not.
+        state: a state dict with the plain module's keys (no ``_module.`` prefix)."""
     target = getattr(model, "_module", model)
     target.load_state_dict(dict(state))
 

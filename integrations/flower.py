@@ -80,7 +80,11 @@ NUMPY_BUDGET_STATE_KEY = "guardfl-budget-numpyclient"  # its own: a RoundBudgetM
 # -- client state in context.state ------------------------------------------------------------------
 def client_state(context: Context, key: str = STATE_KEY) -> ClientState:
     """The client's guardfl state kept in ``context.state`` (a fresh one on the first round), with its leak
-    history when it keeps one (``LeakHistory.to_bytes`` beside the JSON)."""
+    history when it keeps one (``LeakHistory.to_bytes`` beside the JSON).
+
+    Args:
+        context: the ClientApp's ``Context``.
+        key: the record key the state is kept under."""
     record = context.state.config_records.get(key)
     if record is None or "json" not in record:
         return ClientState()
@@ -100,7 +104,10 @@ def save_client_state(context: Context, state: ClientState, key: str = STATE_KEY
 
 
 def received_arrays(msg: Message) -> tuple[str, ArrayRecord]:
-    """The one ``ArrayRecord`` of a message, with its key; ValueError naming what was found otherwise."""
+    """The one ``ArrayRecord`` of a message, with its key; ValueError naming what was found otherwise.
+
+    Args:
+        msg: the received ``Message``."""
     records = msg.content.array_records
     if len(records) != 1:
         raise ValueError(f"message: expected exactly one ArrayRecord (the global model), found {len(records)}: {list(records)}")
@@ -127,7 +134,15 @@ def train_message(
 ) -> Message:
     """A ``train`` Message as a ServerApp's FedAvg sends it (``arrays`` + ``config`` records), for
     driving a ``ClientApp`` directly: in tests, and by the red team (``guardfl redteam`` with a
-    ``target.clientapp``)."""
+    ``target.clientapp``).
+
+    Args:
+        arrays: the global model (an ``ArrayRecord`` or a state dict).
+        config: the round's config record (``None``: empty).
+        node_id: the receiving node's id.
+        server_round: the round the message belongs to.
+        arrays_key: the record key of ``arrays``.
+        config_key: the record key of ``config``."""
     record = arrays if isinstance(arrays, ArrayRecord) else _array_record(arrays, list(arrays))
     content = RecordDict({arrays_key: record, config_key: ConfigRecord({"server-round": server_round, **dict(config or {})})})
     metadata = Metadata(run_id=0, message_id=uuid.uuid4().hex, src_node_id=0, dst_node_id=node_id,

@@ -321,7 +321,14 @@ def add_update_filter(recipe: Any, update_filter: GuardUpdateFilter, tasks: Sequ
 def add_inspect_filter(recipe: Any, inspect_filter: "InspectModelFilter", tasks: Sequence[str] = ("train",),
                        clients: Sequence[str] | None = None) -> None:
     """Put ``inspect_filter`` in the sites' ``task_data_filters`` (as ``add_update_filter`` does for the
-    result filters; it sets the whole section)."""
+    result filters; it sets the whole section).
+
+    Args:
+        recipe: the NVFlare ``Recipe`` (``FedAvgRecipe``, ...) whose sites get the filter.
+        inspect_filter: the ``InspectModelFilter`` that checks every model the server sends.
+        tasks: the task names the filter applies to.
+        clients: the sites; ``None``: every site.
+    """
     if not isinstance(inspect_filter, InspectModelFilter):
         raise ConfigError(f"inspect_filter: expected an InspectModelFilter, got {type(inspect_filter).__name__}")
     entry = {"path": f"{InspectModelFilter.__module__}.{InspectModelFilter.__qualname__}",
@@ -555,7 +562,17 @@ class GuardedTrainer:
 def train(input_model: FLModel, model: nn.Module, loader: Iterable, make_optimizer: MakeOptimizer,
           defense: Defense | Mapping[str, Any] | str | None = None, *, state: ClientState | None = None,
           **kwargs: Any) -> tuple[FLModel, ClientState]:
-    """Functional form of ``GuardedTrainer.train``: returns the ``FLModel`` to send and the state to keep."""
+    """Functional form of ``GuardedTrainer.train``: returns the ``FLModel`` to send and the state to keep.
+
+    Args:
+        input_model: the ``FLModel`` the site received (``flare.receive()``).
+        model: the local ``nn.Module``, loaded with the received weights and trained.
+        loader: the site's training batches.
+        make_optimizer: ``params -> torch.optim.Optimizer``, called once per round.
+        defense: a defense, its config (a mapping or a YAML path), or ``None`` for none.
+        state: the ``ClientState`` the previous round returned (``None``: the first round).
+        **kwargs: the other arguments of ``GuardedTrainer`` (epochs, inspection, clipping...).
+    """
     trainer = GuardedTrainer(model, make_optimizer, defense, **kwargs)
     trainer.state = copy.deepcopy(state) if state is not None else ClientState()
     out = trainer.train(input_model, loader)

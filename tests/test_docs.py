@@ -233,7 +233,12 @@ ENTRY_POINTS = [
     "guardfl.integrations.flower:RoundBudgetMod", "guardfl.integrations.nvflare:GuardUpdateFilter",
     "guardfl.integrations.nvflare:GuardedTrainer", "guardfl.integrations.nvflare:InspectModelFilter",
     "guardfl.integrations.nvflare:add_update_filter", "guardfl.redteam:certify", "guardfl.redteam:simulate_client",
-    "guardfl.redteam:RayJobs",
+    "guardfl.redteam:RayJobs", "guardfl:load_plain_state_dict", "guardfl.cli:main",
+    "guardfl.integrations.nvflare:add_inspect_filter", "guardfl.integrations.nvflare:train",
+    "guardfl.integrations.flower:train_message", "guardfl.integrations.flower:client_state",
+    "guardfl.integrations.flower:received_arrays",
+    # every defense's constructor (a config's keys are these parameters; its table on Defense configs reads them)
+    *sorted(f"guardfl.defenses:{cls.__name__}" for cls in importlib.import_module("guardfl.defenses").REGISTRY.values()),
 ]
 
 
@@ -250,6 +255,19 @@ def test_the_entry_points_document_every_parameter(ref):
     params = [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
     missing = [p for p in params if not re.search(rf"\b{p}\b", doc)]
     assert not missing, f"{ref}: parameters not in its docstring: {missing}"
+
+
+def test_every_defense_config_key_is_described(monkeypatch):
+    """The Defense configs page's description column: a Config field's ``#:`` comment, else the defense's
+    ``Args:`` entry (docs/gen/fields.py); a new parameter without either fails here, not on the page."""
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "gen"))
+    import fields
+
+    from guardfl.defenses import REGISTRY
+
+    empty = [f"{kind}.{row['name']}" for kind, cls in sorted(REGISTRY.items())
+             for row in fields.field_rows(cls.Config, owner=cls) if not row["description"].strip()]
+    assert not empty, f"defense config keys with no description: {empty}"
 
 
 # -- the site ---------------------------------------------------------------------------------------------

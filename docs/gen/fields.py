@@ -65,6 +65,25 @@ def docstring_entries(cls: type) -> dict[str, str]:
     return out
 
 
+def args_entries(cls: type | None) -> dict[str, str]:
+    """The ``Args:`` section of a class docstring (Google style), ``name -> text``: a defense's parameters,
+    the description column of its config table where the Config field has no ``#:`` comment."""
+    doc = (inspect.getdoc(cls) or "") if cls is not None else ""
+    section = re.search(r"^Args:\n((?:[ \t]+.*\n?|\n)*)", doc, flags=re.M)
+    if not section:
+        return {}
+    out: dict[str, str] = {}
+    current: str | None = None
+    for line in section.group(1).splitlines():
+        m = re.match(r"^ {4}(\w+): (.*)$", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2).strip()
+        elif current and line.startswith("        ") and line.strip():
+            out[current] += " " + line.strip()
+    return out
+
+
 def type_name(annotation: Any) -> str:
     """A readable type: ``int | None``, ``'fedsgd' | 'fedavg'``, ``list[int]``, a model's name."""
     if annotation is type(None):
@@ -162,10 +181,11 @@ def _code(text: str) -> str:
     return f"`{text}`" if text else ""
 
 
-def field_rows(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[dict[str, str]]:
-    """One row per field of ``model``: name, type, default, allowed, description."""
+def field_rows(model: type[BaseModel], skip: tuple[str, ...] = (), owner: type | None = None) -> list[dict[str, str]]:
+    """One row per field of ``model``: name, type, default, allowed, description (``owner``: the class
+    whose ``Args:`` describe the fields the model does not, a defense for its Config)."""
     comments = source_comments(model)
-    entries = docstring_entries(model)
+    entries = {**args_entries(owner), **docstring_entries(model)}
     rows = []
     for name, field in model.model_fields.items():
         if name in skip:
@@ -190,12 +210,14 @@ def rst_to_md(text: str) -> str:
     return re.sub(r"``([^`]+)``", r"`\1`", text)
 
 
-def field_table(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] = (), sections: dict | None = None) -> str:
+def field_table(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] = (), sections: dict | None = None,
+                owner: type | None = None) -> str:
     """A markdown table of ``model``'s fields (the key written ``prefix.name``); ``sections``: the nested
-    models that have a section of their own (model -> key), linked from the fields that hold them."""
+    models that have a section of their own (model -> key), linked from the fields that hold them;
+    ``owner``: see ``field_rows``."""
     sections = sections or {}
     lines = ["| key | type | default | allowed | what it is |", "|---|---|---|---|---|"]
-    for row in field_rows(model, skip):
+    for row in field_rows(model, skip, owner):
         key = f"{prefix}.{row['name']}" if prefix else row["name"]
         field = model.model_fields[row["name"]]
         linked = [sections[m] for m in nested_models(field.annotation) if m in sections]

@@ -87,7 +87,7 @@ def defense_config_page() -> str:
         out.append(f"## `{kind}`\n")
         out.append(f"`{cls.__module__.replace('guardfl.defenses.', 'guardfl.defenses.')}.{cls.__name__}`: "
                    f"{rst_to_md(class_summary(cls))}\n")
-        out.append(field_table(cls.Config) + "\n")
+        out.append(field_table(cls.Config, owner=cls) + "\n")
     return "\n".join(out)
 
 

@@ -37,7 +37,9 @@ RESEED_MAX = 2**63 - 1
 class DefenseConfig(StrictModel):
     """Fields every defense config has. Subclasses add their parameters and a ``kind`` literal."""
 
+    #: selects the defense (its table on this page)
     kind: str
+    #: the defense's random stream: an integer reproduces it, null (as deployed) draws it from OS entropy.
     #: torch's CPU generator (mt19937) keeps only the low 32 bits of a seed: 2**32 and 0 would give one
     #: stream, so a seed beyond 32 bits is refused rather than silently aliased.
     seed: int | None = Field(

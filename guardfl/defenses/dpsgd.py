@@ -64,7 +64,22 @@ class DPSGDConfig(DefenseConfig):
 
 @register
 class DPSGD(Defense):
-    """DP-SGD through Opacus (clipping, Gaussian noise, Poisson sampling, epsilon accounting)."""
+    """DP-SGD through Opacus (clipping, Gaussian noise, Poisson sampling, epsilon accounting).
+
+    Args:
+        noise_multiplier: the noise's std as a multiple of ``max_grad_norm``; ``None``: chosen from
+            ``target_epsilon``.
+        max_grad_norm: each sample's gradient is clipped to this L2 norm.
+        target_epsilon: the epsilon to reach after ``epochs`` (with ``noise_multiplier=None``).
+        delta: the delta of the (epsilon, delta) guarantee.
+        epochs: the epochs ``target_epsilon`` is spread over.
+        accountant: ``"rdp"`` or ``"prv"``: Opacus's accountant.
+        poisson_sampling: draw the batches by Poisson sampling (the accounting assumes it).
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
     randomized = True
 
     Config = DPSGDConfig

@@ -141,7 +141,16 @@ class _InputEncoding(Defense):
 @register
 class MixUp(_InputEncoding):
     """MixUp with k distinct images per encoding, each image's weight bounded by ``max_coeff``; needs
-    batches of at least k images."""
+    batches of at least k images.
+
+    Args:
+        k: images mixed into each encoding.
+        max_coeff: the largest weight one image gets, in (1/k, 1].
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = MixUpConfig
 
@@ -152,7 +161,18 @@ class MixUp(_InputEncoding):
 @register
 class InstaHide(_InputEncoding):
     """InstaHide: MixUp plus a random sign-flip mask per encoded image (intra: k distinct images of the
-    batch; inter: the private image and k-1 distinct public images, so a public set of at least k-1)."""
+    batch; inter: the private image and k-1 distinct public images, so a public set of at least k-1).
+
+    Args:
+        k: images mixed into each encoding.
+        max_coeff: the largest weight one image gets, in (1/k, 1].
+        mode: ``"intra"``: k images of the batch; ``"inter"``: the private image and k-1 public ones.
+        public: ``"inter"``'s public images: an ``.npz`` path (with ``x``) or a tensor.
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = InstaHideConfig
     sign_flip = True

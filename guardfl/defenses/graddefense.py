@@ -95,7 +95,21 @@ class GradDefenseConfig(DefenseConfig):
 
 @register
 class GradDefense(Defense):
-    """GradDefense (Wang et al. 2022): noise (and clip) sensitivity-balanced gradient slices drawn at random."""
+    """GradDefense (Wang et al. 2022): noise (and clip) sensitivity-balanced gradient slices drawn at random.
+
+    Args:
+        slices: the slices of equal total sensitivity the gradient is cut into.
+        perturb_slices: how many of them are drawn and noised each step (at most ``slices``).
+        noise: the noise's standard deviation on the drawn slices.
+        clip: clip each drawn slice to ``clip_norm`` before the noise.
+        clip_norm: the slices' L2 bound; ``None``: ``noise`` (the reference code's bound).
+        root_size: inputs in the root set the sensitivity is measured on.
+        refresh: ``"round"``: the sensitivity once per FL round; ``"step"``: at every step.
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = GradDefenseConfig
     needs_params = True

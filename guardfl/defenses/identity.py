@@ -21,7 +21,14 @@ class IdentityConfig(DefenseConfig):
 
 @register
 class Identity(Defense):
-    """No defense. ``wrap(opt, Identity())`` trains bit-for-bit like ``opt``."""
+    """No defense. ``wrap(opt, Identity())`` trains bit-for-bit like ``opt``.
+
+    Args:
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = IdentityConfig
     keeps_finite = True  # nothing changes

@@ -99,7 +99,17 @@ class _AdditiveNoise(Defense):
 
 @register
 class GaussianNoise(_AdditiveNoise):
-    """g + N(0, sigma^2) on every entry (after scaling g to norm ``clip`` when given). No accounting: not DP."""
+    """g + N(0, sigma^2) on every entry (after scaling g to norm ``clip`` when given). No accounting: not DP.
+
+    Args:
+        sigma: the noise's standard deviation.
+        clip: ``None``: noise alone; a bound: the whole gradient is first scaled to this L2 norm (not per
+            sample: no DP).
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = GaussianNoiseConfig
 
@@ -116,7 +126,17 @@ class GaussianNoise(_AdditiveNoise):
 @register
 class LaplaceNoise(_AdditiveNoise):
     """g + Laplace(0, scale) on every entry (std = scale * sqrt(2)), after scaling g to norm ``clip`` when
-    given. No accounting: not DP."""
+    given. No accounting: not DP.
+
+    Args:
+        scale: the Laplace scale (std ``scale * sqrt(2)``).
+        clip: ``None``: noise alone; a bound: the whole gradient is first scaled to this L2 norm (not per
+            sample: no DP).
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = LaplaceNoiseConfig
 

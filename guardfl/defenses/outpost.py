@@ -104,7 +104,18 @@ def outpost_layer_(grad: Tensor, std: float, prune: float, phi: float, generator
 
 @register
 class Outpost(Defense):
-    """Outpost, Algorithm 1 of Wang et al. 2024 (defaults: beta 0.1, phi 40%, rho 80%, lambda 0.8)."""
+    """Outpost, Algorithm 1 of Wang et al. 2024 (defaults: beta 0.1, phi 40%, rho 80%, lambda 0.8).
+
+    Args:
+        beta: the perturbation probability's decay: ``1 / (1 + beta * i)`` at local iteration ``i``.
+        phi: the fraction of entries (largest Fisher information) that get noise.
+        prune: the fraction of smallest-|g| entries zeroed (the paper's rho).
+        noise: the noise's std as a multiple of the layer's weight variance (the paper's lambda).
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
     randomized = True
 
     Config = OutpostConfig

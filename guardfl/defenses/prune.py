@@ -39,7 +39,16 @@ class GradPruneConfig(DefenseConfig):
 
 @register
 class GradPrune(Defense):
-    """Zero the ``ratio`` fraction of smallest-|g| entries, per layer or globally."""
+    """Zero the ``ratio`` fraction of smallest-|g| entries, per layer or globally.
+
+    Args:
+        ratio: the fraction of entries zeroed, in (0, 1).
+        scope: ``"layer"``: per parameter tensor; ``"global"``: over the whole model.
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = GradPruneConfig
     keeps_finite = True  # pruning only writes zeros

@@ -20,7 +20,14 @@ class SignCompressionConfig(DefenseConfig):
 
 @register
 class SignCompression(Defense):
-    """Replace every gradient entry by its sign."""
+    """Replace every gradient entry by its sign.
+
+    Args:
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = SignCompressionConfig
     keeps_finite = True  # sign maps finite entries to -1, 0 or +1

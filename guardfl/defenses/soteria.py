@@ -70,7 +70,16 @@ class SoteriaConfig(DefenseConfig):
 
 @register
 class Soteria(Defense):
-    """Soteria (Sun et al. 2021): zero the FC weight-gradient columns of the least input-sensitive features."""
+    """Soteria (Sun et al. 2021): zero the FC weight-gradient columns of the least input-sensitive features.
+
+    Args:
+        prune: the fraction of the FC layer's features whose weight-gradient columns are zeroed.
+        layer: the ``nn.Linear`` module's name; ``None``: the first one.
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = SoteriaConfig
     needs_params = True

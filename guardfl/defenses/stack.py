@@ -60,7 +60,15 @@ class StackConfig(DefenseConfig):
 @register
 class Stack(Defense):
     """Apply ``defenses`` in order. Members without their own ``seed`` get one derived from the
-    stack's seed (or from OS entropy), so a seeded stack reproduces and an unseeded one does not."""
+    stack's seed (or from OS entropy), so a seeded stack reproduces and an unseeded one does not.
+
+    Args:
+        defenses: the defenses (objects, configs or dicts) applied in order.
+        seed: an integer in [0, 2**32 - 1] for a reproducible stream; ``None`` (the default, as deployed): OS
+            entropy.
+        nonfinite: ``"raise"`` (default): a NaN or inf in the gradient raises; ``"zero"``: such entries are
+            zeroed.
+    """
 
     Config = StackConfig
 
