@@ -86,7 +86,7 @@ def test_rounds_axis():
     (evidence.CERTIFIED, "NOT PROVEN", "CERTIFIED and NOT PROVEN: our attacks missed; no theorem bounds this"),
     (evidence.CERTIFIED, "PROVEN", "CERTIFIED and PROVEN: our attacks missed, and a theorem bounds ANY attacker"),
     (evidence.CERTIFIED, "NO MECHANISM", "CERTIFIED with NO MECHANISM"),
-    (evidence.NOT_CERTIFIED, "NOT PROVEN", "NOT CERTIFIED: our attacks reconstructed"),
+    (evidence.NOT_CERTIFIED, "NOT PROVEN", "NOT CERTIFIED: the attacked updates refuted a claim"),
     (evidence.NOT_CERTIFIED, "PROVEN", "NOT CERTIFIED although PROVEN"),
     (evidence.INCONCLUSIVE, "PROVEN", "INCONCLUSIVE (the attacked updates decided no claim within the budget) but PROVEN"),
 ])

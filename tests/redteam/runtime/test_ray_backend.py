@@ -163,7 +163,7 @@ def test_the_command_on_a_local_instance_it_starts(tmp_path, when):
     reader.start()
     if when != "never":
         started = (lambda: _raylet_started(run.pid)) if when == "ray starting" else \
-            (lambda: any((out / "state").glob("b*.json")))
+            (lambda: any((out / "state").glob("b*-*.json")))
         deadline = time.monotonic() + BOUND
         while not started():
             assert run.poll() is None, lines
