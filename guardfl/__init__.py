@@ -9,7 +9,7 @@ from guardfl import bounds, defenses
 from guardfl._version import __version__
 from guardfl.bounds import calibrate
 from guardfl.defenses import from_config
-from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, RoundBudgetError, UndefendedUpdateError, UnsupportedOptimizerError
+from guardfl.errors import ConfigError, GuardflError, MaliciousModelError, NonFiniteGradientError, RoundBudgetError, StateFileError, UndefendedUpdateError, UnsupportedOptimizerError
 from guardfl.inspect import Inspection, inspect_model
 from guardfl.inspect_history import LeakHistory
 from guardfl.optimizer import GuardedOptimizer, wrap
@@ -27,6 +27,7 @@ __all__ = [
     "NonFiniteGradientError",
     "PrivateOptimizer",
     "RoundBudgetError",
+    "StateFileError",
     "StageStats",
     "StepStats",
     "UndefendedUpdateError",

@@ -40,3 +40,10 @@ class MaliciousModelError(GuardflError):
 class RoundBudgetError(GuardflError):
     """The client's round budget (``max_rounds`` in the integrations) is spent: it has answered that many
     rounds and answers no more, whatever model it receives (``guardfl.integrations.budget``)."""
+
+
+class StateFileError(ConfigError):
+    """A client's state file (``GuardedTrainer(state_path=)``, a round budget's ``budget_path``) is lost,
+    unreadable, cut short, in use by another process or written by another configuration or format: refused,
+    naming the file, rather than read as round 0 (which would reset the round budget and the privacy
+    accountant; ``guardfl.integrations.statefile``)."""

@@ -256,10 +256,17 @@ class GuardedOptimizer(ProxyOptimizer):
         finally:
             if recorder is not None:
                 recorder.paused = False
-        # Always, whatever the defense's own checks recorded: the last line before the weights move (one
-        # reduction per tensor, ~0.3% of a ResNet-18 step), and it also sees an edit made through ``.data``,
-        # which has a version counter of its own
-        check_finite_gradients([p.grad for p in params], names, self._source())
+        # The last line before the weights move, whatever the defense's own checks recorded (one reduction per
+        # tensor), and it also sees an edit made through ``.data``, which has a version counter of its own.
+        # Except for tensors a defense proved finite by a reduction over its final output, when that defense's
+        # own class declares it (``verifies_output``: SignCompression; no subclass, stack or caller code runs
+        # between that reduction and this line) and the tensor is unchanged since (issue 66: the second scan
+        # of every gradient was much of sign compression's cost)
+        grads = [p.grad for p in params]
+        trusted = type(self.defense).__dict__.get("verifies_output", False)
+        todo = [i for i, g in enumerate(grads) if not (trusted and ctx.output_verified(g))]
+        if todo:
+            check_finite_gradients([grads[i] for i in todo], [names[i] for i in todo], self._source())
         self.last_stats = StepStats(self.iteration, stages)
         return self.last_stats
 

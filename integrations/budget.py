@@ -20,10 +20,10 @@ the budget it sets (``client.max_rounds``).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from guardfl.errors import ConfigError, RoundBudgetError
+from guardfl.integrations import statefile
 
 #: the largest round budget accepted (a cross-silo run of a few thousand rounds fits well inside)
 MAX_ROUNDS_LIMIT = 1_000_000
@@ -49,21 +49,20 @@ def check_budget_left(max_rounds: int | None, rounds_done: int, field: str = "ma
                                "certificate for the larger budget")
 
 
-def read_count(path: str | Path) -> int:
-    """The rounds counted in a budget file (``{"rounds": n}``; 0 when it does not exist yet). Fails closed:
-    a file that cannot be read or holds anything else is a ``ConfigError`` naming it, never a count of 0."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    try:
-        rounds = json.loads(path.read_text())["rounds"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"budget file {path}: unreadable or not a guardfl round count ({type(err).__name__}); "
-                          "refusing rather than counting from 0") from None
+def _parse_count(data) -> int:
+    rounds = data["rounds"]
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise ConfigError(f"budget file {path}: rounds must be an integer >= 0, got {rounds!r}; refusing rather than "
-                          "counting from 0")
+        raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
     return rounds
+
+
+def read_count(path: str | Path) -> int:
+    """The rounds counted in a budget file (``{"rounds": n}``; 0 on a first launch: no file and no
+    ``<path>.created`` marker). Fails closed (``guardfl.integrations.statefile``): a file that cannot be read,
+    holds anything else, or is missing where its marker says it was written is an error naming it, never a
+    count of 0 (``StateFileError``, a ``GuardflError``)."""
+    counted = statefile.load(Path(path), "budget file", _parse_count)
+    return 0 if counted is None else counted
 
 
 def spent_rounds(counted: int, path: str | Path | None) -> int:
@@ -73,13 +72,9 @@ def spent_rounds(counted: int, path: str | Path | None) -> int:
 
 
 def write_count(path: str | Path, rounds: int) -> None:
-    """Write the count atomically (a temporary file beside it, then ``os.replace``): a crash leaves the old
-    count or the new one, never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"rounds": int(rounds)}))
-    os.replace(tmp, path)
+    """Write the count atomically and durably (a temporary file beside it, fsync, ``os.replace``; the first
+    write leaves the ``.created`` marker): a crash leaves the old count or the new one, never half a file."""
+    statefile.save(Path(path), json.dumps({"rounds": int(rounds)}))
 
 
 __all__ = ["MAX_ROUNDS_LIMIT", "check_budget_left", "check_max_rounds", "read_count", "spent_rounds", "write_count"]

@@ -63,6 +63,7 @@ from guardfl.errors import (ConfigError, GuardflError, MaliciousModelError, NonF
                             UndefendedUpdateError)
 from guardfl.inspect import inspect_model
 from guardfl.inspect_history import LeakHistory
+from guardfl.integrations import statefile
 from guardfl.integrations.budget import MAX_ROUNDS_LIMIT, check_budget_left, check_max_rounds, spent_rounds, write_count
 from guardfl.integrations.round import check_round_counter
 from guardfl.integrations.torch import (ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
@@ -371,6 +372,15 @@ class RoundBudgetMod:
     def __call__(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         if msg.metadata.message_type.split(".")[0] != "train":
             return call_next(msg, ctxt)
+        if self.path is None:
+            return self._counted(msg, ctxt, call_next)
+        try:  # a second process on the same file is refused, not left to race (guardfl.integrations.statefile)
+            with statefile.locked(self.path, "budget file"):
+                return self._counted(msg, ctxt, call_next)
+        except ConfigError as err:
+            return _error_reply(msg, f"{type(self).__name__}: {err}")
+
+    def _counted(self, msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         try:
             answered = spent_rounds(_rounds_answered(ctxt, self.key), self.path)
             check_budget_left(self.max_rounds, answered)

@@ -68,8 +68,10 @@ would.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import math
 import threading
 from pathlib import Path
@@ -92,7 +94,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("guardfl.integrations.nvflare needs NVIDIA FLARE: pip install 'guardfl[nvflare]'") from err
 
 from guardfl.defenses import Defense, from_config
-from guardfl.errors import ConfigError, GuardflError, UndefendedUpdateError
+from guardfl.errors import ConfigError, GuardflError, StateFileError, UndefendedUpdateError
+from guardfl.integrations import statefile
 from guardfl.inspect_history import LeakHistory
 from guardfl.integrations.budget import check_budget_left, check_max_rounds, spent_rounds, write_count
 from guardfl.integrations.torch import (BN_BUFFERS, ClientState, MakeOptimizer, inspect_enabled, inspect_received, leak_history_for,
@@ -104,6 +107,10 @@ from guardfl.protect import load_plain_state_dict, soft_cross_entropy
 UPDATE_DATA_KINDS: tuple[str, ...] = (DataKind.WEIGHTS, DataKind.WEIGHT_DIFF)
 #: DXO meta key of the filter's statistics
 META_KEY = "guardfl"
+#: ``GuardedTrainer(state_path=)``'s file format (``guardfl.integrations.statefile``); version 1 was the plain
+#: ``ClientState`` JSON, still read
+STATE_FORMAT = ("guardfl-client-state", 2)
+_LOG = logging.getLogger(__name__)
 
 
 def defense_config(defense: Defense | Mapping[str, Any] | str | None) -> dict | str | None:
@@ -229,7 +236,8 @@ class GuardUpdateFilter(DXOFilter):
                                             "only, and list the kind the sites send in data_kinds)")
             if not dxo.data:
                 raise UndefendedUpdateError(f"the {task!r} result holds no weights")
-            with self._lock:  # the round budget: checked before, spent after the update is defended
+            with self._lock, (statefile.locked(self.budget_path, "budget_path") if self.budget_path
+                              else contextlib.nullcontext()):  # the round budget: checked before, spent after
                 sent = spent_rounds(self._sent, self.budget_path)
                 check_budget_left(self.max_rounds, sent)
                 self._defend(dxo, received)
@@ -475,6 +483,23 @@ def params_to_state(params: Mapping[str, Any]) -> dict[str, Tensor]:
     return out
 
 
+def _check_received(received: Mapping[str, Tensor], model: nn.Module) -> None:
+    """The received global model against the site's: the same keys, shapes and kind of dtype (floating point
+    or not) for every entry, else a ``ValueError`` naming the first that differs (a malformed model, which
+    ``load_state_dict`` would partly cast into the model)."""
+    own = model.state_dict()
+    missing, extra = [k for k in own if k not in received], [k for k in received if k not in own]
+    if missing or extra:
+        raise ValueError(f"input_model.params: not the site's model (missing {missing[:3]}, unexpected {extra[:3]})")
+    for k, mine in own.items():
+        got = received[k]
+        if tuple(got.shape) != tuple(mine.shape):
+            raise ValueError(f"input_model.params: {k} has shape {list(got.shape)}, the site's model {list(mine.shape)}")
+        if got.is_floating_point() != mine.is_floating_point() or got.is_complex():
+            raise ValueError(f"input_model.params: {k} is {got.dtype}, the site's model holds {mine.dtype} there "
+                             "(a floating-point tensor sent as integers, or the reverse)")
+
+
 class GuardedTrainer:
     """One site's guarded local training for an NVFlare Client API script (see the module docstring).
 
@@ -512,24 +537,94 @@ class GuardedTrainer:
         self.max_rounds = check_max_rounds(max_rounds)
         self.state_path = Path(state_path) if state_path is not None else None
         self.state = ClientState()
-        if self.state_path is not None and self.state_path.is_file():
-            self.state = ClientState.from_json(self.state_path.read_text())
-            saved = self._history_path()
-            if saved.is_file():
-                self.state.leak_history = LeakHistory.from_bytes(saved.read_bytes())
+        self._on_disk = False  # whether self.state came from (or was written to) state_path
+        if self.state_path is not None:
+            with statefile.locked(self.state_path, "state_path"):  # a corrupt or lost file fails here, before round 1
+                self._read_state()
         self.last = None  # the last round's LocalUpdate
 
     def _history_path(self) -> Path:
         """``<state_path>.leak-history``: the leak history beside the state's JSON."""
         return self.state_path.with_name(self.state_path.name + ".leak-history")
 
+    def _config_record(self) -> dict[str, Any]:
+        """What the state file records of this trainer's configuration (checked when it is read back)."""
+        defense = self.defense.config.model_dump(mode="json") if isinstance(self.defense, Defense) else self.defense
+        return {"defense": json.loads(json.dumps(defense, default=str))}
+
+    def _parse_state(self, data: Any) -> ClientState:
+        """The ``ClientState`` of a state file: this format (``STATE_FORMAT``), or the plain ``ClientState`` JSON
+        guardfl wrote before it (read as it is: it holds the same counts). Another format version, or a file
+        written by a trainer of another defense configuration, is a ``StateFileError`` naming the file."""
+        if isinstance(data, dict) and "format" in data:
+            if data.get("format") != STATE_FORMAT[0] or data.get("format_version") != STATE_FORMAT[1]:
+                raise StateFileError(f"state_path {self.state_path}: format {data.get('format')!r} version "
+                                     f"{data.get('format_version')!r}; this guardfl reads {STATE_FORMAT[0]!r} version "
+                                     f"{STATE_FORMAT[1]} (a newer guardfl wrote it? run that version)")
+            recorded, now = data.get("config"), self._config_record()
+            if recorded != now:
+                raise StateFileError(f"state_path {self.state_path}: written by a trainer with defense "
+                                     f"{json.dumps((recorded or {}).get('defense'))[:120]}, this one runs "
+                                     f"{json.dumps(now['defense'])[:120]}: another site's or job's state? pass the same "
+                                     "defense, or move the file and its .created marker aside to start a new budget on purpose")
+            data = data["state"]
+        try:
+            return ClientState.from_dict(data)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+
+    def _read_state(self) -> None:
+        """Read ``state_path`` (under its lock): a first launch keeps a fresh state; a lost, unreadable, foreign
+        or rolled-back file raises ``StateFileError`` naming it (see ``guardfl.integrations.statefile``)."""
+        loaded = statefile.load(self.state_path, "state_path", self._parse_state)
+        if loaded is None:
+            if self._on_disk:  # this trainer wrote it, and it is gone (the marker too)
+                raise StateFileError(f"state_path {self.state_path}: deleted while the job ran (this process wrote round "
+                                     f"{self.state.rounds} to it): refusing rather than counting from 0; restore it")
+            return
+        if loaded.rounds < self.state.rounds:
+            raise StateFileError(f"state_path {self.state_path}: holds {loaded.rounds} rounds where this process has "
+                                 f"counted {self.state.rounds} (an older copy put back?): refusing rather than counting down")
+        history = self._history_path()
+        loaded.leak_history = (LeakHistory.from_bytes(history.read_bytes()) if history.is_file()
+                               else self.state.leak_history if loaded.rounds == self.state.rounds else None)
+        self.state, self._on_disk = loaded, True
+
+    def _write_state(self) -> None:
+        if self.state.leak_history is not None:  # first: a crash between the two over-remembers, never forgets
+            statefile.atomic_write(self._history_path(), self.state.leak_history.to_bytes())
+        record = {"format": STATE_FORMAT[0], "format_version": STATE_FORMAT[1], "state": self.state.to_dict(),
+                  "config": self._config_record()}
+        statefile.save(self.state_path, json.dumps(record))
+        self._on_disk = True
+
     def train(self, input_model: FLModel, loader: Iterable) -> FLModel:
-        """Load ``input_model``, train one guarded round over ``loader`` and return the ``FLModel`` to send."""
+        """Load ``input_model``, train one guarded round over ``loader`` and return the ``FLModel`` to send.
+
+        Fail closed: any failure (a malformed model, the inspection's refusal, the round budget, an error of
+        the defense, a state file that is lost, corrupt or in use) raises, after one error line in the log
+        (``logging.getLogger("guardfl.integrations.nvflare")``) saying why; nothing is returned, so the
+        script sends nothing. With ``state_path`` the state is read and written under its lock."""
+        try:
+            if self.state_path is None:
+                return self._train(input_model, loader)
+            with statefile.locked(self.state_path, "state_path"):
+                self._read_state()  # another writer's rounds, or a lost file, before anything is trained
+                out = self._train(input_model, loader)
+                self._write_state()
+                return out
+        except Exception as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            _LOG.error("GuardedTrainer: %s: %s; nothing was sent", type(err).__name__, reason[:400])
+            raise
+
+    def _train(self, input_model: FLModel, loader: Iterable) -> FLModel:
         if not isinstance(input_model, FLModel):
             raise ValueError(f"input_model: expected the FLModel of flare.receive(), got {type(input_model).__name__}")
         if input_model.params_type not in (None, ParamsType.FULL):
             raise ValueError(f"input_model.params_type: {input_model.params_type}; the global model must be FULL weights")
         received = params_to_state(input_model.params)
+        _check_received(received, getattr(self.model, "_module", self.model))
         check_budget_left(self.max_rounds, self.state.rounds)  # RoundBudgetError before anything is inspected
         if self.inspect:  # MaliciousModelError before anything is trained
             history = leak_history_for(self.state, self.inspect_leak_limit, self.inspect_leak_history)
@@ -545,11 +640,6 @@ class GuardedTrainer:
             value = trained[k].detach().cpu()
             params[k] = value.clone() if isinstance(template, Tensor) else _to_numpy(k, value).copy()
         self.state, self.last = result.state, result
-        if self.state_path is not None:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            self.state_path.write_text(self.state.to_json())
-            if self.state.leak_history is not None:
-                self._history_path().write_bytes(self.state.leak_history.to_bytes())
         metrics: dict[str, float] = {"train_loss": float(result.mean_loss)}
         if math.isfinite(result.epsilon):
             metrics["guardfl_epsilon"] = float(result.epsilon)

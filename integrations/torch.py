@@ -69,12 +69,24 @@ class ClientState:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ClientState":
-        if data.get("version", _STATE_VERSION) != _STATE_VERSION:
-            raise ConfigError(f"client state: version {data.get('version')} is not supported (this guardfl writes {_STATE_VERSION})")
-        privacy = data.get("privacy")
+        """The state ``to_dict`` wrote. Strict: a missing ``version``, ``rounds`` or ``steps`` (a truncated or
+        hand-edited record) or a count that is not an integer >= 0 is a ``ConfigError``, never a count of 0."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"client state: expected a mapping, got {type(data).__name__}")
+        missing = [k for k in ("version", "rounds", "steps", "privacy") if k not in data]
+        if missing:
+            raise ConfigError(f"client state: missing {', '.join(missing)} (a truncated or foreign record); refusing "
+                              "rather than counting from 0")
+        if data["version"] != _STATE_VERSION:
+            raise ConfigError(f"client state: version {data['version']!r} is not supported (this guardfl writes "
+                              f"{_STATE_VERSION})")
+        for k in ("rounds", "steps"):
+            if isinstance(data[k], bool) or not isinstance(data[k], int) or data[k] < 0:
+                raise ConfigError(f"client state: {k} must be an integer >= 0, got {data[k]!r}")
+        privacy = data["privacy"]
         if privacy is not None:
             privacy = {"mechanism": privacy["mechanism"], "history": [tuple(h) for h in privacy["history"]]}
-        return cls(rounds=int(data.get("rounds", 0)), steps=int(data.get("steps", 0)), privacy=privacy)
+        return cls(rounds=data["rounds"], steps=data["steps"], privacy=privacy)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

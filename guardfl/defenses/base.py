@@ -81,6 +81,10 @@ class StepContext:
     #: ``.data`` (a version counter of its own) is not seen here, but ``GuardedOptimizer`` checks the
     #: final gradients whatever this records.
     checked: tuple = field(default=(), repr=False, compare=False)
+    #: The output tensors the defense proved finite by a full reduction over them after its last write, with
+    #: their version counters (``verify_output``): ``GuardedOptimizer`` trusts this only from a defense whose
+    #: own class declares ``verifies_output`` (no subclass or stack code runs after the reduction)
+    verified: tuple = field(default=(), repr=False, compare=False)
 
     def name(self, i: int) -> str:
         return self.names[i] if self.names is not None else f"param{i}"
@@ -88,6 +92,14 @@ class StepContext:
     def mark_finite(self, grads: Sequence[Tensor]) -> None:
         """Record that ``grads`` hold no NaN or inf as they are now."""
         self.checked = tuple((g, _version(g)) for g in grads)
+
+    def verify_output(self, grads: Sequence[Tensor]) -> None:
+        """Record that ``grads`` were proved finite after the defense's last write to them."""
+        self.verified = tuple((g, _version(g)) for g in grads)
+
+    def output_verified(self, g: Tensor) -> bool:
+        """Whether ``g`` is one of the recorded verified outputs, unchanged since (same version)."""
+        return any(g is t and v is not None and _version(g) == v for t, v in self.verified)
 
     def known_finite(self, grads: Sequence[Tensor]) -> bool:
         """Whether ``grads`` are the tensors ``mark_finite`` recorded, unchanged since."""
@@ -178,6 +190,14 @@ class Defense:
     #: Whether ``_apply_`` maps finite gradients to finite gradients in every dtype (sign, pruning, the
     #: identity): then ``apply_`` skips checking its output. Noise can overflow a 16-bit dtype: False.
     keeps_finite: ClassVar[bool] = False
+    #: Whether ``_apply_`` finds non-finite inputs itself (calling ``_handle_nonfinite`` for them): then
+    #: ``apply_`` does not scan its input first (sign reads it from the pass it needs anyway), when the
+    #: defense's own class declares it (a subclass, whose ``_apply_`` may not, is scanned)
+    checks_input_itself: ClassVar[bool] = False
+    #: Whether ``_apply_`` ends with a full reduction over the outputs it records in ``ctx.verify_output``,
+    #: which proves them finite: ``GuardedOptimizer`` then skips its final check of those tensors, when the
+    #: defense's own class declares it (a subclass, which may write after, does not inherit the trust)
+    verifies_output: ClassVar[bool] = False
 
     def leaves(self) -> list["Defense"]:
         """The defenses this one applies, in the order it applies them: itself, or a stack's members
@@ -285,7 +305,8 @@ class Defense:
         if self.needs_model and ctx.inputs is None:
             raise ConfigError(f"{self.kind} needs the batch inputs: none recorded (the model ran no forward pass "
                               "with grad enabled since the last step)")
-        if not ctx.known_finite(grads):
+        # ``checks_input_itself`` only from the class that declares it (a subclass's own ``_apply_`` may not)
+        if not type(self).__dict__.get("checks_input_itself", False) and not ctx.known_finite(grads):
             self._handle_nonfinite(grads, ctx)
         with torch.no_grad():
             stats = self._apply_(list(grads), ctx)

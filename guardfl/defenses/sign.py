@@ -10,7 +10,8 @@ from typing import Literal
 from torch import Tensor
 
 from guardfl.defenses.base import Defense, DefenseConfig, StepContext, register
-from guardfl.ops.change import signs_counting_, to_ints
+from guardfl.errors import NonFiniteGradientError
+from guardfl.ops.change import largest_magnitudes, signs_by_magnitude_
 from guardfl.stats import LayerStats, StageStats
 
 
@@ -31,12 +32,25 @@ class SignCompression(Defense):
 
     Config = SignCompressionConfig
     keeps_finite = True  # sign maps finite entries to -1, 0 or +1
+    #: the input's finiteness is read from the min/max pass that decides each layer's path (``Defense.apply_``
+    #: does not scan it again), and the count of a layer inside (-1, 1) is a reduction over its signs that
+    #: proves the output finite: ``GuardedOptimizer`` skips its own check of those (issue 66: those two
+    #: passes over every gradient took the step from 0.9x to 1.15x a plain step on ResNet-18, CPU)
+    checks_input_itself = True
+    verifies_output = True
 
     def __init__(self, *, seed: int | None = None, nonfinite: str = "raise") -> None:
         super().__init__(seed=seed, nonfinite=nonfinite)
 
     def _apply_(self, grads: list[Tensor], ctx: StepContext) -> StageStats:
-        changed = to_ints(signs_counting_(grads, self.scratch))
+        top = largest_magnitudes(grads)
+        if any(t != t or t == float("inf") for t in top) and not ctx.known_finite(grads):
+            self._handle_nonfinite(grads, ctx)  # raises, or zeroes the non-finite entries (``nonfinite``)
+            top = largest_magnitudes(grads)
+        changed, verified = signs_by_magnitude_(grads, top, self.scratch)
+        if any(c < 0 for c in changed):  # a reduction over the signs was not finite: never leaves the defense
+            raise NonFiniteGradientError(f"{self.kind}: the defended gradient has non-finite entries; refused")
+        ctx.verify_output([g for g, ok in zip(grads, verified) if ok])
         return StageStats.from_layers(self.kind, tuple(
             LayerStats.counted(ctx.name(i), g.numel(), changed=c) for i, (g, c) in enumerate(zip(grads, changed))
         ))

@@ -67,6 +67,52 @@ def signs_counting_(xs: Sequence[Tensor], scratch: Scratch) -> list[Tensor]:
     return counts
 
 
+def largest_magnitudes(xs: Sequence[Tensor]) -> list[float]:
+    """``max |x|`` of every tensor as Python floats, from one ``aminmax`` pass each and one device sync: NaN
+    where a tensor holds a NaN, inf where it holds an infinite entry (and no NaN), 0.0 for an empty one. The
+    one pass that both decides ``sign_counting_``'s path and finds non-finite entries (issue 66: the
+    separate finiteness scan it replaces was one more pass over every gradient per step)."""
+    if not xs:
+        return []
+    extremes = [torch.aminmax(x) if x.numel() else None for x in xs]
+    kept = [e for e in extremes if e is not None]
+    if not kept:
+        return [0.0] * len(xs)
+    if len({e.min.dtype for e in kept}) == 1 and len({e.min.device for e in kept}) == 1:
+        lo, hi = torch.stack([e.min for e in kept]), torch.stack([e.max for e in kept])
+        top = torch.maximum(-lo, hi).double().tolist()  # neg/max propagate NaN; one sync
+    else:  # mixed dtypes or devices: one value each
+        top = [float(torch.maximum(-e.min, e.max).double()) for e in kept]
+    it = iter(top)
+    return [0.0 if e is None else next(it) for e in extremes]
+
+
+def signs_by_magnitude_(xs: Sequence[Tensor], top: Sequence[float], scratch: Scratch) -> tuple[list[int], list[bool]]:
+    """``x = sign(x)`` in place on every (finite) tensor, ``top`` its ``largest_magnitudes``; returns how many
+    entries of each changed, and which outputs were verified finite by a full reduction over them after the
+    sign was written. A tensor inside (-1, 1) changes at exactly its non-zero entries: its sign is taken in
+    place (one foreach call for all of them) and counted as the sum of its squared signs (one BLAS dot, exact
+    below 2**24 entries; finite only when every sign is). Others (an entry of magnitude >= 1, which may
+    already be -1 or +1, or a float16 / large / strided tensor) are compared entry by entry, as
+    ``sign_counting_`` does, and not verified."""
+    fast = [i for i, (x, t) in enumerate(zip(xs, top)) if t < 1 and x.dtype in (torch.float32, torch.float64)
+            and x.is_contiguous() and 0 < x.numel() < 2**24]
+    counts: list[int | None] = [None] * len(xs)
+    verified = [False] * len(xs)
+    if fast:
+        group = [xs[i] for i in fast]
+        torch._foreach_sign_(group)
+        dots = torch.stack([torch.dot(x.view(-1), x.view(-1)).double() for x in group]).tolist()  # one sync
+        for i, d in zip(fast, dots):
+            verified[i] = d == d and d != float("inf")
+            counts[i] = int(d) if verified[i] else -1
+    slow = [i for i in range(len(xs)) if counts[i] is None]
+    slow_counts = to_ints([sign_counting_(xs[i], scratch) if xs[i].numel() else 0 for i in slow])
+    for i, c in zip(slow, slow_counts):
+        counts[i] = c
+    return counts, verified  # type: ignore[return-value]
+
+
 def to_ints(counts: Sequence[Tensor | int]) -> list[int]:
     """Python ints of 0-d count tensors (ints pass through), with one device sync per device instead of
     one per tensor."""

@@ -77,9 +77,11 @@ def test_noise_that_overflows_float16_is_caught_before_a_sign_hides_it():
 
 
 # passes = the input check, the output check of each stage that can make entries non-finite (noise can
-# overflow float16; sign and pruning cannot), and GuardedOptimizer's last check before the weights move
+# overflow float16; sign and pruning cannot), and GuardedOptimizer's last check before the weights move.
+# SignCompression alone scans nothing apart (issue 66): its min/max pass finds non-finite inputs, and its
+# count over each layer's signs (all |g| < 1 here) proves the output finite, which the optimizer trusts from it
 @pytest.mark.parametrize("defense, passes", [
-    (SignCompression(), 2),
+    (SignCompression(), 0),
     (GradPrune(0.9), 2),
     (Stack(GradPrune(0.9), SignCompression()), 2),
     (GaussianNoise(0.1), 3),

@@ -96,3 +96,37 @@ def test_changed_count_with_scratch_matches():
     a, b = torch.arange(10.0), torch.arange(10.0)
     b[3] = 0.5
     assert int(changed_count(a, b, Scratch())) == int(changed_count(a, b)) == 1
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(0, 2**16), st.lists(st.tuples(st.integers(0, 500), st.sampled_from([0.0, 0.3, 1.0, 3.0]),
+                                                 st.booleans()), min_size=1, max_size=4), st.sampled_from(DTYPES))
+def test_signs_by_magnitude_counts_and_verifies_exactly_as_the_compared_form(seed, layers, dtype):
+    """The sign path of issue 66 (one min/max pass that also finds non-finite entries, one foreach sign, one
+    dot per layer inside (-1, 1)) gives the sign, the exact count of changed entries, and marks as verified
+    only layers whose reduction over the signs ran (finite)."""
+    from guardfl.ops.change import largest_magnitudes, signs_by_magnitude_
+
+    g = torch.Generator().manual_seed(seed)
+    xs = []
+    for n, scale, special in layers:
+        x = (torch.rand(n, generator=g) * 2 - 1) * scale
+        if special and n:
+            x[0] = [1.0, -1.0, 0.5, 0.0][n % 4]
+        xs.append(x.to(dtype))
+    expected = [int(torch.count_nonzero(x != torch.sign(x))) for x in xs]
+    signs = [torch.sign(x) for x in xs]
+    top = largest_magnitudes(xs)
+    assert top == [float(x.abs().max().double()) if x.numel() else 0.0 for x in xs]
+    counts, verified = signs_by_magnitude_(xs, top, Scratch())
+    assert counts == expected and all(torch.equal(x, s) for x, s in zip(xs, signs))
+    assert verified == [t < 1 and x.dtype in (torch.float32, torch.float64) and x.numel() > 0 for x, t in zip(xs, top)]
+
+
+def test_largest_magnitudes_are_nan_or_inf_exactly_where_an_entry_is():
+    from guardfl.ops.change import largest_magnitudes
+
+    xs = [torch.tensor([0.5, float("nan"), 0.1]), torch.tensor([0.2, float("-inf")]), torch.tensor([0.3, -0.9]),
+          torch.tensor([float("inf"), float("nan")]), torch.zeros(0)]
+    top = largest_magnitudes(xs)
+    assert top[0] != top[0] and top[1] == float("inf") and top[2] == float(torch.tensor(0.9)) and top[3] != top[3] and top[4] == 0.0
